@@ -1,0 +1,10 @@
+"""The user API: declare a pipeline as frozen stage specs with mandatory ids.
+
+This package never imports actor or Kafka client code (a ruff rule holds
+that line); the runtime interprets what is declared here.
+"""
+
+from onceflow.protos.envelope_pb2 import Envelope, SourceRef
+from onceflow.stages.pipeline import Aggregate, FlatMap, Map, Pipeline, Republish, Step
+
+__all__ = ["Aggregate", "Envelope", "FlatMap", "Map", "Pipeline", "Republish", "SourceRef", "Step"]

@@ -1,0 +1,143 @@
+"""The user-facing pipeline: frozen, inert stage specs with mandatory ids.
+
+A pipeline is data that the runtime interprets. Ids key persisted state
+(``<pipeline>:<stage>:<key>``), metrics and dead letters, so they must be
+unique and must not change between deployments of the same pipeline.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from onceflow.protos.envelope_pb2 import Envelope
+
+_ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
+
+
+def payload_bytes(envelope: Envelope) -> Any:
+    """Default decoder: hand the envelope's raw payload to the first stage."""
+    return envelope.payload
+
+
+@dataclass(frozen=True)
+class Map:
+    """One input value becomes one output value."""
+
+    id: str
+    fn: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class FlatMap:
+    """One input value becomes 0..n values that travel on as one unit.
+
+    The outputs keep the input's origin and get a fan-out index each, so
+    they are folded (and deduplicated) together, never half-applied.
+    """
+
+    id: str
+    fn: Callable[[Any], Iterable[Any]]
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A non-idempotent fold per key, guarded by per-root-partition watermarks.
+
+    ``fold`` must return the new state and must not mutate its input: a unit
+    that fails half-way is rolled back by discarding the new states. States
+    must be JSON-serializable. Values pass through unchanged to later stages.
+    """
+
+    id: str
+    key: Callable[[Any], str]
+    init: Callable[[], Any]
+    fold: Callable[[Any, Any], Any]
+    store: str = "redis"
+
+
+@dataclass(frozen=True)
+class Republish:
+    """Produce the values at this point to ``topic``, extending the source chain."""
+
+    id: str
+    topic: str
+    encode: Callable[[Any], bytes]
+    key: Callable[[Any], str] | None = None
+    event_time_ms: Callable[[Any], int] | None = None
+    payload_type: str = ""
+
+
+Step = Map | FlatMap | Aggregate | Republish
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Source topics, a decoder, then steps; build it with the chaining methods.
+
+    Example:
+        >>> p = (Pipeline("robots", topics=("reports",))
+        ...      .flat_map("explode", lambda r: r)
+        ...      .aggregate("count", key=str, init=lambda: 0, fold=lambda s, _: s + 1))
+        >>> [s.id for s in p.steps]
+        ['explode', 'count']
+    """
+
+    id: str
+    topics: tuple[str, ...]
+    decode: Callable[[Envelope], Any] = payload_bytes
+    steps: tuple[Step, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        _check_id("pipeline", self.id)
+        if isinstance(self.topics, str) or not self.topics:
+            raise ValueError(f"pipeline {self.id!r}: topics must be a non-empty tuple of names")
+        seen: set[str] = set()
+        for step in self.steps:
+            _check_id(type(step).__name__.lower(), step.id)
+            if step.id in seen:
+                raise ValueError(f"pipeline {self.id!r}: duplicate stage id {step.id!r}")
+            seen.add(step.id)
+
+    def map(self, id: str, fn: Callable[[Any], Any]) -> Pipeline:
+        return self._then(Map(id, fn))
+
+    def flat_map(self, id: str, fn: Callable[[Any], Iterable[Any]]) -> Pipeline:
+        return self._then(FlatMap(id, fn))
+
+    def aggregate(
+        self,
+        id: str,
+        *,
+        key: Callable[[Any], str],
+        init: Callable[[], Any],
+        fold: Callable[[Any, Any], Any],
+        store: str = "redis",
+    ) -> Pipeline:
+        return self._then(Aggregate(id, key, init, fold, store))
+
+    def republish(
+        self,
+        id: str,
+        topic: str,
+        *,
+        encode: Callable[[Any], bytes],
+        key: Callable[[Any], str] | None = None,
+        event_time_ms: Callable[[Any], int] | None = None,
+        payload_type: str = "",
+    ) -> Pipeline:
+        return self._then(Republish(id, topic, encode, key, event_time_ms, payload_type))
+
+    @property
+    def aggregates(self) -> tuple[Aggregate, ...]:
+        return tuple(s for s in self.steps if isinstance(s, Aggregate))
+
+    def _then(self, step: Step) -> Pipeline:
+        return replace(self, steps=(*self.steps, step))
+
+
+def _check_id(kind: str, value: str) -> None:
+    if not isinstance(value, str) or not _ID.match(value):
+        raise ValueError(f"{kind} id {value!r}: expected 1-100 of [A-Za-z0-9_.-]")

@@ -1,0 +1,45 @@
+"""Aggregate state with its watermarks, and its one-value encoding.
+
+A state and the watermarks of everything folded into it are encoded into
+one value, so a store writes both in one atomic write (DESIGN.md inv. 7).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from onceflow.stages.lineage import Position, RootPartition
+
+
+class AggregateState:
+    """The folded value of one key plus, per root partition, the highest position folded."""
+
+    __slots__ = ("value", "watermarks")
+
+    def __init__(self, value: Any, watermarks: dict[RootPartition, Position] | None = None):
+        self.value = value
+        self.watermarks: dict[RootPartition, Position] = watermarks or {}
+
+    def is_duplicate(self, root: RootPartition, position: Position) -> bool:
+        """True when an event at ``position`` of ``root`` is already folded in.
+
+        A root partition never seen before starts a new watermark (topology
+        change: upstream repartitioned or re-routed), so nothing is discarded.
+        """
+        mark = self.watermarks.get(root)
+        return mark is not None and position <= mark
+
+    def __repr__(self) -> str:
+        return f"AggregateState({self.value!r}, {self.watermarks!r})"
+
+
+def encode_state(state: AggregateState) -> bytes:
+    marks = [[topic, partition, list(pos)] for (topic, partition), pos in state.watermarks.items()]
+    return json.dumps({"v": state.value, "w": marks}, separators=(",", ":")).encode()
+
+
+def decode_state(data: bytes) -> AggregateState:
+    doc = json.loads(data)
+    marks = {(topic, partition): tuple(pos) for topic, partition, pos in doc["w"]}
+    return AggregateState(doc["v"], marks)
