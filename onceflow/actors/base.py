@@ -1,0 +1,44 @@
+"""The actor base: every failure is reported to the worker, never only logged.
+
+pykka has no supervision; until a supervisor owns restart policies, an
+actor that fails tells the worker through ``on_fatal`` and the worker stops
+without committing anything that is not durable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from types import TracebackType
+
+import pykka
+
+FatalHandler = Callable[[str, BaseException], None]
+
+log = logging.getLogger(__name__)
+
+
+class ReportingActor(pykka.ThreadingActor):
+    """A threading actor whose start and message failures reach ``on_fatal``."""
+
+    def __init__(self, on_fatal: FatalHandler):
+        super().__init__()
+        self._on_fatal = on_fatal
+
+    def on_start(self) -> None:
+        try:
+            self.start_up()
+        except Exception as error:
+            self._on_fatal(type(self).__name__, error)
+            raise
+
+    def start_up(self) -> None:
+        """Override instead of on_start: failures here are reported too."""
+
+    def on_failure(
+        self,
+        exception_type: type[BaseException] | None,
+        exception_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._on_fatal(type(self).__name__, exception_value or RuntimeError("unknown failure"))

@@ -1,0 +1,161 @@
+"""ConsumerActor: the aiokafka consumer, fetching batches into the stage.
+
+Threads: the actor's own thread handles messages (batch done, commit, stop);
+the aiokafka consumer lives on the shared ``EventLoopThread`` loop, where
+the fetch task and the rebalance callbacks run. Backpressure: at most
+``max_in_flight`` batches are with the stage; beyond that the assigned
+partitions are paused instead of buffering records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pykka
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+
+from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.loop import EventLoopThread
+from onceflow.actors.messages import (
+    Batch,
+    BatchDone,
+    Commit,
+    CommitNow,
+    Flush,
+    Forget,
+    StopFetching,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ConsumerActor(ReportingActor):
+    def __init__(
+        self,
+        *,
+        options: Mapping[str, Any],
+        topics: Sequence[str],
+        max_in_flight: int,
+        max_records: int,
+        poll_timeout: float,
+        start_timeout: float,
+        io: EventLoopThread,
+        stage: pykka.ActorRef[Any],
+        commit: pykka.ActorRef[Any],
+        on_fatal: FatalHandler,
+    ):
+        super().__init__(on_fatal)
+        self._options = dict(options)
+        self._max_records = max_records
+        self._poll_timeout_ms = int(poll_timeout * 1000)
+        self._start_timeout = start_timeout
+        self._topics = list(topics)
+        self._max_in_flight = max_in_flight
+        self._io = io
+        self._stage = stage
+        self._commit = commit
+        self._consumer: AIOKafkaConsumer | None = None
+        self._fetch_task: asyncio.Task[None] | None = None
+        self._in_flight = 0
+        self._room: asyncio.Event | None = None
+
+    def start_up(self) -> None:
+        self._io.run(self._open(), timeout=self._start_timeout)
+
+    async def _open(self) -> None:
+        self._consumer = AIOKafkaConsumer(**self._options)
+        self._consumer.subscribe(self._topics, listener=_Rebalance(self))
+        await self._consumer.start()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._fetch_task = asyncio.get_running_loop().create_task(self._fetch_forever())
+        self._fetch_task.add_done_callback(self._fetch_ended)
+
+    async def _fetch_forever(self) -> None:
+        assert self._consumer is not None and self._room is not None
+        consumer = self._consumer
+        while True:
+            if self._in_flight >= self._max_in_flight:
+                consumer.pause(*consumer.assignment())
+                await self._room.wait()
+                consumer.resume(*consumer.assignment())
+            batches = await consumer.getmany(
+                timeout_ms=self._poll_timeout_ms, max_records=self._max_records
+            )
+            records = [r for recs in batches.values() for r in recs]
+            if records:
+                self._in_flight += 1
+                if self._in_flight >= self._max_in_flight:
+                    self._room.clear()
+                self._stage.tell(Batch(records, self.actor_ref))
+
+    def _fetch_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._on_fatal("ConsumerActor.fetch", task.exception() or RuntimeError())
+
+    def _batch_done(self) -> None:
+        self._in_flight -= 1
+        if self._room is not None and self._in_flight < self._max_in_flight:
+            self._room.set()
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, BatchDone):
+            self._io.call_soon(self._batch_done)
+        elif isinstance(message, Commit):
+            return self._io.run(self._commit_assigned(message.offsets))
+        elif isinstance(message, StopFetching):
+            self._io.run(self._stop_fetching())
+        else:
+            raise TypeError(f"ConsumerActor: unexpected message {message!r}")
+        return None
+
+    async def _commit_assigned(self, offsets: dict[tuple[str, int], int]) -> dict[Any, int]:
+        assert self._consumer is not None
+        assigned = self._consumer.assignment()
+        wanted = {TopicPartition(t, p): o for (t, p), o in offsets.items()}
+        owned = {tp: o for tp, o in wanted.items() if tp in assigned}
+        if owned:
+            await self._consumer.commit(owned)
+        return owned
+
+    async def _stop_fetching(self) -> None:
+        if self._fetch_task is not None:
+            self._fetch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._fetch_task
+
+    def on_stop(self) -> None:
+        if self._consumer is not None:
+            self._io.run(self._close(), timeout=self._start_timeout)
+
+    async def _close(self) -> None:
+        await self._stop_fetching()
+        assert self._consumer is not None
+        await self._consumer.stop()
+
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Flush and commit before another member takes the partitions."""
+        if not revoked:
+            return
+        loop = asyncio.get_running_loop()
+        lost = frozenset((tp.topic, tp.partition) for tp in revoked)
+        await loop.run_in_executor(None, lambda: self._stage.ask(Flush()))
+        await loop.run_in_executor(None, lambda: self._commit.ask(CommitNow()))
+        await loop.run_in_executor(None, lambda: self._stage.ask(Forget(lost)))
+        await loop.run_in_executor(None, lambda: self._commit.ask(Forget(lost)))
+        log.info("partitions revoked, flushed and committed: %s", sorted(lost))
+
+
+class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, actor: ConsumerActor):
+        self._actor = actor
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._actor.on_revoked(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        log.info("partitions assigned: %s", sorted((tp.topic, tp.partition) for tp in assigned))

@@ -1,0 +1,43 @@
+"""A private asyncio event loop on its own daemon thread.
+
+aiokafka is asyncio-only while the actors are threads: the consumer and
+producer actors run their client coroutines here and wait on the returned
+concurrent futures, so no actor thread ever runs an event loop itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class EventLoopThread:
+    """Owns one event loop and the thread that runs it forever."""
+
+    def __init__(self, name: str = "onceflow-kafka"):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; safe from any thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop and wait for its result (never call from the loop)."""
+        return self.submit(coro).result(timeout)
+
+    def call_soon(self, fn: Any, *args: Any) -> None:
+        self.loop.call_soon_threadsafe(fn, *args)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.loop.close()

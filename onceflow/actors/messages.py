@@ -1,0 +1,94 @@
+"""Messages between the actors: one poll's worth of records per message.
+
+Fire-and-forget messages go by ``tell`` so that an exception in a handler
+reaches the actor's ``on_failure`` (a proxy call would bury it in a future
+nobody reads); request/response goes by ``ask``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceflow.stages.runner import Output, TopicPartition
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Records from one getmany, in partition order."""
+
+    records: Sequence[Any]
+    done_to: Any = None  # the consumer's ref: told BatchDone when processed
+
+
+@dataclass(frozen=True)
+class BatchDone:
+    """The stage finished a batch: the consumer may fetch another."""
+
+
+@dataclass(frozen=True)
+class PersistTick:
+    """Time to snapshot dirty states (the throttle of the persistence interval)."""
+
+
+@dataclass(frozen=True)
+class CommitTick:
+    """Time to commit what became durable."""
+
+
+@dataclass(frozen=True)
+class Flush:
+    """(ask) Snapshot now and wait until it is durable; answers the durable offsets."""
+
+
+@dataclass(frozen=True)
+class Forget:
+    """(ask) Drop cached states and positions of partitions this worker lost."""
+
+    partitions: frozenset[TopicPartition]
+
+
+@dataclass(frozen=True)
+class Send:
+    """Records to produce, in order."""
+
+    outputs: Sequence[Output]
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """(ask) Answers once every record sent before it is acknowledged."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Dirty states (encoded, pipeline order) and the offsets they make durable."""
+
+    rows: Sequence[tuple[str, str, dict[str, bytes]]]  # (stage id, store name, key -> value)
+    offsets: dict[TopicPartition, int]
+    stats: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Durable:
+    """Offsets whose every effect is persisted and acknowledged."""
+
+    offsets: dict[TopicPartition, int]
+
+
+@dataclass(frozen=True)
+class CommitNow:
+    """(ask) Commit everything durable now; answers what was committed."""
+
+
+@dataclass(frozen=True)
+class StopFetching:
+    """(ask) Stop fetching; answers once no more batches will be sent."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """(ask) Commit these offsets for the partitions still assigned."""
+
+    offsets: dict[TopicPartition, int]

@@ -1,0 +1,50 @@
+"""PersistenceActor: writes snapshots to the stores, downstream stages first.
+
+Thread: the actor's own; store calls block it, retried with backoff. A
+snapshot's offsets become durable only after every state in it is written
+and every record produced before it is acknowledged; then, and only then,
+the commit actor hears of them (DESIGN.md invariants 5 and 6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pykka
+
+from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.messages import Barrier, Durable, Snapshot
+from onceflow.actors.retry import retrying
+from onceflow.stores.base import StateStore
+
+
+class PersistenceActor(ReportingActor):
+    def __init__(
+        self,
+        *,
+        stores: Mapping[str, StateStore],
+        producer: pykka.ActorRef[Any],
+        commit: pykka.ActorRef[Any],
+        stats_store: StateStore,
+        on_fatal: FatalHandler,
+    ):
+        super().__init__(on_fatal)
+        self._stores = stores
+        self._producer = producer
+        self._commit = commit
+        self._stats_store = stats_store
+
+    def on_receive(self, message: Any) -> Any:
+        if not isinstance(message, Snapshot):
+            raise TypeError(f"PersistenceActor: unexpected message {message!r}")
+        for stage_id, store_name, rows in reversed(message.rows):  # downstream first
+            self._save(self._stores[store_name], stage_id, rows)
+        self._producer.ask(Barrier())
+        self._commit.tell(Durable(message.offsets))
+        retrying("stats", lambda: self._stats_store.add_stats(message.stats))
+        return message.offsets
+
+    @staticmethod
+    def _save(store: StateStore, stage_id: str, rows: dict[str, bytes]) -> None:
+        retrying(f"save {stage_id}", lambda: store.save(stage_id, rows))

@@ -1,0 +1,70 @@
+"""ProducerActor: the aiokafka producer for republished and dead-lettered records.
+
+Threads: messages arrive on the actor's thread; the producer lives on the
+shared ``EventLoopThread`` loop. ``Send`` enqueues records without waiting;
+``Barrier`` answers once everything sent before it is acknowledged, which
+is what the persistence actor waits for before offsets may be committed.
+A failed delivery fails the barrier, so nothing behind it is committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+
+from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.loop import EventLoopThread
+from onceflow.actors.messages import Barrier, Send
+from onceflow.stages.runner import Output
+
+
+class ProducerActor(ReportingActor):
+    def __init__(
+        self,
+        *,
+        options: Mapping[str, Any],
+        io: EventLoopThread,
+        start_timeout: float,
+        on_fatal: FatalHandler,
+    ):
+        super().__init__(on_fatal)
+        self._options = dict(options)
+        self._start_timeout = start_timeout
+        self._io = io
+        self._producer: AIOKafkaProducer | None = None
+        self._pending: list[concurrent.futures.Future[None]] = []
+
+    def start_up(self) -> None:
+        self._io.run(self._open(), timeout=self._start_timeout)
+
+    async def _open(self) -> None:
+        self._producer = AIOKafkaProducer(**self._options)
+        await self._producer.start()
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Send):
+            if message.outputs:
+                self._pending.append(self._io.submit(self._send_all(message.outputs)))
+        elif isinstance(message, Barrier):
+            pending, self._pending = self._pending, []
+            for future in pending:
+                future.result()
+        else:
+            raise TypeError(f"ProducerActor: unexpected message {message!r}")
+        return None
+
+    async def _send_all(self, outputs: Sequence[Output]) -> None:
+        assert self._producer is not None
+        acks = [
+            await self._producer.send(o.topic, o.value, key=o.key, headers=list(o.headers))
+            for o in outputs
+        ]
+        await asyncio.gather(*acks)
+
+    def on_stop(self) -> None:
+        if self._producer is not None:
+            self._io.run(self._producer.stop(), timeout=self._start_timeout)

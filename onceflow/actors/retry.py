@@ -1,0 +1,46 @@
+"""Retry with exponential backoff and jitter for store calls.
+
+An unreachable store is retried and reported, never skipped: the caller
+blocks, so nothing behind the failed call is committed meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TypeVar
+
+from tenacity import (
+    before_sleep_log,
+    retry_if_exception,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+from tenacity import (
+    retry as tenacity_retry,
+)
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+def _transient(error: BaseException) -> bool:
+    return isinstance(error, ConnectionError | TimeoutError | OSError) or type(
+        error
+    ).__module__.startswith(("redis.", "cassandra."))
+
+
+def retrying(what: str, call: Callable[[], T], give_up_after: float = 300.0) -> T:
+    """Run ``call``, retrying transient failures with backoff for up to ``give_up_after`` s."""
+    wrapped = tenacity_retry(
+        retry=retry_if_exception(_transient),
+        wait=wait_exponential_jitter(initial=0.1, max=5.0),
+        stop=stop_after_delay(give_up_after),
+        before_sleep=before_sleep_log(log, logging.WARNING),
+        reraise=True,
+    )(call)
+    try:
+        return wrapped()
+    except Exception:
+        log.error("%s failed after retries", what)
+        raise

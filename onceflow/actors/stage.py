@@ -1,0 +1,121 @@
+"""StageActor: runs the pipeline's steps over batches and snapshots dirty states.
+
+Thread: the actor's own. It is the only owner of the in-memory states, so
+folding needs no locks, and its FIFO mailbox orders batches, snapshots and
+flushes: a snapshot covers exactly the batches received before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pykka
+
+from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.messages import (
+    Batch,
+    BatchDone,
+    Flush,
+    Forget,
+    PersistTick,
+    Send,
+    Snapshot,
+)
+from onceflow.actors.retry import retrying
+from onceflow.stages.pipeline import Aggregate, Pipeline
+from onceflow.stages.runner import PipelineRunner, TopicPartition
+from onceflow.stages.state import AggregateState, decode_state, encode_state
+from onceflow.stores.base import StateStore
+
+log = logging.getLogger(__name__)
+
+
+class StageActor(ReportingActor):
+    def __init__(
+        self,
+        *,
+        pipeline: Pipeline,
+        stores: Mapping[str, StateStore],
+        dead_letter_topic: str,
+        producer: pykka.ActorRef[Any],
+        persistence: pykka.ActorRef[Any],
+        stats_interval: float,
+        on_fatal: FatalHandler,
+    ):
+        super().__init__(on_fatal)
+        self._stores = stores
+        self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic)
+        self._producer = producer
+        self._persistence = persistence
+        self._processed: dict[TopicPartition, int] = {}
+        self._snapshotted: dict[TopicPartition, int] = {}
+        self._stats: Counter[str] = Counter()
+        self._totals: Counter[str] = Counter()
+        self._stats_interval = stats_interval
+        self._last_log = time.monotonic()
+
+    def _load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
+        rows = retrying(f"load {spec.id}", lambda: self._stores[spec.store].load(spec.id, keys))
+        return {key: decode_state(value) for key, value in rows.items()}
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Batch):
+            self._process(message.records)
+            if message.done_to is not None:
+                message.done_to.tell(BatchDone())
+        elif isinstance(message, PersistTick):
+            snapshot = self._snapshot()
+            if snapshot is not None:
+                self._persistence.tell(snapshot)
+            self._maybe_log()
+        elif isinstance(message, Flush):
+            snapshot = self._snapshot()
+            if snapshot is not None:
+                self._persistence.ask(snapshot)
+            return dict(self._processed)
+        elif isinstance(message, Forget):
+            self._runner.forget()
+            for tp in message.partitions:
+                self._processed.pop(tp, None)
+                self._snapshotted.pop(tp, None)
+        else:
+            raise TypeError(f"StageActor: unexpected message {message!r}")
+        return None
+
+    def _process(self, records: Sequence[Any]) -> None:
+        outcome = self._runner.process(records)
+        if outcome.outputs:
+            self._producer.tell(Send(outcome.outputs))
+        self._processed.update(outcome.next_offsets)
+        self._stats["records"] += len(records)
+        self._stats["dead_letters"] += outcome.dead_letters
+        for stage_id, n in outcome.duplicates.items():
+            self._stats[f"{stage_id}.duplicates"] += n
+        for stage_id, n in outcome.folded.items():
+            self._stats[f"{stage_id}.folded"] += n
+
+    def _snapshot(self) -> Snapshot | None:
+        """Encode dirty states now: later folds cannot change what gets written."""
+        rows = []
+        for table in self._runner.tables:
+            dirty = table.take_dirty()
+            if dirty:
+                encoded = {key: encode_state(state) for key, state in dirty.items()}
+                rows.append((table.spec.id, table.spec.store, encoded))
+        if not rows and self._processed == self._snapshotted:
+            return None
+        self._snapshotted = dict(self._processed)
+        stats = dict(self._stats)
+        self._totals.update(self._stats)
+        self._stats.clear()
+        return Snapshot(rows, dict(self._processed), stats)
+
+    def _maybe_log(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log >= self._stats_interval:
+            self._last_log = now
+            log.info("stats %s", dict(sorted(self._totals.items())))

@@ -1,0 +1,1 @@
+"""Example pipelines shipped with onceflow (the demo runs ``robots``)."""

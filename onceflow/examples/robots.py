@@ -1,0 +1,49 @@
+"""The robot screw-fastening pipeline: per-robot ok/failed counts, exactly once.
+
+Each record reports 1-5 fastening results of one robot; the flat-map splits
+them into single results that are folded as one unit. The input topic is
+``robot-reports`` unless ``ONCEFLOW_ROBOTS_TOPIC`` names another (tests use
+one topic per run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages import Pipeline
+
+Counts = dict[str, int]
+
+
+def decode_report(envelope: Envelope) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads(envelope.payload)
+    return report
+
+
+def fastenings(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One event per fastening result, each tagged with its robot."""
+    robot = report["robot"]
+    return [{"robot": robot, "ok": bool(r["ok"]), "ts": r["ts"]} for r in report["results"]]
+
+
+def new_counts() -> Counts:
+    return {"ok": 0, "failed": 0}
+
+
+def count(state: Counts, fastening: dict[str, Any]) -> Counts:
+    outcome = "ok" if fastening["ok"] else "failed"
+    return {**state, outcome: state[outcome] + 1}
+
+
+def build(topic: str) -> Pipeline:
+    return (
+        Pipeline("robots", topics=(topic,), decode=decode_report)
+        .flat_map("fastenings", fastenings)
+        .aggregate("per_robot", key=lambda f: f["robot"], init=new_counts, fold=count)
+    )
+
+
+pipeline = build(os.environ.get("ONCEFLOW_ROBOTS_TOPIC", "robot-reports"))

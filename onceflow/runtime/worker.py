@@ -1,0 +1,208 @@
+"""The worker: wires the actors for one pipeline, runs until told to stop.
+
+Start order breaks the reference cycle (consumer -> stage -> persistence ->
+commit -> consumer) at commit -> consumer, which is set last, before any
+tick can reach the commit actor. A graceful stop stops fetching, flushes
+what was processed, commits it and leaves the group; a fatal actor failure
+stops without committing anything more and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from typing import Any
+
+import pykka
+
+from onceflow.actors.commit import CommitActor
+from onceflow.actors.consumer import ConsumerActor
+from onceflow.actors.loop import EventLoopThread
+from onceflow.actors.messages import CommitNow, CommitTick, Flush, PersistTick, StopFetching
+from onceflow.actors.persistence import PersistenceActor
+from onceflow.actors.producer import ProducerActor
+from onceflow.actors.stage import StageActor
+from onceflow.actors.ticker import Ticker
+from onceflow.runtime.config import ConfigError, Settings
+from onceflow.stages.pipeline import Pipeline
+from onceflow.stores.base import StateStore
+from onceflow.stores.redis_store import RedisStore
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+def load_pipeline(settings: Settings) -> Pipeline:
+    """Import the ``module:attribute`` named by ``onceflow.pipeline``."""
+    module_name, _, attribute = settings.pipeline.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except Exception as error:
+        raise ConfigError(
+            settings.source,
+            "onceflow.pipeline",
+            f"expected 'module:attribute' naming a Pipeline; cannot load "
+            f"{settings.pipeline!r}: {type(error).__name__}: {error}",
+        ) from None
+    if not isinstance(target, Pipeline):
+        raise ConfigError(
+            settings.source,
+            "onceflow.pipeline",
+            f"expected a onceflow.stages.Pipeline, {settings.pipeline!r} is a "
+            f"{type(target).__name__}",
+        )
+    return target
+
+
+STORES = ("redis",)
+
+
+def check_stores(settings: Settings, pipeline: Pipeline) -> None:
+    """Every aggregate names a store kind this build supports."""
+    for spec in pipeline.aggregates:
+        if spec.store not in STORES:
+            raise ConfigError(
+                settings.source,
+                f"onceflow.stores.{spec.store}",
+                f"aggregate {spec.id!r} uses store {spec.store!r}; supported: {', '.join(STORES)}",
+            )
+
+
+def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]:
+    """One client per store the pipeline uses."""
+    redis = settings.stores.redis
+    return {"redis": RedisStore(redis.url, redis.key_prefix, pipeline.id)}
+
+
+def consumer_options(settings: Settings) -> dict[str, Any]:
+    """aiokafka consumer settings: manual commits only, everything else from config."""
+    k = settings.kafka
+    return {
+        "bootstrap_servers": k.bootstrap_servers,
+        "group_id": k.group_id,
+        "client_id": k.client_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": k.auto_offset_reset,
+        "session_timeout_ms": int(k.session_timeout * 1000),
+        "heartbeat_interval_ms": int(k.heartbeat_interval * 1000),
+        "request_timeout_ms": int(k.request_timeout * 1000),
+        "max_poll_records": k.max_poll_records,
+        "fetch_max_wait_ms": int(k.fetch_max_wait * 1000),
+    }
+
+
+def producer_options(settings: Settings) -> dict[str, Any]:
+    """aiokafka producer settings: acks from all replicas; no idempotence (see SERVICES.md)."""
+    k = settings.kafka
+    return {
+        "bootstrap_servers": k.bootstrap_servers,
+        "client_id": k.client_id,
+        "acks": "all",
+        "enable_idempotence": False,
+        "request_timeout_ms": int(k.request_timeout * 1000),
+        "linger_ms": 5,
+    }
+
+
+class Worker:
+    """One pipeline's actors in one process."""
+
+    def __init__(self, settings: Settings, pipeline: Pipeline):
+        self.settings = settings
+        self.pipeline = pipeline
+        self._stop = threading.Event()
+        self._failure: tuple[str, BaseException] | None = None
+        self._actors: list[pykka.ActorRef[Any]] = []
+        self._tickers: list[Ticker] = []
+
+    def _fatal(self, who: str, error: BaseException) -> None:
+        if self._failure is None:
+            self._failure = (who, error)
+            log.error("fatal failure in %s: %r", who, error)
+        self._stop.set()
+
+    def request_stop(self) -> None:
+        """Ask for a graceful stop (safe from a signal handler)."""
+        self._stop.set()
+
+    def start(self) -> None:
+        s = self.settings
+        self._io = EventLoopThread()
+        stage_stores = open_stores(s, self.pipeline)
+        write_stores = open_stores(s, self.pipeline)
+        stats_store = next(iter(write_stores.values()), None) or RedisStore(
+            s.stores.redis.url, s.stores.redis.key_prefix, self.pipeline.id
+        )
+        fatal = self._fatal
+        start_timeout = s.kafka.request_timeout + 10
+        self._producer = ProducerActor.start(
+            options=producer_options(s), io=self._io, start_timeout=start_timeout, on_fatal=fatal
+        )
+        self._commit = CommitActor.start(on_fatal=fatal)
+        self._persistence = PersistenceActor.start(
+            stores=write_stores,
+            producer=self._producer,
+            commit=self._commit,
+            stats_store=stats_store,
+            on_fatal=fatal,
+        )
+        self._stage = StageActor.start(
+            pipeline=self.pipeline,
+            stores=stage_stores,
+            dead_letter_topic=s.kafka.dead_letter_topic,
+            producer=self._producer,
+            persistence=self._persistence,
+            stats_interval=s.metrics.stats_interval,
+            on_fatal=fatal,
+        )
+        self._consumer = ConsumerActor.start(
+            options=consumer_options(s),
+            topics=self.pipeline.topics,
+            max_in_flight=s.consumer.max_in_flight_batches,
+            max_records=s.kafka.max_poll_records,
+            poll_timeout=s.kafka.fetch_max_wait + 0.1,
+            start_timeout=start_timeout,
+            io=self._io,
+            stage=self._stage,
+            commit=self._commit,
+            on_fatal=fatal,
+        )
+        self._commit.proxy().use_consumer(self._consumer).get()
+        # Stop order: consumer first (no new batches), producer last (flushes sends).
+        self._actors = [self._consumer, self._stage, self._persistence, self._commit,
+                        self._producer]
+        self._tickers = [
+            Ticker(self._stage, PersistTick(), s.persistence.interval).start(),
+            Ticker(self._commit, CommitTick(), s.commit.interval).start(),
+        ]
+        log.info("worker started: pipeline %r on %s", self.pipeline.id, self.pipeline.topics)
+
+    def run(self) -> int:
+        """Block until a stop is requested or an actor fails; return the exit code."""
+        self._stop.wait()
+        return self.shutdown()
+
+    def shutdown(self) -> int:
+        for ticker in self._tickers:
+            ticker.stop()
+        timeout = self.settings.shutdown.timeout
+        if self._failure is None:
+            try:
+                self._consumer.ask(StopFetching(), timeout=timeout)
+                self._stage.ask(Flush(), timeout=timeout)
+                committed = self._commit.ask(CommitNow(), timeout=timeout)
+                log.info("stopped: flushed and committed %s", committed)
+            except Exception as error:
+                self._fatal("shutdown", error)
+        for ref in self._actors:
+            try:
+                ref.stop(timeout=timeout)
+            except Exception as error:  # a failed actor is already stopped
+                log.debug("stopping %s: %r", ref, error)
+        self._io.stop()
+        return EXIT_OK if self._failure is None else EXIT_FAILED

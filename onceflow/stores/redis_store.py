@@ -1,0 +1,78 @@
+"""Redis state store: one string key per state, written with SET.
+
+A key holds the state and its watermarks in one value, so every write is
+atomic per key; a batch of writes goes out in one non-transactional
+pipeline (a partial flush leaves each key self-consistent, DESIGN.md inv. 7).
+Layout: ``<prefix>:<pipeline>:s:<stage>:<key>`` and ``<prefix>:<pipeline>:stats``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, cast
+
+import redis
+
+from onceflow.stores.base import StateStore
+
+_GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
+
+
+class RedisStore(StateStore):
+    def __init__(self, url: str, key_prefix: str, pipeline_id: str, timeout: float = 5.0):
+        self._client = redis.Redis.from_url(
+            url, socket_timeout=timeout, socket_connect_timeout=timeout
+        )
+        self._base = f"{key_prefix}:{pipeline_id}"
+
+    def _key(self, stage_id: str, key: str) -> str:
+        return f"{self._base}:s:{stage_id}:{key}"
+
+    def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        if not keys:
+            return {}
+        values = cast(list[bytes | None], self._client.mget([self._key(stage_id, k) for k in keys]))
+        return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
+
+    def save(self, stage_id: str, rows: Mapping[str, bytes]) -> None:
+        if not rows:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for key, value in rows.items():
+            pipe.set(self._key(stage_id, key), value)
+        pipe.execute()
+
+    def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
+        prefix = self._key(stage_id, "")
+        pattern = prefix.translate(_GLOB_SPECIAL) + "*"
+        batch: list[bytes] = []
+        for name in self._client.scan_iter(match=pattern, count=1000):
+            batch.append(cast(bytes, name))
+            if len(batch) == 1000:
+                yield from self._fetch(batch, len(prefix))
+                batch = []
+        yield from self._fetch(batch, len(prefix))
+
+    def _fetch(self, names: list[bytes], cut: int) -> Iterator[tuple[str, bytes]]:
+        if not names:
+            return
+        values = cast(list[bytes | None], self._client.mget(names))
+        for name, value in zip(names, values, strict=True):
+            if value is not None:
+                yield name.decode()[cut:], value
+
+    def add_stats(self, counters: Mapping[str, int]) -> None:
+        nonzero = {k: v for k, v in counters.items() if v}
+        if not nonzero:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for field, amount in nonzero.items():
+            pipe.hincrby(f"{self._base}:stats", field, amount)
+        pipe.execute()
+
+    def read_stats(self) -> dict[str, int]:
+        raw = cast(dict[bytes, Any], self._client.hgetall(f"{self._base}:stats"))
+        return {k.decode(): int(v) for k, v in raw.items()}
+
+    def close(self) -> None:
+        self._client.close()
