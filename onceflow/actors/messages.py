@@ -33,6 +33,11 @@ class PersistTick:
 
 
 @dataclass(frozen=True)
+class LogStats:
+    """Time to log the running counters."""
+
+
+@dataclass(frozen=True)
 class CommitTick:
     """Time to commit what became durable."""
 

@@ -8,7 +8,6 @@ flushes: a snapshot covers exactly the batches received before it.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from onceflow.actors.messages import (
     BatchDone,
     Flush,
     Forget,
+    LogStats,
     PersistTick,
     Send,
     Snapshot,
@@ -43,7 +43,6 @@ class StageActor(ReportingActor):
         dead_letter_topic: str,
         producer: pykka.ActorRef[Any],
         persistence: pykka.ActorRef[Any],
-        stats_interval: float,
         on_fatal: FatalHandler,
     ):
         super().__init__(on_fatal)
@@ -55,8 +54,6 @@ class StageActor(ReportingActor):
         self._snapshotted: dict[TopicPartition, int] = {}
         self._stats: Counter[str] = Counter()
         self._totals: Counter[str] = Counter()
-        self._stats_interval = stats_interval
-        self._last_log = time.monotonic()
 
     def _load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
         rows = retrying(f"load {spec.id}", lambda: self._stores[spec.store].load(spec.id, keys))
@@ -71,7 +68,8 @@ class StageActor(ReportingActor):
             snapshot = self._snapshot()
             if snapshot is not None:
                 self._persistence.tell(snapshot)
-            self._maybe_log()
+        elif isinstance(message, LogStats):
+            log.info("stats %s", dict(sorted(self._totals.items())))
         elif isinstance(message, Flush):
             snapshot = self._snapshot()
             if snapshot is not None:
@@ -91,12 +89,11 @@ class StageActor(ReportingActor):
         if outcome.outputs:
             self._producer.tell(Send(outcome.outputs))
         self._processed.update(outcome.next_offsets)
-        self._stats["records"] += len(records)
-        self._stats["dead_letters"] += outcome.dead_letters
-        for stage_id, n in outcome.duplicates.items():
-            self._stats[f"{stage_id}.duplicates"] += n
-        for stage_id, n in outcome.folded.items():
-            self._stats[f"{stage_id}.folded"] += n
+        batch = Counter({"records": len(records), "dead_letters": outcome.dead_letters})
+        batch.update({f"{stage_id}.duplicates": n for stage_id, n in outcome.duplicates.items()})
+        batch.update({f"{stage_id}.folded": n for stage_id, n in outcome.folded.items()})
+        self._stats.update(batch)
+        self._totals.update(batch)
 
     def _snapshot(self) -> Snapshot | None:
         """Encode dirty states now: later folds cannot change what gets written."""
@@ -110,12 +107,5 @@ class StageActor(ReportingActor):
             return None
         self._snapshotted = dict(self._processed)
         stats = dict(self._stats)
-        self._totals.update(self._stats)
         self._stats.clear()
         return Snapshot(rows, dict(self._processed), stats)
-
-    def _maybe_log(self) -> None:
-        now = time.monotonic()
-        if now - self._last_log >= self._stats_interval:
-            self._last_log = now
-            log.info("stats %s", dict(sorted(self._totals.items())))

@@ -18,24 +18,25 @@ EXIT_CONFIG = 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = bool(argv) and argv[0] in ("-v", "--verbose")
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    command: str = args.command
-    if command == "run":
-        return _run(args.config, args.set)
-    if command == "services":
+    rest = argv[1:] if verbose else argv
+    # These subcommands own their argument parsing (and --help).
+    if rest and rest[0] == "services":
         from onceflow.runtime import services
 
-        return services.cli(args.rest)
-    if command == "demo":
+        return services.cli(rest[1:])
+    if rest and rest[0] == "demo":
         from onceflow.runtime import demo
 
-        return demo.cli(args.rest)
-    raise AssertionError(command)
+        return demo.cli(rest[1:])
+    args = _parser().parse_args(argv)
+    return _run(args.config, args.set)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -48,10 +49,8 @@ def _parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key, e.g. onceflow.kafka.group-id=g1 (repeatable)",
     )
-    for name, text in (("services", "start/stop local broker, Redis, Cassandra"),
-                       ("demo", "the robot demo: kills and restarts, then checks totals")):
-        cmd = sub.add_parser(name, help=text, add_help=False)
-        cmd.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("services", help="up|down|status of a local broker, Redis, Cassandra")
+    sub.add_parser("demo", help="the robot demo: SIGKILLs and restarts, then checks totals")
     return parser
 
 

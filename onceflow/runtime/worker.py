@@ -19,7 +19,14 @@ import pykka
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor
 from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import CommitNow, CommitTick, Flush, PersistTick, StopFetching
+from onceflow.actors.messages import (
+    CommitNow,
+    CommitTick,
+    Flush,
+    LogStats,
+    PersistTick,
+    StopFetching,
+)
 from onceflow.actors.persistence import PersistenceActor
 from onceflow.actors.producer import ProducerActor
 from onceflow.actors.stage import StageActor
@@ -157,7 +164,6 @@ class Worker:
             dead_letter_topic=s.kafka.dead_letter_topic,
             producer=self._producer,
             persistence=self._persistence,
-            stats_interval=s.metrics.stats_interval,
             on_fatal=fatal,
         )
         self._consumer = ConsumerActor.start(
@@ -179,6 +185,7 @@ class Worker:
         self._tickers = [
             Ticker(self._stage, PersistTick(), s.persistence.interval).start(),
             Ticker(self._commit, CommitTick(), s.commit.interval).start(),
+            Ticker(self._stage, LogStats(), s.metrics.stats_interval).start(),
         ]
         log.info("worker started: pipeline %r on %s", self.pipeline.id, self.pipeline.topics)
 

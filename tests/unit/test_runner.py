@@ -188,10 +188,9 @@ def test_republish_appends_source_ref_with_fan_out_index() -> None:
     )
     runner = PipelineRunner(pipeline, lambda spec, keys: {}, "dlq")
     outcome = runner.process([Rec("raw", 2, 40, envelope({"xs": [7, 8]}, [("src", 0, 3, 1)]))])
-    chains = [
-        [(r.topic, r.partition, r.offset, r.index) for r in Envelope.FromString(o.value).source_chain]
-        for o in outcome.outputs
-    ]
+    envelopes = [Envelope.FromString(o.value) for o in outcome.outputs]
+    chains = [[(r.topic, r.partition, r.offset, r.index) for r in e.source_chain]
+              for e in envelopes]
     assert chains == [
         [("src", 0, 3, 1), ("raw", 2, 40, 0)],
         [("src", 0, 3, 1), ("raw", 2, 40, 1)],

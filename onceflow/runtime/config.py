@@ -1,0 +1,420 @@
+"""Settings: HOCON parsed once, at the edge, into one frozen typed object.
+
+The application file is merged over the packaged ``reference.conf`` (every
+default lives there) before substitutions resolve, so it may refer to defaults
+and ``${?VAR}`` environment overrides work in either file. That merge is done
+here rather than by pyhocon, whose merges lose the value an unset ``${?VAR}``
+falls back to. Every key is checked against the reference tree and every value
+for type and range, so the rest of the runtime reads plain attributes and never
+imports pyhocon. Each problem is a :class:`ConfigError`: one ``file: key:
+problem`` line.
+
+Example:
+    >>> settings = load_settings("config/example.conf")  # doctest: +SKIP
+    >>> settings.kafka.session_timeout  # doctest: +SKIP
+    30.0
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Literal, cast
+
+from pyhocon import ConfigFactory, ConfigParser, ConfigTree
+from pyhocon.config_tree import ConfigValues
+from pyhocon.exceptions import ConfigException
+from pyparsing import ParseBaseException  # what pyhocon raises on bad syntax
+
+__all__ = [
+    "CommitSettings",
+    "ConfigError",
+    "ConsumerSettings",
+    "KafkaSettings",
+    "MetricsSettings",
+    "PersistenceSettings",
+    "RedisSettings",
+    "Settings",
+    "ShutdownSettings",
+    "StoresSettings",
+    "load_settings",
+    "parse_duration",
+]
+
+OffsetReset = Literal["earliest", "latest"]
+
+
+@dataclass(frozen=True)
+class KafkaSettings:
+    """``onceflow.kafka``: the Kafka client; durations in seconds."""
+
+    bootstrap_servers: str
+    group_id: str
+    client_id: str
+    auto_offset_reset: OffsetReset
+    session_timeout: float
+    heartbeat_interval: float
+    request_timeout: float
+    max_poll_records: int
+    fetch_max_wait: float
+    dead_letter_topic: str
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    """``onceflow.consumer``: backpressure between fetching and persisting."""
+
+    max_in_flight_batches: int
+
+
+@dataclass(frozen=True)
+class PersistenceSettings:
+    """``onceflow.persistence``: how often dirty state is written."""
+
+    interval: float
+
+
+@dataclass(frozen=True)
+class CommitSettings:
+    """``onceflow.commit``: how often durable offsets are committed."""
+
+    interval: float
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """``onceflow.stores.redis``: the aggregate state store."""
+
+    url: str
+    key_prefix: str
+
+
+@dataclass(frozen=True)
+class StoresSettings:
+    """``onceflow.stores``."""
+
+    redis: RedisSettings
+
+
+@dataclass(frozen=True)
+class ShutdownSettings:
+    """``onceflow.shutdown``: the SIGTERM drain budget."""
+
+    timeout: float
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """``onceflow.metrics``."""
+
+    stats_interval: float
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a worker needs; ``source`` is the application file it came from."""
+
+    pipeline: str
+    source: str
+    kafka: KafkaSettings
+    consumer: ConsumerSettings
+    persistence: PersistenceSettings
+    commit: CommitSettings
+    stores: StoresSettings
+    shutdown: ShutdownSettings
+    metrics: MetricsSettings
+
+
+class ConfigError(Exception):
+    """A bad configuration: ``str(err)`` is ``<file>: <key>: <what was expected>``.
+
+    ``key`` is the full dotted path, or None when the file as a whole is wrong
+    (missing, or not HOCON); ``file`` is where the bad value came from.
+    """
+
+    def __init__(self, file: str, key: str | None, expected: str) -> None:
+        self.file = file
+        self.key = key
+        self.expected = expected
+        super().__init__(f"{file}: {key}: {expected}" if key else f"{file}: {expected}")
+
+
+OVERRIDES = "<overrides>"
+# Mirrors the ${?VAR} lines of reference.conf, so a bad value is blamed on its variable.
+_ENV_VARS = {
+    "onceflow.pipeline": "ONCEFLOW_PIPELINE",
+    "onceflow.kafka.bootstrap-servers": "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS",
+    "onceflow.kafka.group-id": "ONCEFLOW_KAFKA_GROUP_ID",
+    "onceflow.stores.redis.url": "ONCEFLOW_REDIS_URL",
+}
+_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h|d)\s*")
+_PIPELINE = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
+_PIPELINE_HINT = "'module:attribute' naming a onceflow.stages.Pipeline"
+_REDIS_HINT = "a redis://, rediss:// or unix:// URL"
+_SERVERS = r"[^,\s]+:\d+(,\s*[^,\s]+:\d+)*"
+
+
+def parse_duration(value: object) -> float:
+    """Return a duration (``"500ms"``, ``"10s"``, ``"2m"``, ``"1h"``, a timedelta) in seconds.
+
+    pyhocon turns unquoted ``10s`` (or ``10 seconds``) into a timedelta but
+    leaves ``1.5s`` and quoted values as strings, so both are accepted; strings
+    take the short units ns, us, ms, s, m, h, d. A bare number is refused: HOCON
+    reads it as milliseconds, most people as seconds.
+
+    Raises:
+        ValueError: ``value`` is not a non-negative amount with a unit.
+    """
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    match = _DURATION.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ValueError(f"not a duration: {value!r}")
+    return float(match[1]) * _UNITS[match[2]]
+
+
+def load_settings(path: str | Path, overrides: Mapping[str, str] | None = None) -> Settings:
+    """Read ``path`` over the packaged reference.conf, check it, return Settings.
+
+    Args:
+        path: the application HOCON file.
+        overrides: dotted key -> HOCON value, applied last
+            (``{"onceflow.kafka.bootstrap-servers": "127.0.0.1:1234"}``).
+
+    Raises:
+        ConfigError: naming the file, key and expectation of the first problem.
+    """
+    path = Path(path)
+    label = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(label, None, "file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(label, None, f"cannot read: {exc}") from None
+    reference = resources.files("onceflow.runtime").joinpath("reference.conf").read_text("utf-8")
+    schema = ConfigFactory.parse_string(reference, resolve=False)  # resolving drops null keys
+    defaults = _resolve(ConfigFactory.parse_string(reference, resolve=False))
+    try:
+        app = ConfigFactory.parse_string(text, basedir=str(path.parent), resolve=False)
+        tree = _resolve(_merge(defaults, app))
+    except _HOCON_ERRORS as exc:
+        raise _hocon_error(label, exc) from None
+    for key, raw in (overrides or {}).items():
+        _apply_override(tree, key, raw)
+
+    def origin(key: str) -> str:
+        if any(f"{key}.".startswith(f"{k}.") or k.startswith(f"{key}.") for k in overrides or {}):
+            return OVERRIDES
+        env = _ENV_VARS.get(key)
+        if not _declares(app, key) and env and env in os.environ:
+            return f"${env}"
+        return label
+
+    _check_keys(tree.get("onceflow", None), schema["onceflow"], "onceflow", origin)
+    return _build(_Reader(tree, origin), label)
+
+
+def _build(read: _Reader, source: str) -> Settings:
+    if read.raw("onceflow.pipeline") is None:
+        raise read.error("onceflow.pipeline", f"missing: set it to {_PIPELINE_HINT}")
+    pipeline = read.text("onceflow.pipeline", _PIPELINE, _PIPELINE_HINT)
+    k = "onceflow.kafka."
+    kafka = KafkaSettings(
+        bootstrap_servers=read.text(k + "bootstrap-servers", _SERVERS, "'host:port[,host:port]'"),
+        group_id=read.text(k + "group-id"),
+        client_id=read.text(k + "client-id"),
+        auto_offset_reset=cast(
+            OffsetReset,
+            read.text(k + "auto-offset-reset", "earliest|latest", "one of 'earliest', 'latest'"),
+        ),
+        session_timeout=read.duration(k + "session-timeout", 1, 300),
+        heartbeat_interval=read.duration(k + "heartbeat-interval", 0.01, 300),
+        request_timeout=read.duration(k + "request-timeout", 1, 600),
+        max_poll_records=read.integer(k + "max-poll-records", 1, 100_000),
+        fetch_max_wait=read.duration(k + "fetch-max-wait", 0, 60),
+        dead_letter_topic=read.text(k + "dead-letter-topic", r"[\w.-]{1,249}", "a topic name"),
+    )
+    if kafka.heartbeat_interval >= kafka.session_timeout:
+        raise read.error(
+            k + "heartbeat-interval",
+            f"expected a duration below session-timeout ({_fmt(kafka.session_timeout)}), "
+            f"got {_fmt(kafka.heartbeat_interval)}",
+        )
+    redis_url = read.text("onceflow.stores.redis.url", r"(rediss?|unix)://\S+", _REDIS_HINT)
+    return Settings(
+        pipeline=pipeline,
+        source=source,
+        kafka=kafka,
+        consumer=ConsumerSettings(read.integer("onceflow.consumer.max-in-flight-batches", 1, 1000)),
+        persistence=PersistenceSettings(read.duration("onceflow.persistence.interval", 0.01, 3600)),
+        commit=CommitSettings(read.duration("onceflow.commit.interval", 0.01, 3600)),
+        stores=StoresSettings(
+            RedisSettings(redis_url, read.text("onceflow.stores.redis.key-prefix"))
+        ),
+        shutdown=ShutdownSettings(read.duration("onceflow.shutdown.timeout", 0.1, 3600)),
+        metrics=MetricsSettings(read.duration("onceflow.metrics.stats-interval", 0.1, 3600)),
+    )
+
+
+class _Reader:
+    """Typed, range-checked reads from the resolved tree, blaming the right source."""
+
+    def __init__(self, tree: ConfigTree, origin: Callable[[str], str]) -> None:
+        self._tree = tree
+        self._origin = origin
+
+    def error(self, key: str, expected: str) -> ConfigError:
+        return ConfigError(self._origin(key), key, expected)
+
+    def raw(self, key: str) -> object:
+        return self._tree.get(key, None)
+
+    def text(self, key: str, pattern: str = r".*\S.*", expected: str = "a non-empty string") -> str:
+        value = self.raw(key)
+        if not isinstance(value, str) or not re.fullmatch(pattern, value):
+            raise self.error(key, f"expected {expected}, got {_show(value)}")
+        return value
+
+    def integer(self, key: str, low: int, high: int) -> int:
+        value = self.raw(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise self.error(key, f"expected an integer in {low}..{high}, got {_show(value)}")
+        return value
+
+    def duration(self, key: str, low: float, high: float) -> float:
+        value = self.raw(key)
+        try:
+            seconds = parse_duration(value)
+        except ValueError:
+            raise self.error(
+                key, f"expected a duration like 10s or 500ms, got {_show(value)}"
+            ) from None
+        if not low <= seconds <= high:
+            expected = f"a duration in {_fmt(low)}..{_fmt(high)}"
+            raise self.error(key, f"expected {expected}, got {_show(value)}")
+        return seconds
+
+
+_HOCON_ERRORS = (ParseBaseException, ConfigException, OSError)
+
+
+def _hocon_error(label: str, exc: Exception) -> ConfigError:
+    """One line for what pyhocon raised: a syntax error, a bad substitution or include."""
+    if isinstance(exc, ParseBaseException):
+        where = f"line {exc.lineno}, column {exc.col}"
+        return ConfigError(label, None, f"{where}: syntax error: {exc.msg}")
+    if isinstance(exc, OSError):  # include required("missing.conf")
+        return ConfigError(label, None, f"cannot include: {exc}")
+    return ConfigError(label, None, " ".join(str(exc).split()))  # pyhocon gives (line: N, col: M)
+
+
+def _merge(base: ConfigTree, top: ConfigTree) -> ConfigTree:
+    """Merge the unresolved ``top`` over the resolved ``base`` in place, as HOCON does.
+
+    Not ConfigTree.merge_configs: that makes an app's ``key = ${?VAR}`` fall back
+    to base's value instead of the app's own earlier one (chimpler/pyhocon#154).
+    """
+    for key, value in top.items():
+        old = OrderedDict.get(base, key)  # ConfigTree.get would split quoted keys on dots
+        if isinstance(old, ConfigTree) and isinstance(value, ConfigTree):
+            _merge(old, value)
+            continue
+        if isinstance(value, ConfigValues):  # unset ${?VAR} falls back along overridden_value
+            tail = value
+            while isinstance(tail.overridden_value, ConfigValues):
+                tail = tail.overridden_value
+            if tail.overridden_value is None:
+                tail.overridden_value = old
+        OrderedDict.__setitem__(base, key, value)
+        if base.root:  # pyhocon's self-reference fixup reads each root key's history
+            base.history[key] = [*base.history.get(key, []), value]
+    return base
+
+
+def _resolve(tree: ConfigTree) -> ConfigTree:
+    """Resolve substitutions in place, after fixing what pyhocon's own merges broke.
+
+    pyhocon copies an object when a later one merges into it, but leaves its
+    substitutions pointing at the old copy, so a nested ``key = ${?VAR}`` with
+    VAR unset resolves to None instead of the earlier value (chimpler/pyhocon#331).
+    """
+
+    def relink(node: ConfigTree) -> None:
+        for key, value in node.items():
+            if isinstance(value, ConfigValues):
+                value.parent, value.key = node, key
+            elif isinstance(value, ConfigTree):
+                relink(value)
+
+    relink(tree)
+    ConfigParser.resolve_substitutions(tree)
+    return tree
+
+
+def _apply_override(tree: ConfigTree, key: str, raw: str) -> None:
+    """Put ``key = raw`` (one HOCON value, parsed on its own) into the resolved ``tree``."""
+    if not key.startswith("onceflow."):
+        raise ConfigError(OVERRIDES, key, "unknown key (settings live under 'onceflow.')")
+    try:
+        parsed = ConfigFactory.parse_string(f"value = {raw}")
+    except _HOCON_ERRORS:
+        parsed = None
+    if parsed is None or list(parsed) != ["value"]:  # `a:1,b:2` is "a:1" plus a key `b`
+        raise ConfigError(OVERRIDES, key, f"expected one HOCON value, got {raw!r} (quote it)")
+    tree.put(key, parsed.get("value", None))
+
+
+def _check_keys(
+    tree: object, schema: ConfigTree, prefix: str, origin: Callable[[str], str]
+) -> None:
+    """Reject keys the reference does not know, and scalars where it has objects."""
+    if not isinstance(tree, ConfigTree):
+        raise ConfigError(origin(prefix), prefix, f"expected an object, got {_show(tree)}")
+    for name, value in tree.items():
+        key = f"{prefix}.{name}"
+        if name not in schema:
+            close = difflib.get_close_matches(name, list(schema), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "known: " + ", ".join(schema)
+            raise ConfigError(origin(key), key, f"unknown key ({hint})")
+        if isinstance(schema[name], ConfigTree):
+            _check_keys(value, schema[name], key, origin)
+
+
+def _declares(tree: ConfigTree, key: str) -> bool:
+    """Whether ``tree`` (the unresolved application file) assigns ``key``."""
+    node: object = tree
+    for part in key.split("."):
+        if not isinstance(node, ConfigTree) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _fmt(seconds: float) -> str:
+    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds * 1000:g}ms"
+
+
+def _show(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, timedelta):
+        return _fmt(value.total_seconds())
+    if isinstance(value, ConfigTree):
+        return "an object"
+    if isinstance(value, list):
+        return "a list"
+    return repr(value) if isinstance(value, str) else str(value)

@@ -1,0 +1,314 @@
+"""The robot demo: a worker SIGKILLed and restarted mid-stream, then checked.
+
+``run_demo`` is what ``onceflow demo`` shows and what the end-to-end test
+asserts on: it produces the synthetic robot stream while a worker process
+runs, kills it with SIGKILL at random moments (restarting it each time),
+waits until the committed offsets reach the produced end offsets (read
+from the producer's acknowledgements, never from ListOffsets), stops the
+worker with SIGTERM and compares every robot's totals with the ground truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from onceflow.runtime import services
+from onceflow.runtime.robot_stream import RobotStream, generate
+from onceflow.stages.state import decode_state
+from onceflow.stores.redis_store import RedisStore
+
+PIPELINE_ID = "robots"
+STAGE_ID = "per_robot"
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    messages: int = 40_000
+    robots: int = 1000
+    partitions: int = 4
+    kills: int = 6
+    seed: int = 7
+    produce_seconds: float = 20.0
+    min_gap: float = 2.0  # a (re)started worker runs at least this long before a kill
+    max_gap: float = 6.0
+    timeout: float = 300.0
+
+
+@dataclass
+class DemoReport:
+    messages: int = 0
+    events: int = 0
+    kills: int = 0
+    restarts: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    robots: int = 0
+    robots_matching: int = 0
+    lost: int = 0
+    double: int = 0
+    caught_up: bool = False
+    final_exit_code: int | None = None
+    elapsed: float = 0.0
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return (self.caught_up and self.lost == 0 and self.double == 0
+                and self.robots_matching == self.robots and self.final_exit_code == 0)
+
+
+class WorkerProcess:
+    """The worker as a child process: started, SIGKILLed, restarted, stopped."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log_dir: Path):
+        self._argv = argv
+        self._env = env
+        self._log_dir = log_dir
+        self.logs: list[Path] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self._log_dir / f"worker-{len(self.logs)}.log"
+        self.logs.append(log)
+        with log.open("wb") as out:
+            self._proc = subprocess.Popen(self._argv, env=self._env, stdout=out,
+                                          stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGKILL)
+        self._proc.wait()
+
+    def terminate(self, timeout: float) -> int | None:
+        """SIGTERM and wait; None if it did not exit in time (then it is killed)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGTERM)
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def exited(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+
+def worker_command(config: Path, bootstrap: str, redis_url: str, group: str, prefix: str
+                   ) -> list[str]:
+    sets = {
+        "onceflow.kafka.bootstrap-servers": bootstrap,
+        "onceflow.kafka.group-id": group,
+        "onceflow.stores.redis.url": redis_url,
+        "onceflow.stores.redis.key-prefix": prefix,
+    }
+    argv = [sys.executable, "-m", "onceflow", "run", "-c", str(config)]
+    for key, value in sets.items():
+        argv += ["--set", f'{key}="{value}"']
+    return argv
+
+
+def demo_config() -> Path:
+    return Path(str(resources.files("onceflow.examples").joinpath("demo.conf")))
+
+
+def run_demo(options: DemoOptions, *, bootstrap: str, redis_url: str, workdir: Path,
+             console: Console | None = None) -> DemoReport:
+    return asyncio.run(_Demo(options, bootstrap, redis_url, workdir, console).run())
+
+
+class _Demo:
+    def __init__(self, options: DemoOptions, bootstrap: str, redis_url: str, workdir: Path,
+                 console: Console | None):
+        self.o = options
+        self.bootstrap = bootstrap
+        self.redis_url = redis_url
+        self.console = console or Console(file=open(os.devnull, "w"))  # noqa: SIM115
+        run_id = uuid.uuid4().hex[:8]
+        self.topic = f"robot-reports-{run_id}"
+        self.group = f"demo-{run_id}"
+        self.prefix = f"demo-{run_id}"
+        env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": self.topic}
+        argv = worker_command(demo_config(), bootstrap, redis_url, self.group, self.prefix)
+        self.worker = WorkerProcess(argv, env, workdir)
+        self.report = DemoReport(messages=options.messages)
+        self.end_offsets: dict[int, int] = {}
+        self.produced_all = asyncio.Event()
+
+    async def run(self) -> DemoReport:
+        started = time.monotonic()
+        stream = generate(self.o.messages, self.o.robots, self.o.seed)
+        self.report.events = stream.events
+        await self._create_topic()
+        progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=self.console, transient=False)
+        with progress:
+            bar = progress.add_task("committed", total=self.o.messages)
+            self.worker.start()
+            producing = asyncio.create_task(self._produce(stream))
+            await self._kill_and_restart(progress, bar)
+            await producing
+            self.report.caught_up = await self._wait_caught_up(progress, bar)
+        self.report.final_exit_code = self.worker.terminate(timeout=10)
+        self._check(stream)
+        self.report.elapsed = time.monotonic() - started
+        self.report.logs = self.worker.logs
+        return self.report
+
+    async def _create_topic(self) -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(self.topic, self.o.partitions, 1)])
+        finally:
+            await admin.close()
+
+    async def _produce(self, stream: RobotStream) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all",
+                                    enable_idempotence=False, linger_ms=5)
+        await producer.start()
+        try:
+            chunks = max(1, int(self.o.produce_seconds * 10))
+            size = -(-len(stream.messages) // chunks)
+            for start in range(0, len(stream.messages), size):
+                acks = [await producer.send(self.topic, value, key=key)
+                        for key, value in stream.messages[start:start + size]]
+                for meta in await asyncio.gather(*acks):
+                    self.end_offsets[meta.partition] = max(
+                        self.end_offsets.get(meta.partition, 0), meta.offset + 1)
+                await asyncio.sleep(0.1)
+        finally:
+            await producer.stop()
+        self.produced_all.set()
+
+    async def _kill_and_restart(self, progress: Progress, bar: TaskID) -> None:
+        rng = random.Random(self.o.seed)
+        for n in range(1, self.o.kills + 1):
+            await asyncio.sleep(rng.uniform(self.o.min_gap, self.o.max_gap))
+            code = self.worker.exited()
+            if code is not None:
+                log = self.worker.logs[-1]
+                raise RuntimeError(f"worker exited by itself with {code}; see {log}")
+            self.worker.kill()
+            self.report.kills += 1
+            self.worker.start()
+            self.report.restarts += 1
+            progress.update(bar, description=f"committed (kills {n}/{self.o.kills})")
+
+    async def _wait_caught_up(self, progress: Progress, bar: TaskID) -> bool:
+        await self.produced_all.wait()
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group,
+                                    enable_auto_commit=False)
+        await consumer.start()
+        try:
+            deadline = time.monotonic() + self.o.timeout
+            partitions = [TopicPartition(self.topic, p) for p in range(self.o.partitions)]
+            while time.monotonic() < deadline:
+                committed = {tp.partition: await consumer.committed(tp) or 0 for tp in partitions}
+                progress.update(bar, completed=sum(committed.values()))
+                if all(committed[p] >= end for p, end in self.end_offsets.items()):
+                    return True
+                if self.worker.exited() is not None:
+                    raise RuntimeError(f"worker died; see {self.worker.logs[-1]}")
+                await asyncio.sleep(0.25)
+            return False
+        finally:
+            await consumer.stop()
+
+    def _check(self, stream: RobotStream) -> None:
+        store = RedisStore(self.redis_url, self.prefix, PIPELINE_ID)
+        try:
+            got = {key: decode_state(value).value for key, value in store.scan(STAGE_ID)}
+            stats = store.read_stats()
+        finally:
+            store.close()
+        self.report.duplicates = stats.get(f"{STAGE_ID}.duplicates", 0)
+        self.report.dead_letters = stats.get("dead_letters", 0)
+        self.report.robots = len(stream.truth)
+        for robot in set(stream.truth) | set(got):
+            truth: Mapping[str, int] = stream.truth.get(robot, {})
+            counts = got.get(robot, {})
+            for outcome in ("ok", "failed"):
+                diff = counts.get(outcome, 0) - truth.get(outcome, 0)
+                self.report.lost += max(0, -diff)
+                self.report.double += max(0, diff)
+            same = all(counts.get(o, 0) == truth.get(o, 0) for o in ("ok", "failed"))
+            self.report.robots_matching += robot in stream.truth and same
+
+
+def report_table(report: DemoReport) -> Table:
+    table = Table(title="onceflow demo: robot screw fastening, exactly once")
+    table.add_column("measure")
+    table.add_column("value", justify="right")
+    rows = [
+        ("messages produced", f"{report.messages:,}"),
+        ("fastening events (after flat-map)", f"{report.events:,}"),
+        ("worker SIGKILLs / restarts", f"{report.kills} / {report.restarts}"),
+        ("duplicates discarded", f"{report.duplicates:,}"),
+        ("dead letters", f"{report.dead_letters:,}"),
+        ("robots matching ground truth", f"{report.robots_matching:,} / {report.robots:,}"),
+        ("lost", f"{report.lost:,}"),
+        ("double", f"{report.double:,}"),
+        ("final SIGTERM exit code", str(report.final_exit_code)),
+        ("elapsed", f"{report.elapsed:.1f} s"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+def cli(argv: list[str]) -> int:
+    """``onceflow demo``: embedded broker and Redis, the demo, a verdict."""
+    parser = argparse.ArgumentParser(prog="onceflow demo", description=__doc__)
+    defaults = DemoOptions()
+    parser.add_argument("--messages", type=int, default=defaults.messages)
+    parser.add_argument("--kills", type=int, default=defaults.kills)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--produce-seconds", type=float, default=defaults.produce_seconds)
+    parser.add_argument("--state-dir", type=Path, default=None,
+                        help="where services and logs live (default: a new temp dir)")
+    args = parser.parse_args(argv)
+    options = DemoOptions(messages=args.messages, kills=args.kills, seed=args.seed,
+                          produce_seconds=args.produce_seconds)
+    console = Console()
+    state = args.state_dir or Path(tempfile.mkdtemp(prefix="onceflow-demo-"))
+    state.mkdir(parents=True, exist_ok=True)
+    console.print(f"[bold]onceflow demo[/] state and logs in {state}")
+    kafka = services.start_tansu(state / "kafka")
+    redis = services.start_redis(state / "redis")
+    try:
+        console.print(f"broker {kafka.address}, redis {redis.address}")
+        report = run_demo(options, bootstrap=kafka.address,
+                          redis_url=f"redis://{redis.address}/0", workdir=state, console=console)
+    finally:
+        services.stop(kafka)
+        services.stop(redis)
+    console.print(report_table(report))
+    verdict = "[green]exact: lost 0, double 0[/]" if report.exact else "[red]NOT EXACT[/]"
+    console.print(verdict)
+    return 0 if report.exact else 1

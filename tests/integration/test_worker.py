@@ -1,0 +1,104 @@
+"""The worker process on a real broker and Redis: SIGTERM drain, dead letters."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from helpers import (
+    committed,
+    consume_all,
+    create_topic,
+    produce,
+    start_worker,
+    wait_for_log,
+)
+
+from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.runtime.robot_stream import generate
+from onceflow.runtime.services import ServiceInfo
+from onceflow.stages.state import decode_state
+from onceflow.stores.redis_store import RedisStore
+
+NEVER = ["--set", "onceflow.persistence.interval=1h", "--set", "onceflow.commit.interval=1h"]
+FAST_STATS = ["--set", "onceflow.metrics.stats-interval=200ms"]
+
+
+def robot_totals(redis_url: str, prefix: str) -> dict[str, dict[str, int]]:
+    store = RedisStore(redis_url, prefix, "robots")
+    try:
+        return {k: decode_state(v).value for k, v in store.scan("per_robot")}
+    finally:
+        store.close()
+
+
+def test_sigterm_flushes_commits_and_exits_zero_within_10s(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    redis_url = f"redis://{redis_service.address}/0"
+    create_topic(kafka_service.address, topic, 4)
+    stream = generate(5_000, seed=3)
+    ends = produce(kafka_service.address, topic, stream.messages)
+    log = tmp_path / "worker.log"
+    # Ticks would persist and commit only after an hour: what is durable
+    # after SIGTERM was made durable by the shutdown drain.
+    worker = start_worker(kafka_service.address, redis_url, group, prefix, topic, log,
+                          [*NEVER, *FAST_STATS])
+    try:
+        wait_for_log(worker, log, "'records': 5000", timeout=60)
+        assert robot_totals(redis_url, prefix) == {}
+        assert sum(committed(kafka_service.address, group, topic, 4).values()) == 0
+        stopping = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=10)
+        took = time.monotonic() - stopping
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert code == 0, log.read_text()[-3000:]
+    assert took < 10
+    assert committed(kafka_service.address, group, topic, 4) == {p: ends.get(p, 0)
+                                                                 for p in range(4)}
+    expected = {robot: {"ok": c["ok"], "failed": c["failed"]} for robot, c in stream.truth.items()}
+    assert robot_totals(redis_url, prefix) == expected
+
+
+def test_undecodable_records_go_to_dead_letters_with_reason_and_nothing_is_lost(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    dead = unique_name("dlq")
+    redis_url = f"redis://{redis_service.address}/0"
+    create_topic(kafka_service.address, topic, 1)
+    create_topic(kafka_service.address, dead, 1)
+    good = generate(200, robots=10, seed=5).messages
+    not_protobuf = (b"robot-0001", b"\xff\xfe definitely not an envelope")
+    bad_json = (b"robot-0002", Envelope(key="robot-0002", payload=b"{oops").SerializeToString())
+    messages = [*good[:100], not_protobuf, *good[100:150], bad_json, *good[150:]]
+    ends = produce(kafka_service.address, topic, messages)
+    log = tmp_path / "worker.log"
+    worker = start_worker(kafka_service.address, redis_url, group, prefix, topic, log,
+                          ["--set", f'onceflow.kafka.dead-letter-topic="{dead}"', *FAST_STATS])
+    try:
+        wait_for_log(worker, log, "'records': 202", timeout=60)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=10) == 0
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    letters = consume_all(kafka_service.address, dead, expected=2)
+    reasons = [dict(r.headers)["onceflow.reason"].decode() for r in letters]
+    assert [r.value for r in letters] == [not_protobuf[1], bad_json[1]]
+    assert reasons[0].startswith("undecodable envelope")
+    assert reasons[1].startswith("stage 'decode': JSONDecodeError")
+    assert dict(letters[0].headers)["onceflow.source"] == f"{topic}/0/100".encode()
+    truth = generate(200, robots=10, seed=5).truth
+    assert robot_totals(redis_url, prefix) == {
+        r: {"ok": c["ok"], "failed": c["failed"]} for r, c in truth.items()
+    }
+    assert committed(kafka_service.address, group, topic, 1) == {0: ends[0]}
