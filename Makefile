@@ -1,0 +1,56 @@
+# Two commands do everything from a clean clone: `make demo` and `make test`.
+# Set-up (virtualenv, packages, service prerequisites) is cached: a second run is fast.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test setup prereqs lint unit integration e2e protos bench services-up services-down clean
+
+demo: setup
+	$(BIN)/onceflow demo
+
+test: setup lint
+	$(BIN)/pytest -q tests
+
+setup: prereqs $(STAMP)
+
+prereqs:
+	@bash scripts/ensure-prereqs.sh
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy onceflow
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: setup
+	$(BIN)/pytest -q tests/integration
+
+e2e: setup
+	$(BIN)/pytest -q tests/e2e
+
+# Regenerate the envelope's Python code and type stubs (committed beside the .proto).
+protos: $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python -m grpc_tools.protoc -I onceflow/protos \
+	  --python_out=onceflow/protos --mypy_out=onceflow/protos onceflow/protos/envelope.proto
+
+bench: setup
+	$(BIN)/python benchmarks/throughput.py
+
+services-up: setup
+	$(BIN)/onceflow services up
+
+services-down: $(STAMP)
+	$(BIN)/onceflow services down
+
+clean:
+	rm -rf $(VENV) .state .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,184 @@
+"""Throughput of onceflow's full path beside a raw aiokafka loop, same topic, same run.
+
+Full path: consume -> decode -> flat-map -> aggregate (dedup + fold) -> Redis
+persist -> commit, as a real ``onceflow run`` worker process. Baseline: a
+plain aiokafka ``getmany`` loop decoding the same envelopes and JSON
+payloads, in its own process. Both read the same topic on the same broker.
+Rates count input records from the moment each consumer had its partitions
+(onceflow: its "partitions assigned" log line; baseline: its first record)
+until the last record was processed (onceflow: committed offsets reached the
+end, read from the producer's acks). Peak RSS is sampled with psutil.
+
+    python benchmarks/throughput.py [--messages 300000] [--out benchmarks/RESULTS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+from aiokafka import AIOKafkaConsumer
+
+from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.runtime import services
+from onceflow.runtime.demo import demo_config, worker_command
+from onceflow.runtime.robot_stream import generate
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
+from helpers import committed, create_topic, produce  # noqa: E402
+
+PARTITIONS = 4
+
+
+def raw_child(bootstrap: str, topic: str, expected: int) -> None:
+    """The baseline: getmany + envelope and payload decode, nothing else."""
+
+    async def run() -> dict[str, float]:
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id="raw-baseline",
+                                    auto_offset_reset="earliest", enable_auto_commit=False,
+                                    session_timeout_ms=6000, heartbeat_interval_ms=2000,
+                                    max_poll_records=2000)
+        await consumer.start()
+        seen = events = 0
+        first = 0.0
+        try:
+            while seen < expected:
+                for records in (await consumer.getmany(timeout_ms=500, max_records=2000)).values():
+                    if not first:
+                        first = time.monotonic()
+                    for record in records:
+                        report = json.loads(Envelope.FromString(record.value).payload)
+                        events += len(report["results"])
+                    seen += len(records)
+            return {"records": seen, "events": events, "seconds": time.monotonic() - first}
+        finally:
+            await consumer.stop()
+
+    print(json.dumps(asyncio.run(run())))
+
+
+def peak_rss_while(proc: subprocess.Popen[bytes], until: callable) -> tuple[float, int]:  # type: ignore[valid-type]
+    """Poll until ``until()`` is true or the process exits; returns (end time, peak RSS)."""
+    ps = psutil.Process(proc.pid)
+    peak = 0
+    while True:
+        try:
+            peak = max(peak, ps.memory_info().rss)
+        except psutil.NoSuchProcess:
+            pass
+        if until() or proc.poll() is not None:
+            return time.monotonic(), peak
+        time.sleep(0.02)
+
+
+def measure_raw(bootstrap: str, topic: str, expected: int) -> dict[str, float]:
+    proc = subprocess.Popen([sys.executable, __file__, "raw-child", bootstrap, topic,
+                             str(expected)], stdout=subprocess.PIPE)
+    _, peak = peak_rss_while(proc, lambda: False)
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError("raw baseline failed")
+    result: dict[str, float] = json.loads(out)
+    result["peak_rss_mb"] = peak / 2**20
+    return result
+
+
+def measure_onceflow(bootstrap: str, redis_url: str, topic: str, ends: dict[int, int],
+                     events: int, workdir: Path) -> dict[str, float]:
+    group = f"bench-{topic}"
+    argv = worker_command(demo_config(), bootstrap, redis_url, group, f"bench-{topic}")
+    argv += ["--set", "onceflow.persistence.interval=250ms",
+             "--set", "onceflow.commit.interval=250ms"]
+    log = workdir / "worker.log"
+    env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    total = sum(ends.values())
+    last_check = [0.0]
+
+    def done() -> bool:
+        now = time.monotonic()
+        if now - last_check[0] < 0.05:
+            return False
+        last_check[0] = now
+        got = committed(bootstrap, group, topic, PARTITIONS)
+        return all(got[p] >= end for p, end in ends.items())
+
+    end_wall = time.time()
+    _, peak = peak_rss_while(proc, done)
+    end_wall = time.time()
+    proc.terminate()
+    proc.wait(15)
+    text = log.read_text()
+    match = re.search(r"^(\S+ \S+) INFO onceflow.actors.consumer: partitions assigned", text, re.M)
+    if not match:
+        raise RuntimeError(f"no assignment in worker log:\n{text[-2000:]}")
+    assigned = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    seconds = end_wall - assigned
+    return {"records": total, "events": events, "seconds": seconds, "peak_rss_mb": peak / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    args = parser.parse_args()
+    state = Path(tempfile.mkdtemp(prefix="onceflow-bench-"))
+    kafka = services.start_tansu(state / "kafka")
+    redis = services.start_redis(state / "redis")
+    try:
+        topic = f"bench-{int(time.time())}"
+        create_topic(kafka.address, topic, PARTITIONS)
+        stream = generate(args.messages, seed=11)
+        ends = produce(kafka.address, topic, stream.messages)
+        raw = measure_raw(kafka.address, topic, args.messages)
+        full = measure_onceflow(kafka.address, f"redis://{redis.address}/0", topic, ends,
+                                stream.events, state)
+    finally:
+        services.stop(kafka)
+        services.stop(redis)
+    raw_rate = raw["records"] / raw["seconds"]
+    full_rate = full["records"] / full["seconds"]
+    lines = [
+        f"## throughput.py, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        "",
+        f"Command: `.venv/bin/python benchmarks/throughput.py --messages {args.messages}`  ",
+        f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, Tansu broker and "
+        f"Redis started by the benchmark; {args.messages:,} records ({stream.events:,} fastening "
+        f"events), {PARTITIONS} partitions, 1,000 keys.",
+        "",
+        "| path | records/s | events/s | seconds | peak RSS MB |",
+        "|---|---:|---:|---:|---:|",
+        f"| raw aiokafka getmany + decode | {raw_rate:,.0f} | "
+        f"{raw['events'] / raw['seconds']:,.0f} | {raw['seconds']:.2f} | "
+        f"{raw['peak_rss_mb']:.0f} |",
+        f"| onceflow full path (flat-map, aggregate, Redis persist, commit) | {full_rate:,.0f} | "
+        f"{full['events'] / full['seconds']:,.0f} | {full['seconds']:.2f} | "
+        f"{full['peak_rss_mb']:.0f} |",
+        "",
+        f"**Ratio onceflow / raw: {full_rate / raw_rate:.2f}**",
+        "",
+    ]
+    report = "\n".join(lines)
+    print(report)
+    previous = args.out.read_text() if args.out.exists() else "# Benchmark results\n\n"
+    args.out.write_text(previous.rstrip() + "\n\n" + report)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "raw-child":
+        raw_child(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main()

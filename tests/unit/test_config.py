@@ -1,0 +1,461 @@
+"""onceflow.runtime.config: defaults, precedence, and one exact message per kind of mistake."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from onceflow.runtime.config import (
+    CommitSettings,
+    ConfigError,
+    ConsumerSettings,
+    KafkaSettings,
+    MetricsSettings,
+    PersistenceSettings,
+    RedisSettings,
+    Settings,
+    ShutdownSettings,
+    StoresSettings,
+    load_settings,
+    parse_duration,
+)
+
+EXAMPLE_CONF = Path(__file__).resolve().parents[2] / "config" / "example.conf"
+DEMO_CONF = Path(str(resources.files("onceflow.examples").joinpath("demo.conf")))
+ENV_VARS = (
+    "ONCEFLOW_PIPELINE",
+    "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS",
+    "ONCEFLOW_KAFKA_GROUP_ID",
+    "ONCEFLOW_REDIS_URL",
+)
+PIPELINE = 'onceflow.pipeline = "shop.orders:pipeline"\n'
+
+AppFile = Callable[[str], Path]
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The developer's own ONCEFLOW_* variables must not leak into these tests."""
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def app_file(tmp_path: Path) -> AppFile:
+    """Write an application file and return its path."""
+
+    def write(text: str) -> Path:
+        path = tmp_path / "app.conf"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write
+
+
+def error_for(path: Path, overrides: dict[str, str] | None = None) -> ConfigError:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(path, overrides)
+    return caught.value
+
+
+# --- what loads ---------------------------------------------------------------
+
+
+def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
+    path = app_file(PIPELINE)
+
+    assert load_settings(path) == Settings(
+        pipeline="shop.orders:pipeline",
+        source=str(path),
+        kafka=KafkaSettings(
+            bootstrap_servers="127.0.0.1:9092",
+            group_id="onceflow",
+            client_id="onceflow-worker",
+            auto_offset_reset="earliest",
+            session_timeout=10.0,
+            heartbeat_interval=3.0,
+            request_timeout=30.0,
+            max_poll_records=2000,
+            fetch_max_wait=0.1,
+            dead_letter_topic="onceflow-dead-letters",
+        ),
+        consumer=ConsumerSettings(max_in_flight_batches=4),
+        persistence=PersistenceSettings(interval=1.0),
+        commit=CommitSettings(interval=5.0),
+        stores=StoresSettings(redis=RedisSettings("redis://127.0.0.1:6379/0", "onceflow")),
+        shutdown=ShutdownSettings(timeout=10.0),
+        metrics=MetricsSettings(stats_interval=5.0),
+    )
+
+
+def test_application_file_overrides_defaults(app_file: AppFile) -> None:
+    path = app_file(
+        PIPELINE
+        + """
+        onceflow {
+          kafka {
+            bootstrap-servers = "k1:9092,k2:9092"
+            auto-offset-reset = latest
+            session-timeout = 2m
+            heartbeat-interval = "1.5s"
+            max-poll-records = 10
+          }
+          consumer.max-in-flight-batches = 16
+          persistence.interval = 500ms
+          stores.redis { url = "rediss://cache:6380/2", key-prefix = "shop" }
+        }
+        """
+    )
+
+    settings = load_settings(path)
+
+    assert settings.kafka.bootstrap_servers == "k1:9092,k2:9092"
+    assert settings.kafka.auto_offset_reset == "latest"
+    assert settings.kafka.session_timeout == 120.0
+    assert settings.kafka.heartbeat_interval == 1.5
+    assert settings.kafka.max_poll_records == 10
+    # Untouched keys keep their defaults, even a `${?VAR}` one beside the app's
+    # own kafka keys (pyhocon alone turns it into None: chimpler/pyhocon#331).
+    assert settings.kafka.group_id == "onceflow"
+    assert settings.consumer.max_in_flight_batches == 16
+    assert settings.persistence.interval == 0.5
+    assert settings.stores.redis == RedisSettings("rediss://cache:6380/2", "shop")
+
+
+def test_environment_beats_reference_defaults(
+    app_file: AppFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ONCEFLOW_PIPELINE", "env.mod:pipe")
+    monkeypatch.setenv("ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS", "kafka:9092")
+    monkeypatch.setenv("ONCEFLOW_KAFKA_GROUP_ID", "env-group")
+    monkeypatch.setenv("ONCEFLOW_REDIS_URL", "redis://redis:6379/0")
+
+    settings = load_settings(app_file("# nothing but the environment\n"))
+
+    assert settings.pipeline == "env.mod:pipe"
+    assert settings.kafka.bootstrap_servers == "kafka:9092"
+    assert settings.kafka.group_id == "env-group"
+    assert settings.stores.redis.url == "redis://redis:6379/0"
+
+
+def test_application_file_beats_environment(
+    app_file: AppFile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS", "kafka:9092")
+    path = app_file(PIPELINE + 'onceflow.kafka.bootstrap-servers = "app:9092"\n')
+
+    assert load_settings(path).kafka.bootstrap_servers == "app:9092"
+
+
+@pytest.mark.parametrize(("env", "expected"), [("kafka:9092", "kafka:9092"), (None, "app:9092")])
+def test_application_file_can_defer_to_environment(
+    app_file: AppFile, monkeypatch: pytest.MonkeyPatch, env: str | None, expected: str
+) -> None:
+    if env is not None:
+        monkeypatch.setenv("ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS", env)
+    path = app_file(
+        PIPELINE
+        + """
+        onceflow.kafka {
+          bootstrap-servers = "app:9092"
+          bootstrap-servers = ${?ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS}
+          client-id = shop
+        }
+        """
+    )
+
+    # With VAR unset the app's own value stays, not the reference's (chimpler/pyhocon#154).
+    assert load_settings(path).kafka.bootstrap_servers == expected
+
+
+def test_overrides_are_applied_last(app_file: AppFile, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS", "kafka:9092")
+    path = app_file(PIPELINE + "onceflow.commit.interval = 3s\n")
+
+    settings = load_settings(
+        path,
+        {
+            "onceflow.kafka.bootstrap-servers": "127.0.0.1:1234",
+            "onceflow.commit.interval": "250ms",
+            "onceflow.consumer.max-in-flight-batches": "2",
+        },
+    )
+
+    assert settings.kafka.bootstrap_servers == "127.0.0.1:1234"
+    assert settings.commit.interval == 0.25
+    assert settings.consumer.max_in_flight_batches == 2
+
+
+def test_substitutions_and_includes_resolve_across_files(app_file: AppFile, tmp_path: Path) -> None:
+    (tmp_path / "common.conf").write_text('shared-prefix = "shop"\n')
+    path = app_file(
+        'include "common.conf"\n'
+        + PIPELINE
+        + "onceflow.kafka.client-id = ${onceflow.kafka.group-id}-worker\n"
+        + "onceflow.stores.redis.key-prefix = ${shared-prefix}\n"
+    )
+
+    settings = load_settings(path)
+
+    assert settings.kafka.client_id == "onceflow-worker"
+    assert settings.stores.redis.key_prefix == "shop"
+
+
+@pytest.mark.parametrize("path", [EXAMPLE_CONF, DEMO_CONF], ids=["example", "demo"])
+def test_shipped_config_files_load(path: Path) -> None:
+    settings = load_settings(path)
+
+    assert settings.pipeline == "onceflow.examples.robots:pipeline"
+
+
+def test_demo_config_is_fast() -> None:
+    settings = load_settings(DEMO_CONF)
+
+    assert (settings.kafka.session_timeout, settings.kafka.heartbeat_interval) == (6.0, 2.0)
+    assert (settings.persistence.interval, settings.commit.interval) == (0.5, 2.0)
+
+
+def test_example_config_defers_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS", "kafka:9092")
+    monkeypatch.setenv("ONCEFLOW_REDIS_URL", "redis://redis:6379/0")
+
+    settings = load_settings(EXAMPLE_CONF)
+
+    assert settings.kafka.bootstrap_servers == "kafka:9092"
+    assert settings.stores.redis.url == "redis://redis:6379/0"
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("500ms", 0.5),
+        ("10s", 10.0),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        ("1.5s", 1.5),
+        (" 250 ms ", 0.25),
+        ("100us", 0.0001),
+        (timedelta(seconds=3), 3.0),
+    ],
+)
+def test_parse_duration(value: object, seconds: float) -> None:
+    assert parse_duration(value) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("value", ["soon", "10", "-1s", "10 parsecs", "", 10, 1.5, None, True])
+def test_parse_duration_refuses_what_is_not_a_duration(value: object) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(value)
+
+
+# --- what is refused, and how it reads ----------------------------------------
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.conf"
+
+    err = error_for(path)
+
+    assert str(err) == f"{path}: file not found"
+    assert (err.file, err.key) == (str(path), None)
+
+
+def test_syntax_error_names_line_and_column(app_file: AppFile) -> None:
+    path = app_file('onceflow {\n  pipeline = "a:b"\n  kafka { group-id = [ }\n}\n')
+
+    err = error_for(path)
+
+    assert str(err) == f"{path}: line 3, column 24: syntax error: Expected ']'"
+    assert err.key is None
+
+
+def test_unknown_key_suggests_the_closest(app_file: AppFile) -> None:
+    path = app_file(PIPELINE + "onceflow.kafka.sesion-timeout = 5s\n")
+
+    err = error_for(path)
+
+    assert str(err) == (
+        f"{path}: onceflow.kafka.sesion-timeout: unknown key (did you mean 'session-timeout'?)"
+    )
+    assert (err.file, err.key) == (str(path), "onceflow.kafka.sesion-timeout")
+
+
+def test_unknown_key_without_a_close_match_lists_the_known_ones(app_file: AppFile) -> None:
+    path = app_file(PIPELINE + "onceflow.stores.cassandra.hosts = [a]\n")
+
+    assert str(error_for(path)) == f"{path}: onceflow.stores.cassandra: unknown key (known: redis)"
+
+
+def test_keys_outside_onceflow_are_left_alone(app_file: AppFile) -> None:
+    path = app_file(PIPELINE + "my-app.feature-flag = true\n")
+
+    assert load_settings(path).pipeline == "shop.orders:pipeline"
+
+
+def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
+    path = app_file(PIPELINE + "onceflow.kafka = 3\n")
+
+    assert str(error_for(path)) == f"{path}: onceflow.kafka: expected an object, got 3"
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "expected"),
+    [
+        (
+            "consumer.max-in-flight-batches = 0",
+            "onceflow.consumer.max-in-flight-batches",
+            "expected an integer in 1..1000, got 0",
+        ),
+        (
+            'kafka.max-poll-records = "many"',
+            "onceflow.kafka.max-poll-records",
+            "expected an integer in 1..100000, got 'many'",
+        ),
+        (
+            "kafka.max-poll-records = 2.5",
+            "onceflow.kafka.max-poll-records",
+            "expected an integer in 1..100000, got 2.5",
+        ),
+        (
+            "kafka.session-timeout = soon",
+            "onceflow.kafka.session-timeout",
+            "expected a duration like 10s or 500ms, got 'soon'",
+        ),
+        (
+            "kafka.session-timeout = 10",
+            "onceflow.kafka.session-timeout",
+            "expected a duration like 10s or 500ms, got 10",
+        ),
+        (
+            "kafka.session-timeout = 10m",
+            "onceflow.kafka.session-timeout",
+            "expected a duration in 1s..5m, got 10m",
+        ),
+        (
+            "persistence.interval = 5ms",
+            "onceflow.persistence.interval",
+            "expected a duration in 10ms..1h, got 5ms",
+        ),
+        (
+            "commit.interval = {every = 5s}",
+            "onceflow.commit.interval",
+            "expected a duration like 10s or 500ms, got an object",
+        ),
+        (
+            "kafka.auto-offset-reset = newest",
+            "onceflow.kafka.auto-offset-reset",
+            "expected one of 'earliest', 'latest', got 'newest'",
+        ),
+        (
+            "kafka.group-id = null",
+            "onceflow.kafka.group-id",
+            "expected a non-empty string, got null",
+        ),
+        (
+            'kafka.bootstrap-servers = "kafka"',
+            "onceflow.kafka.bootstrap-servers",
+            "expected 'host:port[,host:port]', got 'kafka'",
+        ),
+        (
+            'stores.redis.url = "http://cache:6379"',
+            "onceflow.stores.redis.url",
+            "expected a redis://, rediss:// or unix:// URL, got 'http://cache:6379'",
+        ),
+    ],
+)
+def test_wrong_type_or_range(app_file: AppFile, line: str, key: str, expected: str) -> None:
+    path = app_file(PIPELINE + f"onceflow.{line}\n")
+
+    err = error_for(path)
+
+    assert str(err) == f"{path}: {key}: {expected}"
+    assert (err.file, err.key, err.expected) == (str(path), key, expected)
+
+
+def test_missing_pipeline(app_file: AppFile) -> None:
+    path = app_file("onceflow.kafka.group-id = shop\n")
+
+    assert str(error_for(path)) == (
+        f"{path}: onceflow.pipeline: missing: "
+        "set it to 'module:attribute' naming a onceflow.stages.Pipeline"
+    )
+
+
+def test_malformed_pipeline(app_file: AppFile) -> None:
+    path = app_file('onceflow.pipeline = "shop.orders"\n')
+
+    assert str(error_for(path)) == (
+        f"{path}: onceflow.pipeline: expected 'module:attribute' naming a "
+        "onceflow.stages.Pipeline, got 'shop.orders'"
+    )
+
+
+@pytest.mark.parametrize("heartbeat", ["10s", "12s"])
+def test_heartbeat_must_be_shorter_than_session_timeout(app_file: AppFile, heartbeat: str) -> None:
+    path = app_file(PIPELINE + f"onceflow.kafka.heartbeat-interval = {heartbeat}\n")
+
+    assert str(error_for(path)) == (
+        f"{path}: onceflow.kafka.heartbeat-interval: "
+        f"expected a duration below session-timeout (10s), got {heartbeat}"
+    )
+
+
+def test_unresolvable_substitution_names_the_application_line(app_file: AppFile) -> None:
+    path = app_file(PIPELINE + "onceflow.kafka.group-id = ${nowhere}\n")
+
+    assert (
+        str(error_for(path)) == f"{path}: Cannot resolve variable ${{nowhere}} (line: 2, col: 27)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "key", "expected"),
+    [
+        ("ONCEFLOW_PIPELINE", "nocolon", "onceflow.pipeline", "expected 'module:attribute'"),
+        (
+            "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS",
+            "kafka",
+            "onceflow.kafka.bootstrap-servers",
+            "expected 'host:port[,host:port]'",
+        ),
+        ("ONCEFLOW_KAFKA_GROUP_ID", " ", "onceflow.kafka.group-id", "expected a non-empty"),
+        ("ONCEFLOW_REDIS_URL", "cache:6379", "onceflow.stores.redis.url", "expected a redis://"),
+    ],
+)
+def test_bad_environment_value_is_blamed_on_the_variable(
+    app_file: AppFile,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    value: str,
+    key: str,
+    expected: str,
+) -> None:
+    monkeypatch.setenv(name, value)
+    text = "" if name == "ONCEFLOW_PIPELINE" else PIPELINE
+
+    err = error_for(app_file(text))
+
+    assert (err.file, err.key) == (f"${name}", key)
+    assert str(err).startswith(f"${name}: {key}: {expected}")
+
+
+def test_bad_override_is_blamed_on_the_overrides(app_file: AppFile) -> None:
+    path = app_file(PIPELINE)
+
+    assert str(error_for(path, {"onceflow.kafka.fetch-max-wait": "2m"})) == (
+        "<overrides>: onceflow.kafka.fetch-max-wait: expected a duration in 0ms..1m, got 2m"
+    )
+    assert str(error_for(path, {"onceflow.kafka.group-ids": "x"})) == (
+        "<overrides>: onceflow.kafka.group-ids: unknown key (did you mean 'group-id'?)"
+    )
+    assert str(error_for(path, {"kafka.group-id": "x"})) == (
+        "<overrides>: kafka.group-id: unknown key (settings live under 'onceflow.')"
+    )
+    assert str(error_for(path, {"onceflow.kafka.bootstrap-servers": "a:1,b:2"})) == (
+        "<overrides>: onceflow.kafka.bootstrap-servers: "
+        "expected one HOCON value, got 'a:1,b:2' (quote it)"
+    )
