@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -28,8 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
-from aiokafka import AIOKafkaConsumer
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from onceflow.actors.loop import EventLoopThread
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.runtime import services
 from onceflow.runtime.demo import demo_config, worker_command
@@ -37,7 +39,7 @@ from onceflow.runtime.robot_stream import generate
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
-from helpers import committed, create_topic, produce  # noqa: E402
+from helpers import create_topic, produce  # noqa: E402
 
 PARTITIONS = 4
 
@@ -74,10 +76,8 @@ def peak_rss_while(proc: subprocess.Popen[bytes], until: callable) -> tuple[floa
     ps = psutil.Process(proc.pid)
     peak = 0
     while True:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             peak = max(peak, ps.memory_info().rss)
-        except psutil.NoSuchProcess:
-            pass
         if until() or proc.poll() is not None:
             return time.monotonic(), peak
         time.sleep(0.02)
@@ -95,6 +95,36 @@ def measure_raw(bootstrap: str, topic: str, expected: int) -> dict[str, float]:
     return result
 
 
+class CommitWatcher:
+    """One long-lived consumer polling the group's committed offsets on its own loop."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, ends: dict[int, int]):
+        self._io = EventLoopThread("bench-watch")
+        self._ends = ends
+        self._tps = [TopicPartition(topic, p) for p in ends]
+        self._consumer = self._io.run(self._open(bootstrap, group))
+
+    @staticmethod
+    async def _open(bootstrap: str, group: str) -> AIOKafkaConsumer:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                    enable_auto_commit=False)
+        await consumer.start()
+        return consumer
+
+    async def _reached(self) -> bool:
+        for tp in self._tps:
+            if (await self._consumer.committed(tp) or 0) < self._ends[tp.partition]:
+                return False
+        return True
+
+    def done(self) -> bool:
+        return self._io.run(self._reached())
+
+    def close(self) -> None:
+        self._io.run(self._consumer.stop())
+        self._io.stop()
+
+
 def measure_onceflow(bootstrap: str, redis_url: str, topic: str, ends: dict[int, int],
                      events: int, workdir: Path) -> dict[str, float]:
     group = f"bench-{topic}"
@@ -106,19 +136,10 @@ def measure_onceflow(bootstrap: str, redis_url: str, topic: str, ends: dict[int,
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     total = sum(ends.values())
-    last_check = [0.0]
-
-    def done() -> bool:
-        now = time.monotonic()
-        if now - last_check[0] < 0.05:
-            return False
-        last_check[0] = now
-        got = committed(bootstrap, group, topic, PARTITIONS)
-        return all(got[p] >= end for p, end in ends.items())
-
+    watcher = CommitWatcher(bootstrap, group, topic, ends)
+    _, peak = peak_rss_while(proc, watcher.done)
     end_wall = time.time()
-    _, peak = peak_rss_while(proc, done)
-    end_wall = time.time()
+    watcher.close()
     proc.terminate()
     proc.wait(15)
     text = log.read_text()
