@@ -42,6 +42,7 @@ sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
 from helpers import create_topic, produce  # noqa: E402
 
 PARTITIONS = 4
+EXTRA = [a for kv in os.environ.get("BENCH_SET", "").split() for a in ("--set", kv)]
 
 
 def raw_child(bootstrap: str, topic: str, expected: int) -> None:
@@ -129,7 +130,7 @@ def measure_onceflow(bootstrap: str, redis_url: str, topic: str, ends: dict[int,
                      events: int, workdir: Path) -> dict[str, float]:
     group = f"bench-{topic}"
     argv = worker_command(demo_config(), bootstrap, redis_url, group, f"bench-{topic}")
-    argv += ["--set", "onceflow.persistence.interval=250ms",
+    argv += [*EXTRA, "--set", "onceflow.persistence.interval=250ms",
              "--set", "onceflow.commit.interval=250ms"]
     log = workdir / "worker.log"
     env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}

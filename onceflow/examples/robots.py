@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages import Pipeline
@@ -18,31 +19,41 @@ from onceflow.stages import Pipeline
 Counts = dict[str, int]
 
 
+class Fastening(NamedTuple):
+    """One screw-fastening result."""
+
+    robot: str
+    ok: bool
+    ts: int
+
+
 def decode_report(envelope: Envelope) -> dict[str, Any]:
     report: dict[str, Any] = json.loads(envelope.payload)
     return report
 
 
-def fastenings(report: dict[str, Any]) -> list[dict[str, Any]]:
+def fastenings(report: dict[str, Any]) -> list[Fastening]:
     """One event per fastening result, each tagged with its robot."""
     robot = report["robot"]
-    return [{"robot": robot, "ok": bool(r["ok"]), "ts": r["ts"]} for r in report["results"]]
+    return [Fastening(robot, bool(r["ok"]), r["ts"]) for r in report["results"]]
 
 
 def new_counts() -> Counts:
     return {"ok": 0, "failed": 0}
 
 
-def count(state: Counts, fastening: dict[str, Any]) -> Counts:
-    outcome = "ok" if fastening["ok"] else "failed"
-    return {**state, outcome: state[outcome] + 1}
+def count(state: Counts, fastening: Fastening) -> Counts:
+    """A new state (never mutate the old one: a failed unit is rolled back)."""
+    if fastening.ok:
+        return {"ok": state["ok"] + 1, "failed": state["failed"]}
+    return {"ok": state["ok"], "failed": state["failed"] + 1}
 
 
 def build(topic: str) -> Pipeline:
     return (
         Pipeline("robots", topics=(topic,), decode=decode_report)
         .flat_map("fastenings", fastenings)
-        .aggregate("per_robot", key=lambda f: f["robot"], init=new_counts, fold=count)
+        .aggregate("per_robot", key=attrgetter("robot"), init=new_counts, fold=count)
     )
 
 

@@ -65,14 +65,24 @@ class StageFailure(Exception):
         self.stage_id = stage_id
 
 
-@dataclass
+@dataclass(slots=True)
 class _Plan:
     """One record after the stateless steps: what it folds and what it emits."""
 
     record: ConsumedRecord
     root: RootPartition
-    folds: list[tuple[StateTable, list[tuple[str, Position, Any]]]]
+    folds: list[_Fold]
     outputs: list[Output]
+
+
+@dataclass(slots=True)
+class _Fold:
+    """One aggregate's share of a record: parallel lists, one entry per value."""
+
+    table: StateTable
+    keys: list[Any]
+    positions: list[Position]
+    values: list[Any]
 
 
 class StateTable:
@@ -109,30 +119,44 @@ class PipelineRunner:
         self._dead_letter_topic = dead_letter_topic
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
+        """Apply records in order; states not in memory are loaded in one batch.
+
+        Records are applied as they are planned while every key they touch
+        is cached (the steady state). From the first record that needs a
+        load, records are held back, the missing states loaded in one
+        batched read, and the held-back records applied in their order.
+        """
         outcome = BatchOutcome()
-        plans: list[_Plan] = []
+        held: list[_Plan] = []
         missing: dict[StateTable, set[str]] = {}
+        next_offsets = outcome.next_offsets
         for record in records:
-            outcome.next_offsets[(record.topic, record.partition)] = record.offset + 1
+            next_offsets[(record.topic, record.partition)] = record.offset + 1
             try:
                 plan = self._plan(record)
             except (StageFailure, _Undecodable) as failure:
                 self._dead_letter(outcome, record, failure)
                 continue
-            plans.append(plan)
-            for table, keyed in plan.folds:
-                states = table.states
-                for key, _, _ in keyed:
+            for share in plan.folds:
+                states = share.table.states
+                for key in share.keys:
                     if key not in states:
-                        missing.setdefault(table, set()).add(key)
+                        missing.setdefault(share.table, set()).add(key)
+            if held or missing:
+                held.append(plan)
+            else:
+                self._apply_or_dead_letter(plan, outcome)
         for table, keys in missing.items():
             self._load_into(table, sorted(keys))
-        for plan in plans:
-            try:
-                self._apply(plan, outcome)
-            except StageFailure as failure:
-                self._dead_letter(outcome, plan.record, failure)
+        for plan in held:
+            self._apply_or_dead_letter(plan, outcome)
         return outcome
+
+    def _apply_or_dead_letter(self, plan: _Plan, outcome: BatchOutcome) -> None:
+        try:
+            self._apply(plan, outcome)
+        except StageFailure as failure:
+            self._dead_letter(outcome, plan.record, failure)
 
     def forget(self) -> None:
         """Drop every cached state (after a rebalance another worker may own them)."""
@@ -150,25 +174,24 @@ class PipelineRunner:
         plan = _Plan(record, root, [], [])
         stage = "decode"
         try:
-            values: list[tuple[Position, Any]] = [(position, self.pipeline.decode(envelope))]
+            # Parallel lists: values and their positions, one entry per value.
+            values: list[Any] = [self.pipeline.decode(envelope)]
+            positions: list[Position] = [position]
             for step, table in self._steps:
                 stage = step.id
                 if isinstance(step, Map):
-                    fn = step.fn
-                    values = [(pos, fn(value)) for pos, value in values]
+                    values = list(map(step.fn, values))
                 elif isinstance(step, FlatMap):
-                    fan_out = step.fn
-                    values = [
-                        ((*pos, j), out)
-                        for pos, value in values
-                        for j, out in enumerate(fan_out(value))
-                    ]
+                    fanned = [list(step.fn(value)) for value in values]
+                    positions = [(*pos, j) for pos, outs in zip(positions, fanned, strict=True)
+                                 for j in range(len(outs))]
+                    values = [out for outs in fanned for out in outs]
                 elif isinstance(step, Aggregate):
                     assert table is not None
-                    key = step.key
-                    plan.folds.append((table, [(key(value), pos, value) for pos, value in values]))
+                    plan.folds.append(_Fold(table, list(map(step.key, values)), positions, values))
                 else:
-                    plan.outputs.extend(self._republish(step, envelope, record, root, values))
+                    pairs = list(zip(positions, values, strict=True))
+                    plan.outputs.extend(self._republish(step, envelope, record, root, pairs))
         except Exception as error:
             raise StageFailure(stage, error) from error
         return plan
@@ -210,42 +233,44 @@ class PipelineRunner:
 
     def _apply(self, plan: _Plan, outcome: BatchOutcome) -> None:
         """Fold one record's values into new states, then install them all at once."""
-        staged: dict[tuple[StateTable, str], tuple[Any, Position]] = {}
+        staged: list[tuple[StateTable, dict[str, list[Any]]]] = []
         duplicates: list[tuple[str, int]] = []
         root = plan.root
-        for table, keyed in plan.folds:
-            spec = table.spec
-            states, fold = table.states, spec.fold
+        for share in plan.folds:
+            spec, states = share.table.spec, share.table.states
+            fold = spec.fold
+            new: dict[str, list[Any]] = {}  # key -> [value, position]
             skipped = 0
-            for key, pos, value in keyed:
-                if type(key) is not str:
-                    raise StageFailure(spec.id, TypeError(f"key must be str, got {key!r}"))
-                current = staged.get((table, key))
+            for key, pos, value in zip(share.keys, share.positions, share.values, strict=True):
+                current = new.get(key)
                 if current is None:
+                    if type(key) is not str:
+                        raise StageFailure(spec.id, TypeError(f"key must be str, got {key!r}"))
                     state = states[key]
                     mark = state.watermarks.get(root)
                     if mark is not None and pos <= mark:
                         skipped += 1
                         continue
-                    acc = state.value
+                    current = new[key] = [state.value, pos]
                 elif pos <= current[1]:
                     skipped += 1
                     continue
-                else:
-                    acc = current[0]
                 try:
-                    staged[(table, key)] = (fold(acc, value), pos)
+                    current[0] = fold(current[0], value)
                 except Exception as error:
                     raise StageFailure(spec.id, error) from error
+                current[1] = pos
+            staged.append((share.table, new))
             if skipped:
                 duplicates.append((spec.id, skipped))
-            if len(keyed) > skipped:
-                outcome.folded[spec.id] += len(keyed) - skipped
-        for (table, key), (value, pos) in staged.items():
-            state = table.states[key]
-            state.value = value
-            state.watermarks[root] = pos
-            table.dirty.add(key)
+            if len(share.keys) > skipped:
+                outcome.folded[spec.id] += len(share.keys) - skipped
+        for table, new in staged:
+            for key, (value, pos) in new.items():
+                state = table.states[key]
+                state.value = value
+                state.watermarks[root] = pos
+                table.dirty.add(key)
         for stage_id, n in duplicates:
             outcome.duplicates[stage_id] += n
         if plan.outputs:
