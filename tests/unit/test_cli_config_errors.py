@@ -1,0 +1,92 @@
+"""`onceflow run` with bad configuration: exit code 2 and one precise message."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GOOD_PIPELINE = 'onceflow.pipeline = "onceflow.examples.robots:pipeline"\n'
+
+
+def run(tmp_path: Path, text: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    conf = tmp_path / "app.conf"
+    conf.write_text(text)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+    return subprocess.run(
+        [sys.executable, "-m", "onceflow", "run", "-c", str(conf), *extra],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            GOOD_PIPELINE + "onceflow.kafka { bootstrap-servers = [\n",
+            "app.conf: line 3, column 1: syntax error: Expected ']'",
+            id="syntax-error",
+        ),
+        pytest.param(
+            GOOD_PIPELINE + "onceflow.kafka.sesion-timeout = 10s\n",
+            "app.conf: onceflow.kafka.sesion-timeout: unknown key "
+            "(did you mean 'session-timeout'?)",
+            id="unknown-key",
+        ),
+        pytest.param(
+            GOOD_PIPELINE + "onceflow.kafka.session-timeout = soon\n",
+            "app.conf: onceflow.kafka.session-timeout: expected a duration",
+            id="wrong-type",
+        ),
+        pytest.param(
+            GOOD_PIPELINE + "onceflow.consumer.max-in-flight-batches = 0\n",
+            "app.conf: onceflow.consumer.max-in-flight-batches: expected an integer in 1..1000, "
+            "got 0",
+            id="out-of-range",
+        ),
+        pytest.param(
+            "onceflow.kafka.group-id = g\n",
+            "app.conf: onceflow.pipeline: missing",
+            id="missing-pipeline",
+        ),
+        pytest.param(
+            'onceflow.pipeline = "no_such_module:pipeline"\n',
+            "app.conf: onceflow.pipeline: expected 'module:attribute' naming a Pipeline; "
+            "cannot load 'no_such_module:pipeline': ModuleNotFoundError",
+            id="pipeline-not-importable",
+        ),
+        pytest.param(
+            'onceflow.pipeline = "onceflow.examples.robots:count"\n',
+            "app.conf: onceflow.pipeline: expected a onceflow.stages.Pipeline",
+            id="pipeline-wrong-kind",
+        ),
+    ],
+)
+def test_bad_config_exits_2_with_file_key_and_expectation(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    result = run(tmp_path, text)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("onceflow: config error: ")
+    assert expected in lines[0].replace(str(tmp_path) + "/", "")
+
+
+def test_missing_file_exits_2(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "onceflow", "run", "-c", str(tmp_path / "nope.conf")],
+        capture_output=True, text=True, env=env, timeout=60, check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("nope.conf: file not found")
+
+
+def test_bad_override_exits_2(tmp_path: Path) -> None:
+    result = run(tmp_path, GOOD_PIPELINE, "--set", "onceflow.commit.interval=forever")
+    assert result.returncode == 2
+    assert "onceflow.commit.interval: expected a duration" in result.stderr
