@@ -49,7 +49,8 @@ def raw_child(bootstrap: str, topic: str, expected: int) -> None:
     """The baseline: getmany + envelope and payload decode, nothing else."""
 
     async def run() -> dict[str, float]:
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id="raw-baseline",
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap,
+                                    group_id=f"raw-{time.monotonic_ns()}",
                                     auto_offset_reset="earliest", enable_auto_commit=False,
                                     session_timeout_ms=6000, heartbeat_interval_ms=2000,
                                     max_poll_records=2000)
@@ -128,8 +129,8 @@ class CommitWatcher:
 
 def measure_onceflow(bootstrap: str, redis_url: str, topic: str, ends: dict[int, int],
                      events: int, workdir: Path) -> dict[str, float]:
-    group = f"bench-{topic}"
-    argv = worker_command(demo_config(), bootstrap, redis_url, group, f"bench-{topic}")
+    group = f"bench-{topic}-{time.monotonic_ns()}"
+    argv = worker_command(demo_config(), bootstrap, redis_url, group, group)
     argv += [*EXTRA, "--set", "onceflow.persistence.interval=250ms",
              "--set", "onceflow.commit.interval=250ms"]
     log = workdir / "worker.log"
@@ -155,48 +156,59 @@ def measure_onceflow(bootstrap: str, redis_url: str, topic: str, ends: dict[int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=300_000)
+    parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each path")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-bench-"))
     kafka = services.start_tansu(state / "kafka")
     redis = services.start_redis(state / "redis")
+    runs: list[tuple[dict[str, float], dict[str, float]]] = []
     try:
         topic = f"bench-{int(time.time())}"
         create_topic(kafka.address, topic, PARTITIONS)
         stream = generate(args.messages, seed=11)
         ends = produce(kafka.address, topic, stream.messages)
-        raw = measure_raw(kafka.address, topic, args.messages)
-        full = measure_onceflow(kafka.address, f"redis://{redis.address}/0", topic, ends,
-                                stream.events, state)
+        for _ in range(args.repeat):
+            raw = measure_raw(kafka.address, topic, args.messages)
+            full = measure_onceflow(kafka.address, f"redis://{redis.address}/0", topic, ends,
+                                    stream.events, state)
+            runs.append((raw, full))
     finally:
         services.stop(kafka)
         services.stop(redis)
-    raw_rate = raw["records"] / raw["seconds"]
-    full_rate = full["records"] / full["seconds"]
-    lines = [
-        f"## throughput.py, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
-        "",
-        f"Command: `.venv/bin/python benchmarks/throughput.py --messages {args.messages}`  ",
-        f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}, Tansu broker and "
-        f"Redis started by the benchmark; {args.messages:,} records ({stream.events:,} fastening "
-        f"events), {PARTITIONS} partitions, 1,000 keys.",
-        "",
-        "| path | records/s | events/s | seconds | peak RSS MB |",
-        "|---|---:|---:|---:|---:|",
-        f"| raw aiokafka getmany + decode | {raw_rate:,.0f} | "
-        f"{raw['events'] / raw['seconds']:,.0f} | {raw['seconds']:.2f} | "
-        f"{raw['peak_rss_mb']:.0f} |",
-        f"| onceflow full path (flat-map, aggregate, Redis persist, commit) | {full_rate:,.0f} | "
-        f"{full['events'] / full['seconds']:,.0f} | {full['seconds']:.2f} | "
-        f"{full['peak_rss_mb']:.0f} |",
-        "",
-        f"**Ratio onceflow / raw: {full_rate / raw_rate:.2f}**",
-        "",
-    ]
-    report = "\n".join(lines)
+    report = render(args, stream.events, runs)
     print(report)
     previous = args.out.read_text() if args.out.exists() else "# Benchmark results\n\n"
     args.out.write_text(previous.rstrip() + "\n\n" + report)
+
+
+def render(args: argparse.Namespace, events: int,
+           runs: list[tuple[dict[str, float], dict[str, float]]]) -> str:
+    def rate(m: dict[str, float], what: str = "records") -> float:
+        return m[what] / m["seconds"]
+
+    ratios = sorted(rate(full) / rate(raw) for raw, full in runs)
+    lines = [
+        f"## throughput.py, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        "",
+        f"Command: `.venv/bin/python benchmarks/throughput.py --messages {args.messages} "
+        f"--repeat {args.repeat}`  ",
+        f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}; Tansu broker and "
+        f"Redis started by the benchmark; {args.messages:,} records ({events:,} fastening "
+        f"events), {PARTITIONS} partitions, 1,000 keys; runs alternate raw / onceflow.",
+        "",
+        "| run | path | records/s | events/s | seconds | peak RSS MB |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for n, (raw, full) in enumerate(runs, 1):
+        for name, m in (("raw aiokafka getmany + decode", raw),
+                        ("onceflow full path (flat-map, aggregate, Redis persist, commit)", full)):
+            lines.append(f"| {n} | {name} | {rate(m):,.0f} | {rate(m, 'events'):,.0f} | "
+                         f"{m['seconds']:.2f} | {m['peak_rss_mb']:.0f} |")
+    median = ratios[len(ratios) // 2]
+    lines += ["", f"**Ratio onceflow / raw: median {median:.2f}** "
+              f"(runs: {', '.join(f'{r:.2f}' for r in ratios)})", ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
-"""Redis state store: one string key per state, written with SET.
+"""Redis state store: one string key per state, written with MSET.
 
 A key holds the state and its watermarks in one value, so every write is
-atomic per key; a batch of writes goes out in one non-transactional
-pipeline (a partial flush leaves each key self-consistent, DESIGN.md inv. 7).
+atomic per key; a batch of writes is one MSET (atomic as a whole on one
+node; on a cluster each key stays self-consistent, DESIGN.md inv. 7).
 Layout: ``<prefix>:<pipeline>:s:<stage>:<key>`` and ``<prefix>:<pipeline>:stats``.
 """
 
@@ -37,10 +37,7 @@ class RedisStore(StateStore):
     def save(self, stage_id: str, rows: Mapping[str, bytes]) -> None:
         if not rows:
             return
-        pipe = self._client.pipeline(transaction=False)
-        for key, value in rows.items():
-            pipe.set(self._key(stage_id, key), value)
-        pipe.execute()
+        self._client.mset({self._key(stage_id, key): value for key, value in rows.items()})
 
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         prefix = self._key(stage_id, "")
