@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from onceflow.runtime.robot_stream import RobotStream, generate
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
+ASSIGNED = re.compile(r"partitions assigned: \[\(")
 PIPELINE_ID = "robots"
 STAGE_ID = "per_robot"
 
@@ -54,9 +56,11 @@ class DemoOptions:
     partitions: int = 4
     kills: int = 6
     seed: int = 7
-    produce_seconds: float = 20.0
-    min_gap: float = 2.0  # a (re)started worker runs at least this long before a kill
-    max_gap: float = 6.0
+    produce_seconds: float = 30.0
+    # A kill strikes this long (uniform, seconds) after the (re)started worker
+    # was assigned partitions, so it lands while records are being processed.
+    min_gap: float = 0.3
+    max_gap: float = 3.0
     timeout: float = 300.0
 
 
@@ -118,6 +122,17 @@ class WorkerProcess:
     def exited(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
 
+    async def assigned(self, timeout: float = 120.0) -> None:
+        """Wait until the current process has been assigned partitions."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ASSIGNED.search(self.logs[-1].read_text(errors="replace")):
+                return
+            if self.exited() is not None:
+                raise RuntimeError(f"worker exited with {self.exited()}; see {self.logs[-1]}")
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"worker got no partitions in {timeout:.0f}s; see {self.logs[-1]}")
+
 
 def worker_command(config: Path, bootstrap: str, redis_url: str, group: str, prefix: str
                    ) -> list[str]:
@@ -174,6 +189,7 @@ class _Demo:
             await self._kill_and_restart(progress, bar)
             await producing
             self.report.caught_up = await self._wait_caught_up(progress, bar)
+            await self.worker.assigned()  # the last restart may still be starting up
         self.report.final_exit_code = self.worker.terminate(timeout=10)
         self._check(stream)
         self.report.elapsed = time.monotonic() - started
@@ -209,6 +225,7 @@ class _Demo:
     async def _kill_and_restart(self, progress: Progress, bar: TaskID) -> None:
         rng = random.Random(self.o.seed)
         for n in range(1, self.o.kills + 1):
+            await self.worker.assigned()
             await asyncio.sleep(rng.uniform(self.o.min_gap, self.o.max_gap))
             code = self.worker.exited()
             if code is not None:

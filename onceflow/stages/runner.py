@@ -72,7 +72,8 @@ class _Plan:
     record: ConsumedRecord
     root: RootPartition
     folds: list[_Fold]
-    outputs: list[Output]
+    emits: list[_Emit]
+    order: list[_Fold | _Emit]  # both, in pipeline order
 
 
 @dataclass(slots=True)
@@ -83,6 +84,14 @@ class _Fold:
     keys: list[Any]
     positions: list[Position]
     values: list[Any]
+
+
+@dataclass(slots=True)
+class _Emit:
+    """A republish step's outputs, one per value, with the values' positions."""
+
+    positions: list[Position]
+    outputs: list[Output]
 
 
 class StateTable:
@@ -171,7 +180,7 @@ class PipelineRunner:
         except DecodeError as error:
             raise _Undecodable(f"undecodable envelope: {error}") from error
         root, position = root_of(envelope, record.topic, record.partition, record.offset)
-        plan = _Plan(record, root, [], [])
+        plan = _Plan(record, root, [], [], [])
         stage = "decode"
         try:
             # Parallel lists: values and their positions, one entry per value.
@@ -188,10 +197,14 @@ class PipelineRunner:
                     values = [out for outs in fanned for out in outs]
                 elif isinstance(step, Aggregate):
                     assert table is not None
-                    plan.folds.append(_Fold(table, list(map(step.key, values)), positions, values))
+                    share = _Fold(table, list(map(step.key, values)), positions, values)
+                    plan.folds.append(share)
+                    plan.order.append(share)
                 else:
                     pairs = list(zip(positions, values, strict=True))
-                    plan.outputs.extend(self._republish(step, envelope, record, root, pairs))
+                    emit = _Emit(positions, self._republish(step, envelope, record, root, pairs))
+                    plan.emits.append(emit)
+                    plan.order.append(emit)
         except Exception as error:
             raise StageFailure(stage, error) from error
         return plan
@@ -232,16 +245,34 @@ class PipelineRunner:
             table.states[key] = state
 
     def _apply(self, plan: _Plan, outcome: BatchOutcome) -> None:
-        """Fold one record's values into new states, then install them all at once."""
+        """Fold one record's values into new states, then install them all at once.
+
+        A value an aggregate finds already folded (a replay) travels no
+        further: later aggregates and republish steps never see it. That is
+        why states are persisted downstream first (DESIGN.md invariant 6).
+        """
         staged: list[tuple[StateTable, dict[str, list[Any]]]] = []
         duplicates: list[tuple[str, int]] = []
+        folded: list[tuple[str, int]] = []
+        dropped: list[tuple[int, set[Position]]] = []  # (position length, positions)
         root = plan.root
-        for share in plan.folds:
-            spec, states = share.table.spec, share.table.states
+        for step in plan.order:
+            if isinstance(step, _Emit):
+                if dropped:
+                    outcome.outputs.extend(
+                        out for pos, out in zip(step.positions, step.outputs, strict=True)
+                        if not _is_dropped(pos, dropped))
+                else:
+                    outcome.outputs.extend(step.outputs)
+                continue
+            spec, states = step.table.spec, step.table.states
             fold = spec.fold
             new: dict[str, list[Any]] = {}  # key -> [value, position]
-            skipped = 0
-            for key, pos, value in zip(share.keys, share.positions, share.values, strict=True):
+            replayed: set[Position] = set()
+            count = 0
+            for key, pos, value in zip(step.keys, step.positions, step.values, strict=True):
+                if dropped and _is_dropped(pos, dropped):
+                    continue
                 current = new.get(key)
                 if current is None:
                     if type(key) is not str:
@@ -249,22 +280,23 @@ class PipelineRunner:
                     state = states[key]
                     mark = state.watermarks.get(root)
                     if mark is not None and pos <= mark:
-                        skipped += 1
+                        replayed.add(pos)
                         continue
                     current = new[key] = [state.value, pos]
                 elif pos <= current[1]:
-                    skipped += 1
+                    replayed.add(pos)
                     continue
                 try:
                     current[0] = fold(current[0], value)
                 except Exception as error:
                     raise StageFailure(spec.id, error) from error
                 current[1] = pos
-            staged.append((share.table, new))
-            if skipped:
-                duplicates.append((spec.id, skipped))
-            if len(share.keys) > skipped:
-                outcome.folded[spec.id] += len(share.keys) - skipped
+                count += 1
+            staged.append((step.table, new))
+            folded.append((spec.id, count))
+            if replayed:
+                duplicates.append((spec.id, len(replayed)))
+                dropped.append((len(next(iter(replayed))), replayed))
         for table, new in staged:
             for key, (value, pos) in new.items():
                 state = table.states[key]
@@ -273,8 +305,8 @@ class PipelineRunner:
                 table.dirty.add(key)
         for stage_id, n in duplicates:
             outcome.duplicates[stage_id] += n
-        if plan.outputs:
-            outcome.outputs.extend(plan.outputs)
+        for stage_id, n in folded:
+            outcome.folded[stage_id] += n
 
     def _dead_letter(
         self, outcome: BatchOutcome, record: ConsumedRecord, reason: Exception
@@ -293,6 +325,11 @@ class PipelineRunner:
                 ),
             )
         )
+
+
+def _is_dropped(position: Position, dropped: list[tuple[int, set[Position]]]) -> bool:
+    """True if ``position`` derives from a value an earlier aggregate discarded."""
+    return any(position[:length] in positions for length, positions in dropped)
 
 
 class _Undecodable(Exception):

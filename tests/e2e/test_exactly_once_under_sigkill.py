@@ -18,7 +18,7 @@ def test_totals_exact_after_random_sigkills(
     kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path
 ) -> None:
     seed = random.SystemRandom().randrange(1_000_000)
-    options = DemoOptions(messages=40_000, kills=6, seed=seed, produce_seconds=20)
+    options = DemoOptions(messages=40_000, kills=6, seed=seed)
     report = run_demo(
         options,
         bootstrap=kafka_service.address,

@@ -231,3 +231,52 @@ def test_stage_ids_are_validated(bad_id: str) -> None:
 def test_duplicate_stage_ids_are_rejected() -> None:
     with pytest.raises(ValueError, match="duplicate stage id"):
         Pipeline("p", topics=("in",)).map("a", str).map("a", str)
+
+
+def two_stage_pipeline() -> Pipeline:
+    """Per-key sums, then a grand total fed by what the first stage folded."""
+    return (
+        sum_pipeline()
+        .aggregate("total", key=lambda kv: "all", init=lambda: 0, fold=lambda s, kv: s + kv[1])
+    )
+
+
+def test_a_replay_discarded_upstream_never_reaches_downstream() -> None:
+    store = Store()
+    runner = PipelineRunner(two_stage_pipeline(), store.load, "dlq")
+    rec = Rec("in", 0, 4, envelope({"k": "a", "xs": [1, 2]}))
+    runner.process([rec])
+    outcome = runner.process([rec])
+    assert outcome.duplicates == {"sum": 2}  # stopped at the first stage
+    assert outcome.folded == {}
+    assert [t.states[k].value for t in runner.tables for k in t.states] == [3, 3]
+
+
+def test_persisting_upstream_first_then_crashing_loses_downstream_events() -> None:
+    """Why DESIGN.md invariant 6 exists, on the pure runner."""
+    records = [Rec("in", 0, o, envelope({"k": "a", "xs": [1]})) for o in range(5)]
+
+    def crash_after_persisting(order: list[int]) -> int:
+        store = Store()
+        runner = PipelineRunner(two_stage_pipeline(), store.load, "dlq")
+        runner.process(records)
+        dirty = [t.take_dirty() for t in runner.tables]
+        first = order[0]  # only one stage's states reach the store, then the crash
+        for key, state in dirty[first].items():
+            store.rows[f"{first}:{key}"] = encode_state(state)
+        restarted = PipelineRunner(two_stage_pipeline(), _prefixed(store), "dlq")
+        restarted.process(records)  # nothing was committed: replay everything
+        return restarted.tables[1].states["all"].value
+
+    assert crash_after_persisting(order=[1, 0]) == 5  # downstream first: exact
+    assert crash_after_persisting(order=[0, 1]) == 0  # upstream first: all 5 lost
+
+
+def _prefixed(store: Store) -> Any:
+    names = {"sum": 0, "total": 1}
+
+    def load(spec: Aggregate, keys: Sequence[str]) -> Mapping[str, AggregateState]:
+        rows = {k: store.rows.get(f"{names[spec.id]}:{k}") for k in keys}
+        return {k: decode_state(v) for k, v in rows.items() if v is not None}
+
+    return load
