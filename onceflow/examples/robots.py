@@ -3,7 +3,8 @@
 Each record reports 1-5 fastening results of one robot; the flat-map splits
 them into single results that are folded as one unit. The input topic is
 ``robot-reports`` unless ``ONCEFLOW_ROBOTS_TOPIC`` names another (tests use
-one topic per run).
+one topic per run); the counts live in Redis unless ``ONCEFLOW_ROBOTS_STORE``
+names another store (``cassandra``).
 """
 
 from __future__ import annotations
@@ -49,12 +50,16 @@ def count(state: Counts, fastening: Fastening) -> Counts:
     return {"ok": state["ok"], "failed": state["failed"] + 1}
 
 
-def build(topic: str) -> Pipeline:
+def build(topic: str, store: str = "redis") -> Pipeline:
     return (
         Pipeline("robots", topics=(topic,), decode=decode_report)
         .flat_map("fastenings", fastenings)
-        .aggregate("per_robot", key=attrgetter("robot"), init=new_counts, fold=count)
+        .aggregate("per_robot", key=attrgetter("robot"), init=new_counts, fold=count,
+                   store=store)
     )
 
 
-pipeline = build(os.environ.get("ONCEFLOW_ROBOTS_TOPIC", "robot-reports"))
+pipeline = build(
+    os.environ.get("ONCEFLOW_ROBOTS_TOPIC", "robot-reports"),
+    store=os.environ.get("ONCEFLOW_ROBOTS_STORE", "redis"),
+)

@@ -34,6 +34,8 @@ from pyhocon.exceptions import ConfigException
 from pyparsing import ParseBaseException  # what pyhocon raises on bad syntax
 
 __all__ = [
+    "CassandraReplication",
+    "CassandraSettings",
     "CommitSettings",
     "ConfigError",
     "ConsumerSettings",
@@ -49,6 +51,7 @@ __all__ = [
 ]
 
 OffsetReset = Literal["earliest", "latest"]
+ReplicationClass = Literal["SimpleStrategy", "NetworkTopologyStrategy"]
 
 
 @dataclass(frozen=True)
@@ -97,10 +100,46 @@ class RedisSettings:
 
 
 @dataclass(frozen=True)
+class CassandraReplication:
+    """``onceflow.stores.cassandra.replication``: used only to create the keyspace.
+
+    ``replication_factor`` is set for SimpleStrategy, ``datacenters`` (name,
+    copies) for NetworkTopologyStrategy.
+    """
+
+    strategy: ReplicationClass
+    replication_factor: int | None = None
+    datacenters: tuple[tuple[str, int], ...] = ()
+
+    def cql_options(self) -> dict[str, str | int]:
+        """The CQL replication map: ``{"class": "SimpleStrategy", "replication_factor": 1}``."""
+        if self.strategy == "SimpleStrategy":
+            return {"class": self.strategy, "replication_factor": self.replication_factor or 1}
+        return {"class": self.strategy, **dict(self.datacenters)}
+
+
+@dataclass(frozen=True)
+class CassandraSettings:
+    """``onceflow.stores.cassandra``: the Cassandra state store; durations in seconds."""
+
+    contact_points: tuple[str, ...]
+    port: int
+    keyspace: str
+    replication: CassandraReplication
+    protocol_version: int
+    local_datacenter: str | None
+    consistency: str
+    connect_timeout: float
+    request_timeout: float
+    concurrency: int
+
+
+@dataclass(frozen=True)
 class StoresSettings:
     """``onceflow.stores``."""
 
     redis: RedisSettings
+    cassandra: CassandraSettings
 
 
 @dataclass(frozen=True)
@@ -153,6 +192,7 @@ _ENV_VARS = {
     "onceflow.kafka.bootstrap-servers": "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS",
     "onceflow.kafka.group-id": "ONCEFLOW_KAFKA_GROUP_ID",
     "onceflow.stores.redis.url": "ONCEFLOW_REDIS_URL",
+    "onceflow.stores.cassandra.contact-points": "ONCEFLOW_CASSANDRA_CONTACT_POINTS",
 }
 _UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h|d)\s*")
@@ -160,6 +200,16 @@ _PIPELINE = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
 _PIPELINE_HINT = "'module:attribute' naming a onceflow.stages.Pipeline"
 _REDIS_HINT = "a redis://, rediss:// or unix:// URL"
 _SERVERS = r"[^,\s]+:\d+(,\s*[^,\s]+:\d+)*"
+_HOST = r"[^,\s]+"
+_HOSTS_HINT = "a non-empty list of hosts, or one comma-separated string of them"
+_KEYSPACE = r"[a-z][a-z0-9_]{0,47}"
+_KEYSPACE_HINT = "a keyspace name: a lowercase letter, then up to 47 of [a-z0-9_]"
+_DATACENTER = r"[\w.-]{1,100}"
+# Same levels as onceflow.stores.cassandra_store.CONSISTENCY_LEVELS (not imported:
+# loading settings must not load the Cassandra driver). Replicas each one waits for,
+# where that is a fixed number; the others overlap reads with writes by definition.
+_CONSISTENCY = ("ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_ONE", "LOCAL_QUORUM")
+_FIXED_REPLICAS = {"ONE": 1, "TWO": 2, "THREE": 3, "LOCAL_ONE": 1}
 
 
 def parse_duration(value: object) -> float:
@@ -258,10 +308,119 @@ def _build(read: _Reader, source: str) -> Settings:
         persistence=PersistenceSettings(read.duration("onceflow.persistence.interval", 0.01, 3600)),
         commit=CommitSettings(read.duration("onceflow.commit.interval", 0.01, 3600)),
         stores=StoresSettings(
-            RedisSettings(redis_url, read.text("onceflow.stores.redis.key-prefix"))
+            RedisSettings(redis_url, read.text("onceflow.stores.redis.key-prefix")),
+            _cassandra(read),
         ),
         shutdown=ShutdownSettings(read.duration("onceflow.shutdown.timeout", 0.1, 3600)),
         metrics=MetricsSettings(read.duration("onceflow.metrics.stats-interval", 0.1, 3600)),
+    )
+
+
+def _cassandra(read: _Reader) -> CassandraSettings:
+    c = "onceflow.stores.cassandra."
+    version = read.integer(c + "protocol-version", 0, 5)
+    if version in (1, 2):
+        raise read.error(
+            c + "protocol-version",
+            f"expected 0 (let the driver negotiate) or 3..5, got {version}",
+        )
+    local_dc = read.raw(c + "local-datacenter")
+    settings = CassandraSettings(
+        contact_points=_hosts(read, c + "contact-points"),
+        port=read.integer(c + "port", 1, 65535),
+        keyspace=read.text(c + "keyspace", _KEYSPACE, _KEYSPACE_HINT),
+        replication=_replication(read, c + "replication."),
+        protocol_version=version,
+        local_datacenter=None if local_dc is None else read.text(
+            c + "local-datacenter", _DATACENTER, "null or a datacenter name"
+        ),
+        consistency=read.text(
+            c + "consistency", "|".join(_CONSISTENCY),
+            "one of " + ", ".join(repr(level) for level in _CONSISTENCY),
+        ),
+        connect_timeout=read.duration(c + "connect-timeout", 0.1, 300),
+        request_timeout=read.duration(c + "request-timeout", 0.1, 600),
+        concurrency=read.integer(c + "concurrency", 1, 1024),
+    )
+    _check_datacenter(read, settings)
+    _check_overlap(read, settings)
+    return settings
+
+
+def _hosts(read: _Reader, key: str) -> tuple[str, ...]:
+    value = read.raw(key)
+    hosts = [h.strip() for h in value.split(",")] if isinstance(value, str) else value
+    if not (isinstance(hosts, list) and hosts and all(
+        isinstance(h, str) and re.fullmatch(_HOST, h) for h in hosts
+    )):
+        raise read.error(key, f"expected {_HOSTS_HINT}, got {_show(value) if value else '[]'}")
+    return tuple(hosts)
+
+
+def _replication(read: _Reader, r: str) -> CassandraReplication:
+    strategy = cast(ReplicationClass, read.text(
+        r + "class", "SimpleStrategy|NetworkTopologyStrategy",
+        "one of 'SimpleStrategy', 'NetworkTopologyStrategy'",
+    ))
+    datacenters = read.raw(r + "datacenters")
+    if strategy == "SimpleStrategy":
+        if datacenters is not None:
+            raise read.error(r + "datacenters", "expected null with SimpleStrategy "
+                             "(set class = NetworkTopologyStrategy to list datacenters)")
+        return CassandraReplication(strategy, read.integer(r + "replication-factor", 1, 100))
+    if not isinstance(datacenters, ConfigTree) or not datacenters:
+        raise read.error(r + "datacenters", "expected copies per datacenter with "
+                         f"NetworkTopologyStrategy, e.g. {{dc1 = 3}}, got {_show(datacenters)}")
+    factors = []
+    for quoted, copies in datacenters.items():
+        name = quoted.strip('"')  # pyhocon keeps the quotes of a key holding a dot
+        key = f"{r}datacenters.{quoted}"
+        if not re.fullmatch(_DATACENTER, name):
+            raise read.error(key, f"expected a datacenter name (1-100 of letters, digits, "
+                             f"_ . -), got {name!r}")
+        if isinstance(copies, bool) or not isinstance(copies, int) or not 1 <= copies <= 100:
+            raise read.error(key, f"expected an integer in 1..100, got {_show(copies)}")
+        factors.append((name, copies))
+    return CassandraReplication(strategy, datacenters=tuple(factors))
+
+
+def _check_datacenter(read: _Reader, settings: CassandraSettings) -> None:
+    known = dict(settings.replication.datacenters)
+    local = settings.local_datacenter
+    if local is not None and known and local not in known:
+        raise read.error(
+            "onceflow.stores.cassandra.local-datacenter",
+            f"expected one of the replication datacenters ({', '.join(known)}), got {local!r}",
+        )
+
+
+def _check_overlap(read: _Reader, settings: CassandraSettings) -> None:
+    """Refuse a level whose reads could miss an acknowledged write (R + W <= RF).
+
+    A load that misses the latest write of a state would fold events into a
+    stale state after a rebalance: the events in between are lost.
+    """
+    level = settings.consistency
+    needed = _FIXED_REPLICAS.get(level)
+    if needed is None:
+        return
+    replication = settings.replication
+    per_dc = dict(replication.datacenters)
+    if replication.replication_factor is not None:
+        copies = replication.replication_factor
+    elif level == "LOCAL_ONE":
+        copies = per_dc.get(settings.local_datacenter or "", max(per_dc.values()))
+    else:
+        copies = sum(per_dc.values())
+    if needed > copies:
+        problem = f"{level} needs {needed} replicas, the replication has {copies}"
+    elif 2 * needed <= copies:
+        problem = f"{level} reads can miss {level} writes with {copies} replicas"
+    else:
+        return
+    raise read.error(
+        "onceflow.stores.cassandra.consistency",
+        f"expected QUORUM, LOCAL_QUORUM or ALL: {problem}, got {level!r}",
     )
 
 

@@ -67,7 +67,7 @@ def load_pipeline(settings: Settings) -> Pipeline:
     return target
 
 
-STORES = ("redis",)
+STORES = ("redis", "cassandra")
 
 
 def check_stores(settings: Settings, pipeline: Pipeline) -> None:
@@ -82,9 +82,38 @@ def check_stores(settings: Settings, pipeline: Pipeline) -> None:
 
 
 def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]:
-    """One client per store the pipeline uses."""
-    redis = settings.stores.redis
-    return {"redis": RedisStore(redis.url, redis.key_prefix, pipeline.id)}
+    """One client per store the pipeline's aggregates use, by store name.
+
+    A store no aggregate names is never opened (a Redis-only pipeline does
+    not even load the Cassandra driver). Clients connect lazily, at their
+    first call. Names are in the order the aggregates first use them.
+    """
+    stores: dict[str, StateStore] = {}
+    for name in dict.fromkeys(spec.store for spec in pipeline.aggregates):
+        if name == "redis":
+            redis = settings.stores.redis
+            stores[name] = RedisStore(redis.url, redis.key_prefix, pipeline.id)
+        elif name == "cassandra":
+            from onceflow.stores.cassandra_store import CassandraStore
+
+            c = settings.stores.cassandra
+            stores[name] = CassandraStore(
+                c.contact_points,
+                pipeline.id,
+                port=c.port,
+                keyspace=c.keyspace,
+                replication=c.replication.cql_options(),
+                protocol_version=c.protocol_version,
+                local_datacenter=c.local_datacenter,
+                consistency=c.consistency,
+                connect_timeout=c.connect_timeout,
+                request_timeout=c.request_timeout,
+                concurrency=c.concurrency,
+            )
+        else:
+            raise ConfigError(settings.source, f"onceflow.stores.{name}",
+                              f"unknown store {name!r}; supported: {', '.join(STORES)}")
+    return stores
 
 
 def consumer_options(settings: Settings) -> dict[str, Any]:

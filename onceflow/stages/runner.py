@@ -293,7 +293,8 @@ class PipelineRunner:
                 current[1] = pos
                 count += 1
             staged.append((step.table, new))
-            folded.append((spec.id, count))
+            if count:
+                folded.append((spec.id, count))
             if replayed:
                 duplicates.append((spec.id, len(replayed)))
                 dropped.append((len(next(iter(replayed))), replayed))

@@ -1,1 +1,11 @@
-"""onceflow.stores."""
+"""onceflow.stores: where aggregate states live, behind one interface.
+
+- :mod:`onceflow.stores.base`: :class:`~onceflow.stores.base.StateStore`, opaque
+  bytes per (stage, key) of one pipeline.
+- :mod:`onceflow.stores.redis_store`: one Redis string per state (``redis``).
+- :mod:`onceflow.stores.cassandra_store`: one Cassandra row per state
+  (``cassandra``).
+
+An aggregate names its store (``Pipeline.aggregate(..., store="cassandra")``).
+Nothing is imported here, so a Redis-only worker never loads the Cassandra driver.
+"""

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from onceflow.runtime.config import (
+    CassandraReplication,
+    CassandraSettings,
     CommitSettings,
     ConfigError,
     ConsumerSettings,
@@ -31,6 +33,7 @@ ENV_VARS = (
     "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS",
     "ONCEFLOW_KAFKA_GROUP_ID",
     "ONCEFLOW_REDIS_URL",
+    "ONCEFLOW_CASSANDRA_CONTACT_POINTS",
 )
 PIPELINE = 'onceflow.pipeline = "shop.orders:pipeline"\n'
 
@@ -86,7 +89,21 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
         consumer=ConsumerSettings(max_in_flight_batches=4),
         persistence=PersistenceSettings(interval=1.0),
         commit=CommitSettings(interval=5.0),
-        stores=StoresSettings(redis=RedisSettings("redis://127.0.0.1:6379/0", "onceflow")),
+        stores=StoresSettings(
+            redis=RedisSettings("redis://127.0.0.1:6379/0", "onceflow"),
+            cassandra=CassandraSettings(
+                contact_points=("127.0.0.1",),
+                port=9042,
+                keyspace="onceflow",
+                replication=CassandraReplication("SimpleStrategy", replication_factor=1),
+                protocol_version=3,
+                local_datacenter=None,
+                consistency="LOCAL_QUORUM",
+                connect_timeout=5.0,
+                request_timeout=10.0,
+                concurrency=128,
+            ),
+        ),
         shutdown=ShutdownSettings(timeout=10.0),
         metrics=MetricsSettings(stats_interval=5.0),
     )
@@ -222,11 +239,117 @@ def test_demo_config_is_fast() -> None:
 def test_example_config_defers_to_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS", "kafka:9092")
     monkeypatch.setenv("ONCEFLOW_REDIS_URL", "redis://redis:6379/0")
+    monkeypatch.setenv("ONCEFLOW_CASSANDRA_CONTACT_POINTS", "cassandra")
 
     settings = load_settings(EXAMPLE_CONF)
 
     assert settings.kafka.bootstrap_servers == "kafka:9092"
     assert settings.stores.redis.url == "redis://redis:6379/0"
+    assert settings.stores.cassandra.contact_points == ("cassandra",)
+
+
+def test_cassandra_settings_from_the_application_file(app_file: AppFile) -> None:
+    path = app_file(
+        PIPELINE
+        + """
+        onceflow.stores.cassandra {
+          contact-points = ["10.0.0.1", "cass-2.internal"]
+          port = 19042
+          keyspace = shop_states
+          replication {
+            class = NetworkTopologyStrategy
+            datacenters { dc1 = 3, "eu-west" = 2 }
+          }
+          protocol-version = 0
+          local-datacenter = dc1
+          consistency = QUORUM
+          connect-timeout = 2s
+          request-timeout = 1500ms
+          concurrency = 32
+        }
+        """
+    )
+
+    cassandra = load_settings(path).stores.cassandra
+
+    assert cassandra == CassandraSettings(
+        contact_points=("10.0.0.1", "cass-2.internal"),
+        port=19042,
+        keyspace="shop_states",
+        replication=CassandraReplication(
+            "NetworkTopologyStrategy", datacenters=(("dc1", 3), ("eu-west", 2))
+        ),
+        protocol_version=0,
+        local_datacenter="dc1",
+        consistency="QUORUM",
+        connect_timeout=2.0,
+        request_timeout=1.5,
+        concurrency=32,
+    )
+    assert cassandra.replication.cql_options() == {
+        "class": "NetworkTopologyStrategy", "dc1": 3, "eu-west": 2,
+    }
+
+
+def test_cassandra_simple_strategy_replication_map(app_file: AppFile) -> None:
+    path = app_file(PIPELINE + "onceflow.stores.cassandra.replication.replication-factor = 3\n")
+
+    replication = load_settings(path).stores.cassandra.replication
+
+    assert replication.cql_options() == {"class": "SimpleStrategy", "replication_factor": 3}
+
+
+@pytest.mark.parametrize(
+    ("level", "replication"),
+    [
+        ("ONE", "replication-factor = 1"),
+        ("TWO", "replication-factor = 3"),
+        ("ALL", "replication-factor = 5"),
+        ("LOCAL_ONE", "class = NetworkTopologyStrategy, datacenters { dc1 = 1, dc2 = 3 }"),
+        ("QUORUM", "class = NetworkTopologyStrategy, datacenters { dc1 = 3, dc2 = 3 }"),
+    ],
+)
+def test_cassandra_levels_whose_reads_see_every_write(
+    app_file: AppFile, level: str, replication: str
+) -> None:
+    path = app_file(
+        PIPELINE
+        + f"onceflow.stores.cassandra.consistency = {level}\n"
+        + f"onceflow.stores.cassandra.replication {{ {replication} }}\n"
+        + ("onceflow.stores.cassandra.local-datacenter = dc1\n" if "dc1" in replication else "")
+    )
+
+    assert load_settings(path).stores.cassandra.consistency == level
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [("c1,c2", ("c1", "c2")), ("c1, c2 ,c3", ("c1", "c2", "c3")), ("single", ("single",))],
+)
+def test_cassandra_contact_points_from_the_environment(
+    app_file: AppFile, monkeypatch: pytest.MonkeyPatch, env: str, expected: tuple[str, ...]
+) -> None:
+    monkeypatch.setenv("ONCEFLOW_CASSANDRA_CONTACT_POINTS", env)
+
+    settings = load_settings(app_file(PIPELINE))
+
+    assert settings.stores.cassandra.contact_points == expected
+
+
+def test_cassandra_overrides_as_the_tests_give_them(app_file: AppFile) -> None:
+    settings = load_settings(
+        app_file(PIPELINE),
+        {
+            "onceflow.stores.cassandra.contact-points": '["127.0.0.1"]',
+            "onceflow.stores.cassandra.port": "40123",
+            "onceflow.stores.cassandra.keyspace": '"ks_1"',
+            "onceflow.stores.cassandra.local-datacenter": '"datacenter1"',
+        },
+    )
+
+    assert settings.stores.cassandra.port == 40123
+    assert settings.stores.cassandra.keyspace == "ks_1"
+    assert settings.stores.cassandra.local_datacenter == "datacenter1"
 
 
 @pytest.mark.parametrize(
@@ -285,9 +408,11 @@ def test_unknown_key_suggests_the_closest(app_file: AppFile) -> None:
 
 
 def test_unknown_key_without_a_close_match_lists_the_known_ones(app_file: AppFile) -> None:
-    path = app_file(PIPELINE + "onceflow.stores.cassandra.hosts = [a]\n")
+    path = app_file(PIPELINE + "onceflow.stores.mongo.hosts = [a]\n")
 
-    assert str(error_for(path)) == f"{path}: onceflow.stores.cassandra: unknown key (known: redis)"
+    assert str(error_for(path)) == (
+        f"{path}: onceflow.stores.mongo: unknown key (known: redis, cassandra)"
+    )
 
 
 def test_keys_outside_onceflow_are_left_alone(app_file: AppFile) -> None:
@@ -365,6 +490,133 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "onceflow.stores.redis.url",
             "expected a redis://, rediss:// or unix:// URL, got 'http://cache:6379'",
         ),
+        (
+            "stores.cassandra.contact-points = []",
+            "onceflow.stores.cassandra.contact-points",
+            "expected a non-empty list of hosts, or one comma-separated string of them, got []",
+        ),
+        (
+            "stores.cassandra.contact-points = [1, 2]",
+            "onceflow.stores.cassandra.contact-points",
+            "expected a non-empty list of hosts, or one comma-separated string of them, "
+            "got a list",
+        ),
+        (
+            'stores.cassandra.contact-points = "a,,b"',
+            "onceflow.stores.cassandra.contact-points",
+            "expected a non-empty list of hosts, or one comma-separated string of them, "
+            "got 'a,,b'",
+        ),
+        (
+            "stores.cassandra.port = 70000",
+            "onceflow.stores.cassandra.port",
+            "expected an integer in 1..65535, got 70000",
+        ),
+        (
+            'stores.cassandra.keyspace = "Shop-States"',
+            "onceflow.stores.cassandra.keyspace",
+            "expected a keyspace name: a lowercase letter, then up to 47 of [a-z0-9_], "
+            "got 'Shop-States'",
+        ),
+        (
+            "stores.cassandra.keyspace = " + "k" * 49,
+            "onceflow.stores.cassandra.keyspace",
+            "expected a keyspace name: a lowercase letter, then up to 47 of [a-z0-9_], "
+            "got '" + "k" * 49 + "'",
+        ),
+        (
+            "stores.cassandra.replication.class = LocalStrategy",
+            "onceflow.stores.cassandra.replication.class",
+            "expected one of 'SimpleStrategy', 'NetworkTopologyStrategy', got 'LocalStrategy'",
+        ),
+        (
+            "stores.cassandra.replication.replication-factor = 0",
+            "onceflow.stores.cassandra.replication.replication-factor",
+            "expected an integer in 1..100, got 0",
+        ),
+        (
+            "stores.cassandra.replication.datacenters { dc1 = 3 }",
+            "onceflow.stores.cassandra.replication.datacenters",
+            "expected null with SimpleStrategy "
+            "(set class = NetworkTopologyStrategy to list datacenters)",
+        ),
+        (
+            "stores.cassandra.replication.class = NetworkTopologyStrategy",
+            "onceflow.stores.cassandra.replication.datacenters",
+            "expected copies per datacenter with NetworkTopologyStrategy, e.g. {dc1 = 3}, "
+            "got null",
+        ),
+        (
+            "stores.cassandra.replication { class = NetworkTopologyStrategy, "
+            "datacenters { dc1 = three } }",
+            "onceflow.stores.cassandra.replication.datacenters.dc1",
+            "expected an integer in 1..100, got 'three'",
+        ),
+        (
+            "stores.cassandra.protocol-version = 2",
+            "onceflow.stores.cassandra.protocol-version",
+            "expected 0 (let the driver negotiate) or 3..5, got 2",
+        ),
+        (
+            "stores.cassandra.protocol-version = 6",
+            "onceflow.stores.cassandra.protocol-version",
+            "expected an integer in 0..5, got 6",
+        ),
+        (
+            "stores.cassandra.local-datacenter = 3",
+            "onceflow.stores.cassandra.local-datacenter",
+            "expected null or a datacenter name, got 3",
+        ),
+        (
+            "stores.cassandra { local-datacenter = dc9, replication { "
+            "class = NetworkTopologyStrategy, datacenters { dc1 = 3 } } }",
+            "onceflow.stores.cassandra.local-datacenter",
+            "expected one of the replication datacenters (dc1), got 'dc9'",
+        ),
+        (
+            "stores.cassandra.consistency = ANY",
+            "onceflow.stores.cassandra.consistency",
+            "expected one of 'ONE', 'TWO', 'THREE', 'QUORUM', 'ALL', 'LOCAL_ONE', "
+            "'LOCAL_QUORUM', got 'ANY'",
+        ),
+        (
+            "stores.cassandra.consistency = local_quorum",
+            "onceflow.stores.cassandra.consistency",
+            "expected one of 'ONE', 'TWO', 'THREE', 'QUORUM', 'ALL', 'LOCAL_ONE', "
+            "'LOCAL_QUORUM', got 'local_quorum'",
+        ),
+        (
+            "stores.cassandra { consistency = ONE, replication.replication-factor = 3 }",
+            "onceflow.stores.cassandra.consistency",
+            "expected QUORUM, LOCAL_QUORUM or ALL: ONE reads can miss ONE writes "
+            "with 3 replicas, got 'ONE'",
+        ),
+        (
+            "stores.cassandra.consistency = TWO",
+            "onceflow.stores.cassandra.consistency",
+            "expected QUORUM, LOCAL_QUORUM or ALL: TWO needs 2 replicas, "
+            "the replication has 1, got 'TWO'",
+        ),
+        (
+            "stores.cassandra.request-timeout = 10",
+            "onceflow.stores.cassandra.request-timeout",
+            "expected a duration like 10s or 500ms, got 10",
+        ),
+        (
+            "stores.cassandra.connect-timeout = 10m",
+            "onceflow.stores.cassandra.connect-timeout",
+            "expected a duration in 100ms..5m, got 10m",
+        ),
+        (
+            "stores.cassandra.concurrency = 0",
+            "onceflow.stores.cassandra.concurrency",
+            "expected an integer in 1..1024, got 0",
+        ),
+        (
+            "stores.cassandra.conistency = ONE",
+            "onceflow.stores.cassandra.conistency",
+            "unknown key (did you mean 'consistency'?)",
+        ),
     ],
 )
 def test_wrong_type_or_range(app_file: AppFile, line: str, key: str, expected: str) -> None:
@@ -424,6 +676,12 @@ def test_unresolvable_substitution_names_the_application_line(app_file: AppFile)
         ),
         ("ONCEFLOW_KAFKA_GROUP_ID", " ", "onceflow.kafka.group-id", "expected a non-empty"),
         ("ONCEFLOW_REDIS_URL", "cache:6379", "onceflow.stores.redis.url", "expected a redis://"),
+        (
+            "ONCEFLOW_CASSANDRA_CONTACT_POINTS",
+            "c1,",
+            "onceflow.stores.cassandra.contact-points",
+            "expected a non-empty list of hosts",
+        ),
     ],
 )
 def test_bad_environment_value_is_blamed_on_the_variable(
