@@ -6,5 +6,16 @@ that line); the runtime interprets what is declared here.
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.pipeline import Aggregate, FlatMap, Map, Pipeline, Republish, Step
+from onceflow.stages.windows import Tumbling
 
-__all__ = ["Aggregate", "Envelope", "FlatMap", "Map", "Pipeline", "Republish", "SourceRef", "Step"]
+__all__ = [
+    "Aggregate",
+    "Envelope",
+    "FlatMap",
+    "Map",
+    "Pipeline",
+    "Republish",
+    "SourceRef",
+    "Step",
+    "Tumbling",
+]

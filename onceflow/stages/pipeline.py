@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages.windows import Tumbling
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
@@ -48,7 +49,11 @@ class Aggregate:
 
     ``fold`` must return the new state and must not mutate its input: a unit
     that fails half-way is rolled back by discarding the new states. States
-    must be JSON-serializable. Values pass through unchanged to later stages.
+    must be JSON-serializable. Values it folds pass on unchanged to later
+    stages; replays it discards (and late values) travel no further.
+
+    With ``window``, the state is kept per tumbling event-time window; closed
+    windows are persisted as history rows (see ``onceflow.stages.windows``).
     """
 
     id: str
@@ -56,6 +61,7 @@ class Aggregate:
     init: Callable[[], Any]
     fold: Callable[[Any, Any], Any]
     store: str = "redis"
+    window: Tumbling | None = None
 
 
 @dataclass(frozen=True)
@@ -115,8 +121,9 @@ class Pipeline:
         init: Callable[[], Any],
         fold: Callable[[Any, Any], Any],
         store: str = "redis",
+        window: Tumbling | None = None,
     ) -> Pipeline:
-        return self._then(Aggregate(id, key, init, fold, store))
+        return self._then(Aggregate(id, key, init, fold, store, window))
 
     def republish(
         self,

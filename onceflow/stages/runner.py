@@ -20,6 +20,7 @@ from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.lineage import Position, RootPartition, event_id, extended_chain, root_of
 from onceflow.stages.pipeline import Aggregate, FlatMap, Map, Pipeline, Republish
 from onceflow.stages.state import AggregateState
+from onceflow.stages.windows import empty_windows, fold_windowed
 
 TopicPartition = tuple[str, int]
 StateLoader = Callable[[Aggregate, Sequence[str]], Mapping[str, AggregateState]]
@@ -54,6 +55,7 @@ class BatchOutcome:
     dead_letters: int = 0
     duplicates: Counter[str] = field(default_factory=Counter)
     folded: Counter[str] = field(default_factory=Counter)
+    late: Counter[str] = field(default_factory=Counter)
     next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
 
 
@@ -101,10 +103,16 @@ class StateTable:
         self.spec = spec
         self.states: dict[str, AggregateState] = {}
         self.dirty: set[str] = set()
+        self.closed: dict[tuple[str, int], Any] = {}  # windows closed since the last snapshot
 
     def take_dirty(self) -> dict[str, AggregateState]:
         taken = {key: self.states[key] for key in self.dirty}
         self.dirty = set()
+        return taken
+
+    def take_closed(self) -> dict[tuple[str, int], Any]:
+        """Closed windows (key, start) -> final value, to be written before the states."""
+        taken, self.closed = self.closed, {}
         return taken
 
 
@@ -116,7 +124,13 @@ class PipelineRunner:
     try block per record, and the failing stage is known from ``stage``.
     """
 
-    def __init__(self, pipeline: Pipeline, load: StateLoader, dead_letter_topic: str):
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        load: StateLoader,
+        dead_letter_topic: str,
+        late_topic: str = "onceflow-late-events",
+    ):
         self.pipeline = pipeline
         self.tables = [StateTable(spec) for spec in pipeline.aggregates]
         tables = iter(self.tables)
@@ -126,6 +140,7 @@ class PipelineRunner:
         ]
         self._load = load
         self._dead_letter_topic = dead_letter_topic
+        self._late_topic = late_topic
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.
@@ -239,7 +254,8 @@ class PipelineRunner:
             state = loaded.get(key)
             if state is None:
                 try:
-                    state = AggregateState(table.spec.init())
+                    initial = empty_windows() if table.spec.window else table.spec.init()
+                    state = AggregateState(initial)
                 except Exception as error:
                     raise StageFailure(table.spec.id, error) from error
             table.states[key] = state
@@ -247,67 +263,93 @@ class PipelineRunner:
     def _apply(self, plan: _Plan, outcome: BatchOutcome) -> None:
         """Fold one record's values into new states, then install them all at once.
 
-        A value an aggregate finds already folded (a replay) travels no
-        further: later aggregates and republish steps never see it. That is
-        why states are persisted downstream first (DESIGN.md invariant 6).
+        A value an aggregate finds already folded (a replay), or too late for
+        its window, travels no further: later aggregates and republish steps
+        never see it. That is why states are persisted downstream first
+        (DESIGN.md invariant 6).
         """
         staged: list[tuple[StateTable, dict[str, list[Any]]]] = []
-        duplicates: list[tuple[str, int]] = []
-        folded: list[tuple[str, int]] = []
-        dropped: list[tuple[int, set[Position]]] = []  # (position length, positions)
-        root = plan.root
+        counts: list[tuple[Counter[str], str, int]] = []
+        late_outputs: list[Output] = []
+        stopped: list[tuple[int, set[Position]]] = []  # (position length, positions)
         for step in plan.order:
             if isinstance(step, _Emit):
-                if dropped:
-                    outcome.outputs.extend(
-                        out for pos, out in zip(step.positions, step.outputs, strict=True)
-                        if not _is_dropped(pos, dropped))
-                else:
-                    outcome.outputs.extend(step.outputs)
+                outcome.outputs.extend(
+                    out for pos, out in zip(step.positions, step.outputs, strict=True)
+                    if not (stopped and _is_stopped(pos, stopped)))
                 continue
-            spec, states = step.table.spec, step.table.states
-            fold = spec.fold
-            new: dict[str, list[Any]] = {}  # key -> [value, position]
+            spec = step.table.spec
+            # key -> [state value, position, closed windows]
+            new: dict[str, list[Any]] = {}
             replayed: set[Position] = set()
-            count = 0
+            late: set[Position] = set()
+            folded = 0
             for key, pos, value in zip(step.keys, step.positions, step.values, strict=True):
-                if dropped and _is_dropped(pos, dropped):
+                if stopped and _is_stopped(pos, stopped):
                     continue
                 current = new.get(key)
                 if current is None:
                     if type(key) is not str:
                         raise StageFailure(spec.id, TypeError(f"key must be str, got {key!r}"))
-                    state = states[key]
-                    mark = state.watermarks.get(root)
+                    state = step.table.states[key]
+                    mark = state.watermarks.get(plan.root)
                     if mark is not None and pos <= mark:
                         replayed.add(pos)
                         continue
-                    current = new[key] = [state.value, pos]
+                    current = new[key] = [state.value, pos, []]
                 elif pos <= current[1]:
                     replayed.add(pos)
                     continue
+                current[1] = pos
                 try:
-                    current[0] = fold(current[0], value)
+                    if spec.window is None:
+                        current[0] = spec.fold(current[0], value)
+                        folded += 1
+                        continue
+                    result = fold_windowed(spec.window, spec.init, spec.fold, current[0], value)
                 except Exception as error:
                     raise StageFailure(spec.id, error) from error
-                current[1] = pos
-                count += 1
+                if result.late_by_ms is not None:
+                    late.add(pos)
+                    late_outputs.append(self._late(plan.record, spec, key, pos, result.late_by_ms))
+                else:
+                    current[0] = result.state
+                    current[2].extend(result.closed)
+                    folded += 1
             staged.append((step.table, new))
-            if count:
-                folded.append((spec.id, count))
-            if replayed:
-                duplicates.append((spec.id, len(replayed)))
-                dropped.append((len(next(iter(replayed))), replayed))
+            counts += [(outcome.folded, spec.id, folded), (outcome.duplicates, spec.id,
+                       len(replayed)), (outcome.late, spec.id, len(late))]
+            for gone in (replayed, late):
+                if gone:
+                    stopped.append((len(next(iter(gone))), gone))
         for table, new in staged:
-            for key, (value, pos) in new.items():
+            for key, (value, pos, closed) in new.items():
                 state = table.states[key]
                 state.value = value
-                state.watermarks[root] = pos
+                state.watermarks[plan.root] = pos
                 table.dirty.add(key)
-        for stage_id, n in duplicates:
-            outcome.duplicates[stage_id] += n
-        for stage_id, n in folded:
-            outcome.folded[stage_id] += n
+                for start, final in closed:
+                    table.closed[(key, start)] = final
+        for counter, stage_id, n in counts:
+            if n:
+                counter[stage_id] += n
+        outcome.outputs.extend(late_outputs)
+
+    def _late(self, record: ConsumedRecord, spec: Aggregate, key: str, pos: Position,
+              late_by_ms: int) -> Output:
+        """The record a late value came from, with which value it was and why it is late."""
+        return Output(
+            self._late_topic,
+            key.encode(),
+            record.value or b"",
+            (
+                ("onceflow.reason", f"late for stage {spec.id!r} by {late_by_ms} ms".encode()),
+                ("onceflow.stage", spec.id.encode()),
+                ("onceflow.source", f"{record.topic}/{record.partition}/{record.offset}"
+                 .encode()),
+                ("onceflow.position", ".".join(map(str, pos)).encode()),
+            ),
+        )
 
     def _dead_letter(
         self, outcome: BatchOutcome, record: ConsumedRecord, reason: Exception
@@ -328,9 +370,9 @@ class PipelineRunner:
         )
 
 
-def _is_dropped(position: Position, dropped: list[tuple[int, set[Position]]]) -> bool:
-    """True if ``position`` derives from a value an earlier aggregate discarded."""
-    return any(position[:length] in positions for length, positions in dropped)
+def _is_stopped(position: Position, stopped: list[tuple[int, set[Position]]]) -> bool:
+    """True if ``position`` derives from a value an earlier aggregate did not fold."""
+    return any(position[:length] in positions for length, positions in stopped)
 
 
 class _Undecodable(Exception):
