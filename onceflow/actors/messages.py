@@ -67,10 +67,21 @@ class Barrier:
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """Dirty states (encoded, pipeline order) and the offsets they make durable."""
+class StageRows:
+    """One aggregate's share of a snapshot."""
 
-    rows: Sequence[tuple[str, str, dict[str, bytes]]]  # (stage id, store name, key -> value)
+    stage_id: str
+    store: str
+    states: dict[str, bytes]
+    closed_windows: dict[tuple[str, int], bytes]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Dirty states and closed windows (encoded, pipeline order), and the offsets
+    they make durable."""
+
+    rows: Sequence[StageRows]
     offsets: dict[TopicPartition, int]
     stats: dict[str, int] = field(default_factory=dict)
 

@@ -14,7 +14,7 @@ from typing import Any
 import pykka
 
 from onceflow.actors.base import FatalHandler, ReportingActor
-from onceflow.actors.messages import Barrier, Durable, Snapshot
+from onceflow.actors.messages import Barrier, Durable, Snapshot, StageRows
 from onceflow.actors.retry import retrying
 from onceflow.stores.base import StateStore
 
@@ -38,13 +38,17 @@ class PersistenceActor(ReportingActor):
     def on_receive(self, message: Any) -> Any:
         if not isinstance(message, Snapshot):
             raise TypeError(f"PersistenceActor: unexpected message {message!r}")
-        for stage_id, store_name, rows in reversed(message.rows):  # downstream first
-            self._save(self._stores[store_name], stage_id, rows)
+        for rows in reversed(message.rows):  # downstream first
+            self._save(self._stores[rows.store], rows)
         self._producer.ask(Barrier())
         self._commit.tell(Durable(message.offsets))
         retrying("stats", lambda: self._stats_store.add_stats(message.stats))
         return message.offsets
 
     @staticmethod
-    def _save(store: StateStore, stage_id: str, rows: dict[str, bytes]) -> None:
-        retrying(f"save {stage_id}", lambda: store.save(stage_id, rows))
+    def _save(store: StateStore, rows: StageRows) -> None:
+        """Closed windows first: the states written next no longer hold them."""
+        if rows.closed_windows:
+            retrying(f"save history {rows.stage_id}",
+                     lambda: store.save_history(rows.stage_id, rows.closed_windows))
+        retrying(f"save {rows.stage_id}", lambda: store.save(rows.stage_id, rows.states))

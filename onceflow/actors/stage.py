@@ -7,6 +7,7 @@ flushes: a snapshot covers exactly the batches received before it.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from onceflow.actors.messages import (
     PersistTick,
     Send,
     Snapshot,
+    StageRows,
 )
 from onceflow.actors.retry import retrying
 from onceflow.stages.pipeline import Aggregate, Pipeline
@@ -92,6 +94,7 @@ class StageActor(ReportingActor):
         batch = Counter({"records": len(records), "dead_letters": outcome.dead_letters})
         batch.update({f"{stage_id}.duplicates": n for stage_id, n in outcome.duplicates.items()})
         batch.update({f"{stage_id}.folded": n for stage_id, n in outcome.folded.items()})
+        batch.update({f"{stage_id}.late": n for stage_id, n in outcome.late.items()})
         self._stats.update(batch)
         self._totals.update(batch)
 
@@ -100,9 +103,14 @@ class StageActor(ReportingActor):
         rows = []
         for table in self._runner.tables:
             dirty = table.take_dirty()
-            if dirty:
-                encoded = {key: encode_state(state) for key, state in dirty.items()}
-                rows.append((table.spec.id, table.spec.store, encoded))
+            closed = table.take_closed()
+            if dirty or closed:
+                rows.append(StageRows(
+                    table.spec.id,
+                    table.spec.store,
+                    {key: encode_state(state) for key, state in dirty.items()},
+                    {slot: json.dumps(value).encode() for slot, value in closed.items()},
+                ))
         if not rows and self._processed == self._snapshotted:
             return None
         self._snapshotted = dict(self._processed)

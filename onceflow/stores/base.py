@@ -10,6 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 
+# History rows live beside the states under "<stage>#history" ('#' never
+# appears in a stage id), so every store supports them through save/scan.
+HISTORY_SUFFIX = "#history"
+
 
 class StateStore(ABC):
     """Per-key state rows of one pipeline, namespaced by stage id."""
@@ -25,6 +29,17 @@ class StateStore(ABC):
     @abstractmethod
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         """Every row of a stage (for verification and analytics, not the hot path)."""
+
+    def save_history(self, stage_id: str, rows: Mapping[tuple[str, int], bytes]) -> None:
+        """Write closed windows, (key, window start ms) -> final value; idempotent."""
+        encoded = {f"{start}|{key}": value for (key, start), value in rows.items()}
+        self.save(stage_id + HISTORY_SUFFIX, encoded)
+
+    def scan_history(self, stage_id: str) -> Iterator[tuple[str, int, bytes]]:
+        """Every closed window of a stage as (key, window start ms, final value)."""
+        for name, value in self.scan(stage_id + HISTORY_SUFFIX):
+            start, _, key = name.partition("|")
+            yield key, int(start), value
 
     @abstractmethod
     def add_stats(self, counters: Mapping[str, int]) -> None:
