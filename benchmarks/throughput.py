@@ -34,7 +34,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from onceflow.actors.loop import EventLoopThread
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.runtime import services
-from onceflow.runtime.demo import demo_config, worker_command
+from onceflow.runtime.demo import redis_settings
+from onceflow.runtime.harness import packaged_config, worker_command
 from onceflow.runtime.robot_stream import generate
 
 HERE = Path(__file__).resolve().parent
@@ -130,7 +131,8 @@ class CommitWatcher:
 def measure_onceflow(bootstrap: str, redis_url: str, topic: str, ends: dict[int, int],
                      events: int, workdir: Path) -> dict[str, float]:
     group = f"bench-{topic}-{time.monotonic_ns()}"
-    argv = worker_command(demo_config(), bootstrap, redis_url, group, group)
+    argv = worker_command(packaged_config("demo.conf"),
+                          redis_settings(bootstrap, redis_url, group, group))
     argv += [*EXTRA, "--set", "onceflow.persistence.interval=250ms",
              "--set", "onceflow.commit.interval=250ms"]
     log = workdir / "worker.log"

@@ -26,7 +26,7 @@ class PersistenceActor(ReportingActor):
         stores: Mapping[str, StateStore],
         producer: pykka.ActorRef[Any],
         commit: pykka.ActorRef[Any],
-        stats_store: StateStore,
+        stats_store: StateStore | None,
         on_fatal: FatalHandler,
     ):
         super().__init__(on_fatal)
@@ -42,7 +42,9 @@ class PersistenceActor(ReportingActor):
             self._save(self._stores[rows.store], rows)
         self._producer.ask(Barrier())
         self._commit.tell(Durable(message.offsets))
-        retrying("stats", lambda: self._stats_store.add_stats(message.stats))
+        stats = self._stats_store
+        if stats is not None:
+            retrying("stats", lambda: stats.add_stats(message.stats))
         return message.offsets
 
     @staticmethod

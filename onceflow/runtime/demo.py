@@ -14,20 +14,13 @@ import argparse
 import asyncio
 import os
 import random
-import re
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -40,11 +33,18 @@ from rich.progress import (
 from rich.table import Table
 
 from onceflow.runtime import services
+from onceflow.runtime.harness import (
+    CommittedOffsets,
+    WorkerProcess,
+    create_topic,
+    packaged_config,
+    produce,
+    worker_command,
+)
 from onceflow.runtime.robot_stream import RobotStream, generate
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
-ASSIGNED = re.compile(r"partitions assigned: \[\(")
 PIPELINE_ID = "robots"
 STAGE_ID = "per_robot"
 
@@ -87,69 +87,14 @@ class DemoReport:
                 and self.robots_matching == self.robots and self.final_exit_code == 0)
 
 
-class WorkerProcess:
-    """The worker as a child process: started, SIGKILLed, restarted, stopped."""
-
-    def __init__(self, argv: list[str], env: dict[str, str], log_dir: Path):
-        self._argv = argv
-        self._env = env
-        self._log_dir = log_dir
-        self.logs: list[Path] = []
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        log = self._log_dir / f"worker-{len(self.logs)}.log"
-        self.logs.append(log)
-        with log.open("wb") as out:
-            self._proc = subprocess.Popen(self._argv, env=self._env, stdout=out,
-                                          stderr=subprocess.STDOUT)
-
-    def kill(self) -> None:
-        assert self._proc is not None
-        self._proc.send_signal(signal.SIGKILL)
-        self._proc.wait()
-
-    def terminate(self, timeout: float) -> int | None:
-        """SIGTERM and wait; None if it did not exit in time (then it is killed)."""
-        assert self._proc is not None
-        self._proc.send_signal(signal.SIGTERM)
-        try:
-            return self._proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return None
-
-    def exited(self) -> int | None:
-        return None if self._proc is None else self._proc.poll()
-
-    async def assigned(self, timeout: float = 120.0) -> None:
-        """Wait until the current process has been assigned partitions."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if ASSIGNED.search(self.logs[-1].read_text(errors="replace")):
-                return
-            if self.exited() is not None:
-                raise RuntimeError(f"worker exited with {self.exited()}; see {self.logs[-1]}")
-            await asyncio.sleep(0.05)
-        raise RuntimeError(f"worker got no partitions in {timeout:.0f}s; see {self.logs[-1]}")
-
-
-def worker_command(config: Path, bootstrap: str, redis_url: str, group: str, prefix: str
-                   ) -> list[str]:
-    sets = {
+def redis_settings(bootstrap: str, redis_url: str, group: str, prefix: str) -> dict[str, str]:
+    """``--set`` overrides pointing a worker at this broker, group and Redis namespace."""
+    return {
         "onceflow.kafka.bootstrap-servers": bootstrap,
         "onceflow.kafka.group-id": group,
         "onceflow.stores.redis.url": redis_url,
         "onceflow.stores.redis.key-prefix": prefix,
     }
-    argv = [sys.executable, "-m", "onceflow", "run", "-c", str(config)]
-    for key, value in sets.items():
-        argv += ["--set", f'{key}="{value}"']
-    return argv
-
-
-def demo_config() -> Path:
-    return Path(str(resources.files("onceflow.examples").joinpath("demo.conf")))
 
 
 def run_demo(options: DemoOptions, *, bootstrap: str, redis_url: str, workdir: Path,
@@ -169,7 +114,8 @@ class _Demo:
         self.group = f"demo-{run_id}"
         self.prefix = f"demo-{run_id}"
         env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": self.topic}
-        argv = worker_command(demo_config(), bootstrap, redis_url, self.group, self.prefix)
+        settings = redis_settings(bootstrap, redis_url, self.group, self.prefix)
+        argv = worker_command(packaged_config("demo.conf"), settings)
         self.worker = WorkerProcess(argv, env, workdir)
         self.report = DemoReport(messages=options.messages)
         self.end_offsets: dict[int, int] = {}
@@ -179,7 +125,7 @@ class _Demo:
         started = time.monotonic()
         stream = generate(self.o.messages, self.o.robots, self.o.seed)
         self.report.events = stream.events
-        await self._create_topic()
+        await create_topic(self.bootstrap, self.topic, self.o.partitions)
         progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=self.console, transient=False)
         with progress:
@@ -196,30 +142,9 @@ class _Demo:
         self.report.logs = self.worker.logs
         return self.report
 
-    async def _create_topic(self) -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(self.topic, self.o.partitions, 1)])
-        finally:
-            await admin.close()
-
     async def _produce(self, stream: RobotStream) -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, acks="all",
-                                    enable_idempotence=False, linger_ms=5)
-        await producer.start()
-        try:
-            chunks = max(1, int(self.o.produce_seconds * 10))
-            size = -(-len(stream.messages) // chunks)
-            for start in range(0, len(stream.messages), size):
-                acks = [await producer.send(self.topic, value, key=key)
-                        for key, value in stream.messages[start:start + size]]
-                for meta in await asyncio.gather(*acks):
-                    self.end_offsets[meta.partition] = max(
-                        self.end_offsets.get(meta.partition, 0), meta.offset + 1)
-                await asyncio.sleep(0.1)
-        finally:
-            await producer.stop()
+        await produce(self.bootstrap, self.topic, stream.messages, self.o.produce_seconds,
+                      self.end_offsets)
         self.produced_all.set()
 
     async def _kill_and_restart(self, progress: Progress, bar: TaskID) -> None:
@@ -239,23 +164,17 @@ class _Demo:
 
     async def _wait_caught_up(self, progress: Progress, bar: TaskID) -> bool:
         await self.produced_all.wait()
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=self.group,
-                                    enable_auto_commit=False)
-        await consumer.start()
-        try:
+        async with CommittedOffsets(self.bootstrap, self.group) as committed:
             deadline = time.monotonic() + self.o.timeout
-            partitions = [TopicPartition(self.topic, p) for p in range(self.o.partitions)]
             while time.monotonic() < deadline:
-                committed = {tp.partition: await consumer.committed(tp) or 0 for tp in partitions}
-                progress.update(bar, completed=sum(committed.values()))
-                if all(committed[p] >= end for p, end in self.end_offsets.items()):
+                got = await committed.read(self.topic, list(range(self.o.partitions)))
+                progress.update(bar, completed=sum(got.values()))
+                if all(got[p] >= end for p, end in self.end_offsets.items()):
                     return True
                 if self.worker.exited() is not None:
                     raise RuntimeError(f"worker died; see {self.worker.logs[-1]}")
                 await asyncio.sleep(0.25)
-            return False
-        finally:
-            await consumer.stop()
+        return False
 
     def _check(self, stream: RobotStream) -> None:
         store = RedisStore(self.redis_url, self.prefix, PIPELINE_ID)

@@ -27,15 +27,19 @@ class RobotStream:
         return sum(sum(c.values()) for c in self.truth.values())
 
 
-def generate(messages: int, robots: int = 1000, seed: int = 7, failure_rate: float = 0.08
-             ) -> RobotStream:
+def generate(messages: int, robots: int = 1000, seed: int = 7, failure_rate: float = 0.08,
+             disorder: float = 0.0, max_delay_ms: int = 120_000) -> RobotStream:
+    """``disorder``: the share of results whose timestamp is up to ``max_delay_ms`` old
+    (out of order, some of them too late for their window)."""
     rng = random.Random(seed)
     stream = RobotStream([])
     for i in range(messages):
         robot = f"robot-{rng.randrange(robots):04d}"
         ts = START_MS + i * 50
         results = [
-            {"ok": rng.random() >= failure_rate, "ts": ts + j} for j in range(rng.randint(1, 5))
+            {"ok": rng.random() >= failure_rate,
+             "ts": ts + j - (rng.randrange(max_delay_ms) if rng.random() < disorder else 0)}
+            for j in range(rng.randint(1, 5))
         ]
         counts = stream.truth.setdefault(robot, Counter())
         for r in results:

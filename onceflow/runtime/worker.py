@@ -185,9 +185,8 @@ class Worker:
         self._io = EventLoopThread()
         stage_stores = open_stores(s, self.pipeline)
         write_stores = open_stores(s, self.pipeline)
-        stats_store = next(iter(write_stores.values()), None) or RedisStore(
-            s.stores.redis.url, s.stores.redis.key_prefix, self.pipeline.id
-        )
+        # Stats go to the first store the pipeline uses; a stateless republisher has none.
+        stats_store = next(iter(write_stores.values()), None)
         fatal = self._fatal
         start_timeout = s.kafka.request_timeout + 10
         self._producer = ProducerActor.start(

@@ -10,54 +10,26 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import AIOKafkaConsumer
 
-from onceflow.runtime.demo import demo_config, worker_command
+from onceflow.runtime import harness
+from onceflow.runtime.demo import redis_settings
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    async def create() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(topic, partitions, 1)])
-        finally:
-            await admin.close()
-
-    asyncio.run(create())
+    asyncio.run(harness.create_topic(bootstrap, topic, partitions))
 
 
 def produce(bootstrap: str, topic: str, messages: Sequence[tuple[bytes | None, bytes]]
             ) -> dict[int, int]:
     """Produce in order; returns the end offset per partition from the acks."""
-
-    async def send() -> dict[int, int]:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False,
-                                    acks="all", linger_ms=5)
-        await producer.start()
-        try:
-            acks = [await producer.send(topic, value, key=key) for key, value in messages]
-            ends: dict[int, int] = {}
-            for meta in await asyncio.gather(*acks):
-                ends[meta.partition] = max(ends.get(meta.partition, 0), meta.offset + 1)
-            return ends
-        finally:
-            await producer.stop()
-
-    return asyncio.run(send())
+    return asyncio.run(harness.produce(bootstrap, topic, messages))
 
 
 def committed(bootstrap: str, group: str, topic: str, partitions: int) -> dict[int, int]:
     async def read() -> dict[int, int]:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
-                                    enable_auto_commit=False)
-        await consumer.start()
-        try:
-            return {p: await consumer.committed(TopicPartition(topic, p)) or 0
-                    for p in range(partitions)}
-        finally:
-            await consumer.stop()
+        async with harness.CommittedOffsets(bootstrap, group) as offsets:
+            return await offsets.read(topic, range(partitions))
 
     return asyncio.run(read())
 
@@ -84,7 +56,8 @@ def consume_all(bootstrap: str, topic: str, expected: int, timeout: float = 30):
 
 def start_worker(bootstrap: str, redis_url: str, group: str, prefix: str, topic: str,
                  log: Path, extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
-    argv = worker_command(demo_config(), bootstrap, redis_url, group, prefix)
+    argv = harness.worker_command(harness.packaged_config("demo.conf"),
+                                  redis_settings(bootstrap, redis_url, group, prefix))
     env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}
     with log.open("wb") as out:
         return subprocess.Popen([*argv, *extra], env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -1,0 +1,63 @@
+"""The robot pipeline as two processes, for ``onceflow chaos`` and its tests.
+
+``normalize`` is a stateless republisher: raw robot reports -> one
+fastening event per result on the normalized topic, keyed by robot (so a
+robot's events stay in order). ``windows`` aggregates the normalized events
+in two stages: per-robot-per-minute counts (tumbling, 30 s allowed
+lateness) feeding per-robot daily counts; only what the minute stage folds
+reaches the daily stage. Topics and store come from the environment
+(``ONCEFLOW_CHAIN_RAW_TOPIC``, ``ONCEFLOW_CHAIN_NORMALIZED_TOPIC``,
+``ONCEFLOW_ROBOTS_STORE``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from operator import attrgetter
+
+from onceflow.examples.robots import Fastening, count, decode_report, fastenings, new_counts
+from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages import Pipeline, Tumbling
+
+MINUTE_MS = 60_000
+DAY_MS = 86_400_000
+LATENESS_MS = 30_000
+MINUTE_STAGE = "per_robot_minute"
+DAY_STAGE = "per_robot_day"
+
+
+def encode_fastening(fastening: Fastening) -> bytes:
+    return json.dumps(list(fastening)).encode()
+
+
+def decode_fastening(envelope: Envelope) -> Fastening:
+    robot, ok, ts = json.loads(envelope.payload)
+    return Fastening(robot, ok, ts)
+
+
+def build_normalize(raw: str, normalized: str) -> Pipeline:
+    return (
+        Pipeline("robots-normalize", topics=(raw,), decode=decode_report)
+        .flat_map("fastenings", fastenings)
+        .republish("normalized", normalized, encode=encode_fastening, key=attrgetter("robot"),
+                   event_time_ms=attrgetter("ts"), payload_type="application/json")
+    )
+
+
+def build_windows(normalized: str, store: str) -> Pipeline:
+    by_robot = attrgetter("robot")
+    at = attrgetter("ts")
+    return (
+        Pipeline("robots-windows", topics=(normalized,), decode=decode_fastening)
+        .aggregate(MINUTE_STAGE, key=by_robot, init=new_counts, fold=count, store=store,
+                   window=Tumbling(MINUTE_MS, event_time_ms=at, allowed_lateness_ms=LATENESS_MS))
+        .aggregate(DAY_STAGE, key=by_robot, init=new_counts, fold=count, store=store,
+                   window=Tumbling(DAY_MS, event_time_ms=at))
+    )
+
+
+_RAW = os.environ.get("ONCEFLOW_CHAIN_RAW_TOPIC", "robot-reports")
+_NORMALIZED = os.environ.get("ONCEFLOW_CHAIN_NORMALIZED_TOPIC", "robot-fastenings")
+normalize = build_normalize(_RAW, _NORMALIZED)
+windows = build_windows(_NORMALIZED, os.environ.get("ONCEFLOW_ROBOTS_STORE", "redis"))

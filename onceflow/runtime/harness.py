@@ -1,0 +1,184 @@
+"""Drive real worker processes against a real broker: the demo's and chaos's tools.
+
+Worker processes are started, SIGKILLed and restarted; topics are created
+and filled with producer acknowledgements as the source of truth for end
+offsets (never ListOffsets, see SERVICES.md); committed offsets are read
+back through one long-lived consumer. Used by ``onceflow demo``,
+``onceflow chaos``, the tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+ASSIGNED = re.compile(r"partitions assigned: \[\(")
+
+
+class WorkerProcess:
+    """``onceflow run`` as a child process: started, SIGKILLed, restarted, stopped."""
+
+    def __init__(
+        self, argv: list[str], env: Mapping[str, str], log_dir: Path, name: str = "worker"
+    ):
+        self._argv = argv
+        self._env = dict(env)
+        self._log_dir = log_dir
+        self._name = name
+        self.logs: list[Path] = []
+        self.kills = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self._log_dir / f"{self._name}-{len(self.logs)}.log"
+        self.logs.append(log)
+        with log.open("wb") as out:
+            self._proc = subprocess.Popen(self._argv, env=self._env, stdout=out,
+                                          stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGKILL)
+        self._proc.wait()
+        self.kills += 1
+
+    def terminate(self, timeout: float) -> int | None:
+        """SIGTERM and wait; None if it did not exit in time (then it is killed)."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGTERM)
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def exited(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    async def assigned(self, timeout: float = 120.0) -> None:
+        """Wait until the current process has been assigned partitions."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if ASSIGNED.search(self.logs[-1].read_text(errors="replace")):
+                return
+            if self.exited() is not None:
+                raise RuntimeError(f"{self._name} exited with {self.exited()}; see {self.logs[-1]}")
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"{self._name} got no partitions in {timeout:.0f}s; see {self.logs[-1]}")
+
+
+def packaged_config(name: str) -> Path:
+    """A HOCON file shipped in ``onceflow.examples`` (e.g. ``demo.conf``)."""
+    return Path(str(resources.files("onceflow.examples").joinpath(name)))
+
+
+def worker_command(config: Path, settings: Mapping[str, str]) -> list[str]:
+    """``python -m onceflow run -c config --set key="value" ...``."""
+    argv = [sys.executable, "-m", "onceflow", "run", "-c", str(config)]
+    for key, value in settings.items():
+        argv += ["--set", f'{key}="{value}"']
+    return argv
+
+
+async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+async def produce(bootstrap: str, topic: str, messages: Sequence[tuple[bytes | None, bytes]],
+                  seconds: float = 0.0, ends: dict[int, int] | None = None) -> dict[int, int]:
+    """Produce in order, spread over ``seconds``; returns end offsets from the acks.
+
+    ``ends`` (if given) is updated as chunks are acknowledged, so a caller can
+    watch progress while this runs.
+    """
+    ends = {} if ends is None else ends
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+                                enable_idempotence=False, linger_ms=5)
+    await producer.start()
+    try:
+        chunks = max(1, int(seconds * 10))
+        size = max(1, -(-len(messages) // chunks))
+        for start in range(0, len(messages), size):
+            acks = [await producer.send(topic, value, key=key)
+                    for key, value in messages[start:start + size]]
+            for meta in await asyncio.gather(*acks):
+                ends[meta.partition] = max(ends.get(meta.partition, 0), meta.offset + 1)
+            if seconds:
+                await asyncio.sleep(0.1)
+    finally:
+        await producer.stop()
+    return ends
+
+
+class CommittedOffsets:
+    """Reads a group's committed offsets through one consumer (no group join)."""
+
+    def __init__(self, bootstrap: str, group: str):
+        self._bootstrap = bootstrap
+        self._group = group
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def __aenter__(self) -> CommittedOffsets:
+        self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap,
+                                          group_id=self._group, enable_auto_commit=False)
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._consumer is not None
+        await self._consumer.stop()
+
+    async def read(self, topic: str, partitions: Sequence[int]) -> dict[int, int]:
+        assert self._consumer is not None
+        return {p: await self._consumer.committed(TopicPartition(topic, p)) or 0
+                for p in partitions}
+
+    async def wait_for(self, topic: str, ends: Mapping[int, int], timeout: float,
+                       alive: WorkerProcess | None = None) -> bool:
+        """True once every partition's committed offset reached its end offset."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = await self.read(topic, list(ends))
+            if all(got[p] >= end for p, end in ends.items()):
+                return True
+            if alive is not None and alive.exited() is not None:
+                raise RuntimeError(f"worker died; see {alive.logs[-1]}")
+            await asyncio.sleep(0.25)
+        return False
+
+
+async def read_ends(bootstrap: str, topic: str, partitions: int, quiet: float = 2.0
+                    ) -> dict[int, int]:
+    """True end offsets by reading the whole topic until it stays quiet (not ListOffsets)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = {p: 0 for p in range(partitions)}
+        last_seen = time.monotonic()
+        while time.monotonic() - last_seen < quiet:
+            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
+                if records:
+                    ends[tp.partition] = records[-1].offset + 1
+                    last_seen = time.monotonic()
+        return ends
+    finally:
+        await consumer.stop()
