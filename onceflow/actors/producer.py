@@ -37,12 +37,14 @@ class ProducerActor(ReportingActor):
         self._io = io
         self._producer: AIOKafkaProducer | None = None
         self._pending: list[concurrent.futures.Future[None]] = []
+        self._order: asyncio.Lock | None = None
 
     def start_up(self) -> None:
         self._io.run(self._open(), timeout=self._start_timeout)
 
     async def _open(self) -> None:
         self._producer = AIOKafkaProducer(**self._options)
+        self._order = asyncio.Lock()
         await self._producer.start()
 
     def on_receive(self, message: Any) -> Any:
@@ -58,11 +60,20 @@ class ProducerActor(ReportingActor):
         return None
 
     async def _send_all(self, outputs: Sequence[Output]) -> None:
-        assert self._producer is not None
-        acks = [
-            await self._producer.send(o.topic, o.value, key=o.key, headers=list(o.headers))
-            for o in outputs
-        ]
+        """Enqueue a batch's records in order, then wait for their acks.
+
+        ``send`` waits when the producer's buffer is full; without the lock
+        the next batch's coroutine would enqueue records meanwhile and
+        overtake this one, breaking the order within a partition (DESIGN.md
+        invariant 8): a downstream aggregate would then take the overtaken
+        events for replays.
+        """
+        assert self._producer is not None and self._order is not None
+        async with self._order:
+            acks = [
+                await self._producer.send(o.topic, o.value, key=o.key, headers=list(o.headers))
+                for o in outputs
+            ]
         await asyncio.gather(*acks)
 
     def on_stop(self) -> None:

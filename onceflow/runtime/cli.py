@@ -35,6 +35,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from onceflow.runtime import demo
 
         return demo.cli(rest[1:])
+    if rest and rest[0] == "chaos":
+        from onceflow.runtime import chaos
+
+        return chaos.cli(rest[1:])
     args = _parser().parse_args(argv)
     return _run(args.config, args.set)
 
@@ -51,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("services", help="up|down|status of a local broker, Redis, Cassandra")
     sub.add_parser("demo", help="the robot demo: SIGKILLs and restarts, then checks totals")
+    sub.add_parser("chaos", help="republisher + windowed aggregator under SIGKILL, verified")
     return parser
 
 
