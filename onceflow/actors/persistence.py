@@ -13,6 +13,7 @@ from typing import Any
 
 import pykka
 
+from onceflow.actors import faults
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.messages import Barrier, Durable, Snapshot, StageRows
 from onceflow.actors.retry import retrying
@@ -38,8 +39,11 @@ class PersistenceActor(ReportingActor):
     def on_receive(self, message: Any) -> Any:
         if not isinstance(message, Snapshot):
             raise TypeError(f"PersistenceActor: unexpected message {message!r}")
-        for rows in reversed(message.rows):  # downstream first
+        order = message.rows if faults.UPSTREAM_FIRST else reversed(message.rows)
+        for rows in order:  # downstream first
             self._save(self._stores[rows.store], rows)
+            if rows.stage_id == faults.KILL_AFTER_SAVE:
+                faults.die()
         self._producer.ask(Barrier())
         self._commit.tell(Durable(message.offsets))
         stats = self._stats_store

@@ -16,6 +16,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
+from onceflow.actors import faults
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Barrier, Send
@@ -38,6 +39,7 @@ class ProducerActor(ReportingActor):
         self._producer: AIOKafkaProducer | None = None
         self._pending: list[concurrent.futures.Future[None]] = []
         self._order: asyncio.Lock | None = None
+        self._sent = 0
 
     def start_up(self) -> None:
         self._io.run(self._open(), timeout=self._start_timeout)
@@ -70,10 +72,14 @@ class ProducerActor(ReportingActor):
         """
         assert self._producer is not None and self._order is not None
         async with self._order:
-            acks = [
-                await self._producer.send(o.topic, o.value, key=o.key, headers=list(o.headers))
-                for o in outputs
-            ]
+            acks = []
+            for o in outputs:
+                acks.append(await self._producer.send(
+                    o.topic, o.value, key=o.key, headers=list(o.headers)))
+                self._sent += 1
+                if self._sent == faults.KILL_AFTER_SENDS:
+                    await asyncio.gather(*acks)
+                    faults.die()
         await asyncio.gather(*acks)
 
     def on_stop(self) -> None:

@@ -73,9 +73,10 @@ class StageActor(ReportingActor):
         elif isinstance(message, LogStats):
             log.info("stats %s", dict(sorted(self._totals.items())))
         elif isinstance(message, Flush):
-            snapshot = self._snapshot()
-            if snapshot is not None:
-                self._persistence.ask(snapshot)
+            # Always ask, even with nothing new: the answer then also waits for
+            # snapshots told earlier and still being written (FIFO mailbox).
+            snapshot = self._snapshot() or Snapshot([], dict(self._processed), {})
+            self._persistence.ask(snapshot)
             return dict(self._processed)
         elif isinstance(message, Forget):
             self._runner.forget()

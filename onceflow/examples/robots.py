@@ -50,6 +50,23 @@ def count(state: Counts, fastening: Fastening) -> Counts:
     return {"ok": state["ok"], "failed": state["failed"] + 1}
 
 
+def outcome_of(fastening: Fastening) -> str:
+    return "ok" if fastening.ok else "failed"
+
+
+def tally(total: int, fastening: Fastening) -> int:
+    return total + 1
+
+
+def build_fleet(topic: str, store: str = "redis") -> Pipeline:
+    """Fleet-wide ok/failed counts: each key is fed by every root partition."""
+    return (
+        Pipeline("fleet", topics=(topic,), decode=decode_report)
+        .flat_map("fastenings", fastenings)
+        .aggregate("fleet", key=outcome_of, init=int, fold=tally, store=store)
+    )
+
+
 def build(topic: str, store: str = "redis") -> Pipeline:
     return (
         Pipeline("robots", topics=(topic,), decode=decode_report)
@@ -63,3 +80,4 @@ pipeline = build(
     os.environ.get("ONCEFLOW_ROBOTS_TOPIC", "robot-reports"),
     store=os.environ.get("ONCEFLOW_ROBOTS_STORE", "redis"),
 )
+fleet = build_fleet(os.environ.get("ONCEFLOW_ROBOTS_TOPIC", "robot-reports"))

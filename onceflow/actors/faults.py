@@ -1,0 +1,28 @@
+"""Fault injection for tests: kill the process at exact points, set by environment.
+
+Random SIGKILLs prove the common cases; these points make the rare ones
+certain: a crash between persisting two stages, or in the middle of one
+input's fan-out. Unset (the default) they cost one attribute check.
+
+- ``ONCEFLOW_FAULT_KILL_AFTER_SAVE=<stage id>``: SIGKILL right after that
+  stage's states are written, before any other stage of the same snapshot.
+- ``ONCEFLOW_FAULT_UPSTREAM_FIRST=1``: persist upstream stages first (wrong on
+  purpose, to show what the downstream-first order prevents).
+- ``ONCEFLOW_FAULT_KILL_AFTER_SENDS=<n>``: SIGKILL once ``n`` produced records
+  are acknowledged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import NoReturn
+
+KILL_AFTER_SAVE = os.environ.get("ONCEFLOW_FAULT_KILL_AFTER_SAVE") or None
+UPSTREAM_FIRST = os.environ.get("ONCEFLOW_FAULT_UPSTREAM_FIRST") == "1"
+KILL_AFTER_SENDS = int(os.environ.get("ONCEFLOW_FAULT_KILL_AFTER_SENDS") or 0)
+
+
+def die() -> NoReturn:
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise SystemExit(137)  # not reached

@@ -1,0 +1,304 @@
+"""Cassandra state store: one row per state, written with one INSERT.
+
+A row holds the state and its watermarks in one ``value`` blob and the whole
+primary key is the partition key, so every write is one single-partition,
+single-row mutation: atomic and isolated (DESIGN.md inv. 7). A batch of rows
+goes out as concurrent prepared INSERTs, each routed to a replica of its row
+(a multi-partition BATCH would add coordinator work and atomicity no caller
+needs). Only CQL that Cassandra 2.1 and 4/5 share is used::
+
+    CREATE KEYSPACE IF NOT EXISTS "<keyspace>"
+        WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1};
+    CREATE TABLE IF NOT EXISTS "<keyspace>".states (
+        pipeline text, stage text, key text, value blob,
+        PRIMARY KEY ((pipeline, stage, key)));
+    CREATE TABLE IF NOT EXISTS "<keyspace>".stats (
+        pipeline text, name text, value counter,
+        PRIMARY KEY ((pipeline), name));
+
+The keyspace and tables are created on first use only if the cluster's
+schema metadata lacks them, so a schema created ahead of time (recommended
+on multi-node clusters: concurrent CREATE TABLE from several workers on
+different coordinators can disagree) needs no CREATE permission.
+
+Reads see every acknowledged write as long as the consistency level makes
+reads and writes overlap (LOCAL_QUORUM, the default, does within one
+datacenter; the settings refuse levels that do not for the configured
+replication). Write order between successive saves of one key rests on the
+driver's client-side timestamps, which are monotonic within a process; two
+workers on hosts with skewed clocks writing the same key (a rebalance) rely
+on the clocks being closer than the rebalance takes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from cassandra import (
+    ConsistencyLevel,
+    CoordinationFailure,
+    OperationTimedOut,
+    Timeout,
+    Unavailable,
+)
+from cassandra.cluster import (
+    EXEC_PROFILE_DEFAULT,
+    Cluster,
+    ExecutionProfile,
+    NoHostAvailable,
+    Session,
+)
+from cassandra.concurrent import execute_concurrent_with_args
+from cassandra.connection import ConnectionException
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import PreparedStatement, tuple_factory
+
+from onceflow.stores.base import StateStore
+
+__all__ = ["CONSISTENCY_LEVELS", "CassandraStore", "CassandraUnavailable"]
+
+log = logging.getLogger(__name__)
+
+STATES_TABLE = "states"
+STATS_TABLE = "stats"
+#: Levels usable for both reads and writes in 2.1 and 4/5 (ANY cannot read,
+#: SERIAL/LOCAL_SERIAL are for lightweight transactions, EACH_QUORUM reads
+#: need 3.0+).
+CONSISTENCY_LEVELS = ("ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_ONE", "LOCAL_QUORUM")
+SIMPLE_STRATEGY: Mapping[str, str | int] = {"class": "SimpleStrategy", "replication_factor": 1}
+_SCAN_PAGE = 1000
+# What a busy or briefly unreachable cluster raises; retried by the caller.
+_TRANSIENT = (
+    Timeout,  # ReadTimeout, WriteTimeout (coordinator waited for replicas)
+    OperationTimedOut,  # client-side request timeout
+    Unavailable,
+    CoordinationFailure,  # ReadFailure, WriteFailure
+    NoHostAvailable,
+    ConnectionException,
+)
+
+
+class CassandraUnavailable(ConnectionError):
+    """Cassandra did not answer in time or not enough replicas were up; worth retrying.
+
+    A ``ConnectionError`` so that store callers' retry policies treat it as
+    transient; the driver's own exception is the ``__cause__``. A failed
+    ``save`` may have written some of its rows: saving them again is safe.
+    """
+
+
+class CassandraStore(StateStore):
+    """States of one pipeline in one Cassandra keyspace (shared by many pipelines).
+
+    The constructor does no I/O: the first call connects, creates what is
+    missing of the schema and prepares the statements, so a worker starts
+    while Cassandra is still coming up and its first load is retried.
+
+    Args:
+        contact_points: hosts to discover the cluster from.
+        pipeline_id: the pipeline whose rows this store reads and writes.
+        port: the native-protocol (CQL) port.
+        keyspace: lowercase CQL identifier; created if missing.
+        replication: the keyspace's CQL replication map, used only to create it.
+        protocol_version: 0 lets the driver negotiate (fails against 2.1: use 3).
+        local_datacenter: the datacenter to send requests to; None picks the
+            datacenter of the first contact point that answers.
+        consistency: one of :data:`CONSISTENCY_LEVELS`, for reads and writes.
+        connect_timeout: seconds to open a connection.
+        request_timeout: seconds before a request fails client-side.
+        concurrency: most requests in flight per ``save``/``load``.
+    """
+
+    def __init__(
+        self,
+        contact_points: Sequence[str],
+        pipeline_id: str,
+        *,
+        port: int = 9042,
+        keyspace: str = "onceflow",
+        replication: Mapping[str, str | int] = SIMPLE_STRATEGY,
+        protocol_version: int = 0,
+        local_datacenter: str | None = None,
+        consistency: str = "LOCAL_QUORUM",
+        connect_timeout: float = 5.0,
+        request_timeout: float = 10.0,
+        concurrency: int = 128,
+    ) -> None:
+        if consistency not in CONSISTENCY_LEVELS:
+            raise ValueError(f"consistency {consistency!r}: expected one of {CONSISTENCY_LEVELS}")
+        if concurrency < 1:
+            raise ValueError(f"concurrency {concurrency}: expected at least 1")
+        self._pipeline = pipeline_id
+        self._keyspace = keyspace
+        self._replication = dict(replication)
+        self._concurrency = concurrency
+        profile = ExecutionProfile(
+            load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_datacenter)),
+            consistency_level=ConsistencyLevel.name_to_value[consistency],
+            request_timeout=request_timeout,
+            row_factory=tuple_factory,
+        )
+        options: dict[str, Any] = {"protocol_version": protocol_version} if protocol_version else {}
+        self._cluster = Cluster(
+            list(contact_points),
+            port=port,
+            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+            connect_timeout=connect_timeout,
+            control_connection_timeout=max(connect_timeout, 2.0),
+            **options,
+        )
+        self._lock = threading.Lock()
+        self._session: Session | None = None
+        self._statements: _Statements | None = None
+
+    # --- StateStore ---------------------------------------------------------
+
+    def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        if not keys:
+            return {}
+        st = self._ready()
+        results = self._run_all(st.select, [(self._pipeline, stage_id, k) for k in keys])
+        rows: dict[str, bytes] = {}
+        for key, result in zip(keys, results, strict=True):
+            row = result.one()
+            if row is not None:
+                rows[key] = row[0]
+        return rows
+
+    def save(self, stage_id: str, rows: Mapping[str, bytes]) -> None:
+        if not rows:
+            return
+        st = self._ready()
+        self._run_all(st.insert, [(self._pipeline, stage_id, k, v) for k, v in rows.items()])
+
+    def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
+        """Every row of ``stage_id``, paging through the whole table.
+
+        The partition key is the whole primary key, so Cassandra cannot
+        select one pipeline's stage without reading every partition; rows of
+        other pipelines and stages are read and dropped here. Correct, not
+        fast: for verification; analytics split the table by token range.
+        """
+        for pipeline, stage, key, value in self._run(self._ready().scan, ()):
+            if pipeline == self._pipeline and stage == stage_id:
+                yield key, value
+
+    def add_stats(self, counters: Mapping[str, int]) -> None:
+        """Add the non-zero counters; on a transient failure log and drop them.
+
+        A counter increment that timed out may still have been applied, so
+        trying again could count twice; dropping keeps the counters lower
+        bounds, which is all the stats promise.
+        """
+        params = [(amount, self._pipeline, name) for name, amount in counters.items() if amount]
+        if not params:
+            return
+        try:
+            self._run_all(self._ready().increment, params)
+        except CassandraUnavailable as error:
+            log.warning("stats not recorded (%s): %s", error, dict(counters))
+
+    def read_stats(self) -> dict[str, int]:
+        rows = self._run(self._ready().stats, (self._pipeline,))
+        return {name: int(value) for name, value in rows}
+
+    def close(self) -> None:
+        self._cluster.shutdown()
+
+    # --- connection, schema, statements -------------------------------------
+
+    def _ready(self) -> _Statements:
+        """Connect, create what is missing of the schema, prepare the statements; once."""
+        with self._lock:
+            if self._statements is None:
+                try:
+                    if self._session is None:
+                        self._session = self._cluster.connect()
+                    create_schema(self._session, self._keyspace, self._replication)
+                    self._statements = _Statements(self._session, self._keyspace)
+                except _TRANSIENT as error:
+                    raise CassandraUnavailable(f"cannot set up Cassandra: {error!r}") from error
+            return self._statements
+
+    def _run_all(self, statement: PreparedStatement, params: list[tuple[Any, ...]]) -> list[Any]:
+        """Run ``statement`` once per parameter tuple, in parallel; raise if any run failed.
+
+        Waits for every request before raising, so nothing of this call is
+        still in flight when the caller retries or moves on.
+        """
+        results = execute_concurrent_with_args(
+            self._session, statement, params,
+            concurrency=min(self._concurrency, len(params)), raise_on_first_error=False,
+        )
+        failures = [result for ok, result in results if not ok]
+        if failures:
+            first = failures[0]
+            message = f"{len(failures)} of {len(params)} requests failed, first: {first!r}"
+            if isinstance(first, _TRANSIENT):
+                raise CassandraUnavailable(message) from first
+            first.add_note(message)
+            raise first
+        return [result for _, result in results]
+
+    def _run(self, statement: PreparedStatement, params: tuple[Any, ...]
+             ) -> Iterator[tuple[Any, ...]]:
+        """Execute one statement, fetching further pages as the rows are consumed."""
+        assert self._session is not None
+        try:
+            yield from self._session.execute(statement, params)
+        except _TRANSIENT as error:
+            raise CassandraUnavailable(repr(error)) from error
+
+
+class _Statements:
+    """The prepared statements of one keyspace."""
+
+    def __init__(self, session: Session, keyspace: str) -> None:
+        states, stats = f'"{keyspace}".{STATES_TABLE}', f'"{keyspace}".{STATS_TABLE}'
+        self.insert = session.prepare(
+            f"INSERT INTO {states} (pipeline, stage, key, value) VALUES (?, ?, ?, ?)"
+        )
+        self.insert.is_idempotent = True  # the same value again: safe to retry
+        self.select = session.prepare(
+            f"SELECT value FROM {states} WHERE pipeline = ? AND stage = ? AND key = ?"
+        )
+        self.select.is_idempotent = True
+        self.scan = session.prepare(f"SELECT pipeline, stage, key, value FROM {states}")
+        self.scan.fetch_size = _SCAN_PAGE
+        self.increment = session.prepare(
+            f"UPDATE {stats} SET value = value + ? WHERE pipeline = ? AND name = ?"
+        )
+        self.stats = session.prepare(f"SELECT name, value FROM {stats} WHERE pipeline = ?")
+
+
+def schema_statements(keyspace: str, replication: Mapping[str, str | int]) -> list[str]:
+    """The CQL that creates the keyspace and both tables (each ``IF NOT EXISTS``)."""
+    options = ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in replication.items())
+    return [
+        f'CREATE KEYSPACE IF NOT EXISTS "{keyspace}" WITH replication = {{{options}}}',
+        f'CREATE TABLE IF NOT EXISTS "{keyspace}".{STATES_TABLE} (pipeline text, stage text, '
+        "key text, value blob, PRIMARY KEY ((pipeline, stage, key)))",
+        f'CREATE TABLE IF NOT EXISTS "{keyspace}".{STATS_TABLE} (pipeline text, name text, '
+        "value counter, PRIMARY KEY ((pipeline), name))",
+    ]
+
+
+def create_schema(session: Session, keyspace: str, replication: Mapping[str, str | int]
+                  ) -> None:
+    """Create the keyspace and tables the cluster's schema metadata lacks."""
+    create_keyspace, create_states, create_stats = schema_statements(keyspace, replication)
+    existing = session.cluster.metadata.keyspaces.get(keyspace)
+    if existing is None:
+        log.info("creating keyspace %r with replication %s", keyspace, dict(replication))
+        session.execute(create_keyspace)
+    tables = set() if existing is None else set(existing.tables)
+    for table, create in ((STATES_TABLE, create_states), (STATS_TABLE, create_stats)):
+        if table not in tables:
+            session.execute(create)  # the driver waits for schema agreement
+
+
+def _literal(value: str | int) -> str:
+    return str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"

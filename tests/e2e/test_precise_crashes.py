@@ -1,0 +1,184 @@
+"""Crashes at exact points (fault injection) and one key fed by every partition.
+
+Each scenario runs real worker processes on the real broker and Redis, then
+compares the stored aggregates with the ground truth from the input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.runtime import harness
+from onceflow.runtime.chaos import expected_windows, stored_windows
+from onceflow.runtime.robot_stream import RobotStream, generate
+from onceflow.runtime.services import ServiceInfo
+from onceflow.stages.state import decode_state
+from onceflow.stores.redis_store import RedisStore
+
+
+class Setup:
+    """Topics, group names and a Redis namespace for one test, plus worker launching."""
+
+    def __init__(self, kafka: ServiceInfo, redis: ServiceInfo, tmp_path: Path,
+                 unique_name: Callable[..., str]):
+        self.bootstrap = kafka.address
+        self.redis_url = f"redis://{redis.address}/0"
+        self.prefix = unique_name("p")
+        self.tmp_path = tmp_path
+        self.unique_name = unique_name
+        self.env = {**os.environ, "ONCEFLOW_ROBOTS_STORE": "redis"}
+
+    def worker(self, name: str, pipeline: str, group: str, faults: Mapping[str, str] = {}
+               ) -> harness.WorkerProcess:
+        settings = {
+            "onceflow.pipeline": pipeline,
+            "onceflow.kafka.bootstrap-servers": self.bootstrap,
+            "onceflow.kafka.group-id": group,
+            "onceflow.stores.redis.url": self.redis_url,
+            "onceflow.stores.redis.key-prefix": self.prefix,
+        }
+        argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
+        process = harness.WorkerProcess(argv, {**self.env, **faults}, self.tmp_path, name)
+        process.start()
+        return process
+
+    def store(self, pipeline_id: str) -> RedisStore:
+        return RedisStore(self.redis_url, self.prefix, pipeline_id)
+
+
+def wait_killed(worker: harness.WorkerProcess, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while worker.exited() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert worker.exited() == -9, f"expected a SIGKILL; see {worker.logs[-1]}"
+
+
+async def drained(bootstrap: str, group: str, topic: str, ends: Mapping[int, int],
+                  worker: harness.WorkerProcess) -> None:
+    async with harness.CommittedOffsets(bootstrap, group) as committed:
+        assert await committed.wait_for(topic, ends, 120, worker), f"see {worker.logs[-1]}"
+
+
+def fastening_events(stream: RobotStream) -> list[tuple[bytes, bytes]]:
+    """The events a republisher would emit, produced directly (no source chain)."""
+    out = []
+    for key, value in stream.messages:
+        report = json.loads(Envelope.FromString(value).payload)
+        for r in report["results"]:
+            payload = json.dumps([report["robot"], r["ok"], r["ts"]]).encode()
+            out.append((key, Envelope(key=report["robot"], payload=payload).SerializeToString()))
+    return out
+
+
+@pytest.mark.parametrize(
+    "upstream_first", [False, True], ids=["downstream-first", "upstream-first"]
+)
+def test_crash_between_persisting_two_stages(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str], upstream_first: bool,
+) -> None:
+    s = Setup(kafka_service, redis_service, tmp_path, unique_name)
+    topic, group = unique_name("events"), unique_name("g")
+    s.env["ONCEFLOW_CHAIN_NORMALIZED_TOPIC"] = topic
+    stream = generate(2_000, robots=50, seed=21)
+    asyncio.run(harness.create_topic(s.bootstrap, topic, 2))
+    ends = asyncio.run(harness.produce(s.bootstrap, topic, fastening_events(stream)))
+    first = "per_robot_minute" if upstream_first else "per_robot_day"
+    faults = {"ONCEFLOW_FAULT_KILL_AFTER_SAVE": first,
+              "ONCEFLOW_FAULT_UPSTREAM_FIRST": "1" if upstream_first else ""}
+    # The first flush writes one stage, then the process is SIGKILLed.
+    wait_killed(s.worker("crashing", "onceflow.examples.robot_chain:windows", group, faults))
+    worker = s.worker("aggregator", "onceflow.examples.robot_chain:windows", group)
+    asyncio.run(drained(s.bootstrap, group, topic, ends, worker))
+    assert worker.terminate(10) == 0
+    truth, _ = expected_windows(stream)
+    day, _ = stored_windows(s.store("robots-windows"), "per_robot_day")
+    got, want = sum(day.values(), Counter()), sum(truth["per_robot_day"].values(), Counter())
+    if upstream_first:
+        # The minute stage kept watermarks the daily stage never saw: replays
+        # stop at the minute stage and the daily totals lose them for good.
+        assert sum(want.values()) - sum(got.values()) > 0
+    else:
+        assert day == truth["per_robot_day"]
+        minute, _ = stored_windows(s.store("robots-windows"), "per_robot_minute")
+        assert minute == truth["per_robot_minute"]
+
+
+def test_republisher_killed_in_the_middle_of_one_inputs_fan_out(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    s = Setup(kafka_service, redis_service, tmp_path, unique_name)
+    raw, normalized = unique_name("raw"), unique_name("norm")
+    s.env |= {"ONCEFLOW_CHAIN_RAW_TOPIC": raw, "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": normalized}
+    stream = generate(3_000, robots=100, seed=5)
+    sizes = [len(json.loads(Envelope.FromString(v).payload)["results"])
+             for _, v in stream.messages]
+    record = next(i for i, n in enumerate(sizes) if n >= 4 and i > 100)
+    kill_after = sum(sizes[:record]) + 2  # two of this record's outputs are out, the rest not
+    for topic in (raw, normalized):
+        asyncio.run(harness.create_topic(s.bootstrap, topic, 1))
+    raw_ends = asyncio.run(harness.produce(s.bootstrap, raw, stream.messages))
+    rep_group, agg_group = unique_name("rep"), unique_name("agg")
+    dying = s.worker("republisher", "onceflow.examples.robot_chain:normalize", rep_group,
+                     {"ONCEFLOW_FAULT_KILL_AFTER_SENDS": str(kill_after)})
+    wait_killed(dying)
+    partial = asyncio.run(harness.read_ends(s.bootstrap, normalized, 1))[0]
+    assert partial >= kill_after  # the fan-out really was cut in the middle
+    republisher = s.worker("republisher", "onceflow.examples.robot_chain:normalize", rep_group)
+    aggregator = s.worker("aggregator", "onceflow.examples.robot_chain:windows", agg_group)
+    asyncio.run(drained(s.bootstrap, rep_group, raw, raw_ends, republisher))
+    norm_ends = asyncio.run(harness.read_ends(s.bootstrap, normalized, 1))
+    assert norm_ends[0] > stream.events  # the cut record's outputs (and more) were re-sent
+    asyncio.run(drained(s.bootstrap, agg_group, normalized, norm_ends, aggregator))
+    assert republisher.terminate(10) == 0 and aggregator.terminate(10) == 0
+    truth, _ = expected_windows(stream)
+    store = s.store("robots-windows")
+    for stage in ("per_robot_minute", "per_robot_day"):
+        found, overlaps = stored_windows(store, stage)
+        assert overlaps == 0 and found == truth[stage], stage
+    assert store.read_stats()["per_robot_minute.duplicates"] >= norm_ends[0] - stream.events
+
+
+def test_one_key_fed_by_every_partition_stays_exact_under_replay(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    s = Setup(kafka_service, redis_service, tmp_path, unique_name)
+    topic, group = unique_name("robots"), unique_name("g")
+    s.env["ONCEFLOW_ROBOTS_TOPIC"] = topic
+    stream = generate(20_000, seed=random.SystemRandom().randrange(10**6))
+    asyncio.run(harness.create_topic(s.bootstrap, topic, 4))
+    worker = s.worker("fleet", "onceflow.examples.robots:fleet", group)
+
+    async def produce_while_killing() -> dict[int, int]:
+        producing = asyncio.create_task(harness.produce(s.bootstrap, topic, stream.messages, 12))
+        rng = random.Random()
+        for _ in range(3):
+            await worker.assigned()
+            await asyncio.sleep(rng.uniform(0.3, 2.0))
+            worker.kill()
+            worker.start()
+        return await producing
+
+    ends = asyncio.run(produce_while_killing())
+    asyncio.run(drained(s.bootstrap, group, topic, ends, worker))
+    asyncio.run(worker.assigned())
+    assert worker.terminate(10) == 0
+    store = s.store("fleet")
+    states = {key: decode_state(value) for key, value in store.scan("fleet")}
+    truth = sum(stream.truth.values(), Counter())
+    assert {k: st.value for k, st in states.items()} == {"ok": truth["ok"],
+                                                         "failed": truth["failed"]}
+    assert all(len(st.watermarks) == 4 for st in states.values())  # fed by all 4 partitions
+    assert store.read_stats().get("fleet.duplicates", 0) > 0
