@@ -43,13 +43,14 @@ class StageActor(ReportingActor):
         pipeline: Pipeline,
         stores: Mapping[str, StateStore],
         dead_letter_topic: str,
+        late_events_topic: str,
         producer: pykka.ActorRef[Any],
         persistence: pykka.ActorRef[Any],
         on_fatal: FatalHandler,
     ):
         super().__init__(on_fatal)
         self._stores = stores
-        self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic)
+        self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic, late_events_topic)
         self._producer = producer
         self._persistence = persistence
         self._processed: dict[TopicPartition, int] = {}

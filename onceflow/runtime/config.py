@@ -68,6 +68,7 @@ class KafkaSettings:
     max_poll_records: int
     fetch_max_wait: float
     dead_letter_topic: str
+    late_events_topic: str
 
 
 @dataclass(frozen=True)
@@ -292,6 +293,7 @@ def _build(read: _Reader, source: str) -> Settings:
         max_poll_records=read.integer(k + "max-poll-records", 1, 100_000),
         fetch_max_wait=read.duration(k + "fetch-max-wait", 0, 60),
         dead_letter_topic=read.text(k + "dead-letter-topic", r"[\w.-]{1,249}", "a topic name"),
+        late_events_topic=read.text(k + "late-events-topic", r"[\w.-]{1,249}", "a topic name"),
     )
     if kafka.heartbeat_interval >= kafka.session_timeout:
         raise read.error(

@@ -83,10 +83,10 @@ def packaged_config(name: str) -> Path:
 
 
 def worker_command(config: Path, settings: Mapping[str, str]) -> list[str]:
-    """``python -m onceflow run -c config --set key="value" ...``."""
+    """``python -m onceflow run -c config --set key="value" ...`` (numbers unquoted)."""
     argv = [sys.executable, "-m", "onceflow", "run", "-c", str(config)]
     for key, value in settings.items():
-        argv += ["--set", f'{key}="{value}"']
+        argv += ["--set", f"{key}={value}" if value.isdigit() else f'{key}="{value}"']
     return argv
 
 

@@ -204,6 +204,7 @@ class Worker:
             pipeline=self.pipeline,
             stores=stage_stores,
             dead_letter_topic=s.kafka.dead_letter_topic,
+            late_events_topic=s.kafka.late_events_topic,
             producer=self._producer,
             persistence=self._persistence,
             on_fatal=fatal,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from onceflow.runtime.chaos import ChaosOptions, run_chaos
@@ -32,6 +33,18 @@ def test_chaos_on_redis(kafka_service: ServiceInfo, redis_service: ServiceInfo,
     settings = {"onceflow.stores.redis.url": f"redis://{redis_service.address}/0",
                 "onceflow.stores.redis.key-prefix": f"chaos-{time.time_ns()}"}
     report = run_chaos(ChaosOptions(kills=10, seed=seed, store="redis"),
+                       bootstrap=kafka_service.address, store_settings=settings,
+                       workdir=tmp_path)
+    check(report, f"seed={seed}, logs in {tmp_path}: {report}")
+
+
+def test_chaos_on_cassandra(kafka_service: ServiceInfo, cassandra_service: ServiceInfo,
+                            tmp_path: Path, unique_name: Callable[..., str]) -> None:
+    seed = random.SystemRandom().randrange(1_000_000)
+    settings = {"onceflow.stores.cassandra.contact-points": cassandra_service.host,
+                "onceflow.stores.cassandra.port": str(cassandra_service.port),
+                "onceflow.stores.cassandra.keyspace": unique_name("chaos")}
+    report = run_chaos(ChaosOptions(kills=10, seed=seed, store="cassandra"),
                        bootstrap=kafka_service.address, store_settings=settings,
                        workdir=tmp_path)
     check(report, f"seed={seed}, logs in {tmp_path}: {report}")

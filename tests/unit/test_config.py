@@ -85,6 +85,7 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
             max_poll_records=2000,
             fetch_max_wait=0.1,
             dead_letter_topic="onceflow-dead-letters",
+            late_events_topic="onceflow-late-events",
         ),
         consumer=ConsumerSettings(max_in_flight_batches=4),
         persistence=PersistenceSettings(interval=1.0),
