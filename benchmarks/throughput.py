@@ -9,7 +9,7 @@ Rates count input records from the moment each consumer had its partitions
 until the last record was processed (onceflow: committed offsets reached the
 end, read from the producer's acks). Peak RSS is sampled with psutil.
 
-    python benchmarks/throughput.py [--messages 300000] [--out benchmarks/RESULTS.md]
+    python benchmarks/throughput.py [--messages 300000] [--repeat 3] [--store redis|cassandra]
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from onceflow.actors.loop import EventLoopThread
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.runtime import services
-from onceflow.runtime.demo import redis_settings
 from onceflow.runtime.harness import packaged_config, worker_command
 from onceflow.runtime.robot_stream import generate
 
@@ -128,15 +127,16 @@ class CommitWatcher:
         self._io.stop()
 
 
-def measure_onceflow(bootstrap: str, redis_url: str, topic: str, ends: dict[int, int],
+def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: dict[int, int],
                      events: int, workdir: Path) -> dict[str, float]:
     group = f"bench-{topic}-{time.monotonic_ns()}"
-    argv = worker_command(packaged_config("demo.conf"),
-                          redis_settings(bootstrap, redis_url, group, group))
+    settings = {"onceflow.kafka.bootstrap-servers": bootstrap, "onceflow.kafka.group-id": group,
+                **{k: v.replace("{group}", group) for k, v in store.items() if k != "kind"}}
+    argv = worker_command(packaged_config("demo.conf"), settings)
     argv += [*EXTRA, "--set", "onceflow.persistence.interval=250ms",
              "--set", "onceflow.commit.interval=250ms"]
     log = workdir / "worker.log"
-    env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}
+    env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic, "ONCEFLOW_ROBOTS_STORE": store["kind"]}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     total = sum(ends.values())
@@ -159,11 +159,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each path")
+    parser.add_argument("--store", choices=("redis", "cassandra"), default="redis")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-bench-"))
     kafka = services.start_tansu(state / "kafka")
-    redis = services.start_redis(state / "redis")
+    if args.store == "redis":
+        db = services.start_redis(state / "redis")
+        store = {"kind": "redis", "onceflow.stores.redis.url": f"redis://{db.address}/0",
+                 "onceflow.stores.redis.key-prefix": "{group}"}
+    else:
+        db = services.start_cassandra(state / "cassandra")
+        store = {"kind": "cassandra", "onceflow.stores.cassandra.contact-points": db.host,
+                 "onceflow.stores.cassandra.port": str(db.port),
+                 "onceflow.stores.cassandra.keyspace": f"bench{int(time.time())}"}
     runs: list[tuple[dict[str, float], dict[str, float]]] = []
     try:
         topic = f"bench-{int(time.time())}"
@@ -172,12 +181,11 @@ def main() -> None:
         ends = produce(kafka.address, topic, stream.messages)
         for _ in range(args.repeat):
             raw = measure_raw(kafka.address, topic, args.messages)
-            full = measure_onceflow(kafka.address, f"redis://{redis.address}/0", topic, ends,
-                                    stream.events, state)
+            full = measure_onceflow(kafka.address, store, topic, ends, stream.events, state)
             runs.append((raw, full))
     finally:
         services.stop(kafka)
-        services.stop(redis)
+        services.stop(db)
     report = render(args, stream.events, runs)
     print(report)
     previous = args.out.read_text() if args.out.exists() else "# Benchmark results\n\n"
@@ -191,12 +199,12 @@ def render(args: argparse.Namespace, events: int,
 
     ratios = sorted(rate(full) / rate(raw) for raw, full in runs)
     lines = [
-        f"## throughput.py, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+        f"## throughput.py --store {args.store}, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         "",
         f"Command: `.venv/bin/python benchmarks/throughput.py --messages {args.messages} "
-        f"--repeat {args.repeat}`  ",
+        f"--repeat {args.repeat} --store {args.store}`  ",
         f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}; Tansu broker and "
-        f"Redis started by the benchmark; {args.messages:,} records ({events:,} fastening "
+        f"{args.store} started by the benchmark; {args.messages:,} records ({events:,} fastening "
         f"events), {PARTITIONS} partitions, 1,000 keys; runs alternate raw / onceflow.",
         "",
         "| run | path | records/s | events/s | seconds | peak RSS MB |",
@@ -204,7 +212,8 @@ def render(args: argparse.Namespace, events: int,
     ]
     for n, (raw, full) in enumerate(runs, 1):
         for name, m in (("raw aiokafka getmany + decode", raw),
-                        ("onceflow full path (flat-map, aggregate, Redis persist, commit)", full)):
+                        (f"onceflow full path (flat-map, aggregate, {args.store} persist, "
+                         "commit)", full)):
             lines.append(f"| {n} | {name} | {rate(m):,.0f} | {rate(m, 'events'):,.0f} | "
                          f"{m['seconds']:.2f} | {m['peak_rss_mb']:.0f} |")
     median = ratios[len(ratios) // 2]
