@@ -55,7 +55,7 @@ STAGES = {MINUTE_STAGE: (MINUTE_MS, LATENESS_MS), DAY_STAGE: (DAY_MS, 0)}
 class ChaosOptions:
     messages: int = 30_000
     duration: float = 30.0  # seconds over which the input is produced
-    kills: int = 10  # in all, split at random between the two processes
+    kills: int = 10  # in all, split between the two processes
     seed: int = 1
     store: str = "redis"
     partitions: int = 4
@@ -172,8 +172,12 @@ class _Chaos:
         producing = asyncio.create_task(
             produce(self.bootstrap, self.raw, stream.messages, self.o.duration, raw_ends))
         rng = random.Random(self.o.seed)
-        victims = [rng.choice(sorted(self.workers)) for _ in range(self.o.kills)]
-        await asyncio.gather(*(self._kill_loop(name, victims.count(name), rng.random())
+        # Each process gets half the kills (one more for a random one if odd),
+        # struck at its own random moments.
+        names = sorted(self.workers)
+        rng.shuffle(names)
+        shares = {name: self.o.kills // 2 + (i < self.o.kills % 2) for i, name in enumerate(names)}
+        await asyncio.gather(*(self._kill_loop(name, shares[name], rng.random())
                                for name in self.workers))
         await producing
         self.report.caught_up = await self._drain(raw_ends)
