@@ -34,7 +34,7 @@ def retrying(what: str, call: Callable[[], T], give_up_after: float = 300.0) -> 
     """Run ``call``, retrying transient failures with backoff for up to ``give_up_after`` s."""
     wrapped = tenacity_retry(
         retry=retry_if_exception(_transient),
-        wait=wait_exponential_jitter(initial=0.1, max=5.0),
+        wait=wait_exponential_jitter(multiplier=0.1, max=5.0),
         stop=stop_after_delay(give_up_after),
         before_sleep=before_sleep_log(log, logging.WARNING),
         reraise=True,

@@ -1,0 +1,257 @@
+"""Supervisor: restart policies, a restart budget and backoff, on top of pykka.
+
+pykka has no supervision, so children report failures to the supervisor
+(through the ``on_fatal`` handler they are started with), and the
+supervisor restarts them by policy:
+
+- ``one_for_one``: only the failed child;
+- ``one_for_all``: every child (the worker's choice for its pipeline: the
+  actors hold in-memory state and positions that only make sense together);
+- ``rest_for_one``: the failed child and those started after it.
+
+Restarts wait an exponential backoff with jitter (tenacity); more than
+``max_restarts`` within ``within`` seconds exhausts the budget and the
+supervisor escalates: every child is stopped and ``on_escalate`` is called.
+
+Each child moves through an explicit state machine (``TRANSITIONS``):
+
+    (new) -> STARTING -> RUNNING -> BACKING_OFF -> STARTING -> ...
+    any live state -> STOPPED (asked to stop)  |  -> FAILED (budget exhausted)
+
+Thread: the supervisor is a pykka actor; failures and timer ticks arrive as
+messages, so its bookkeeping needs no locks.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+import pykka
+from tenacity import RetryCallState, wait_exponential_jitter
+
+from onceflow.actors.base import FatalHandler
+
+log = logging.getLogger(__name__)
+
+
+class Policy(StrEnum):
+    ONE_FOR_ONE = "one_for_one"
+    ONE_FOR_ALL = "one_for_all"
+    REST_FOR_ONE = "rest_for_one"
+
+
+class ChildState(StrEnum):
+    STARTING = "starting"
+    RUNNING = "running"
+    BACKING_OFF = "backing_off"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+TRANSITIONS: dict[ChildState, frozenset[ChildState]] = {
+    ChildState.STARTING: frozenset({ChildState.RUNNING, ChildState.BACKING_OFF,
+                                    ChildState.STOPPED, ChildState.FAILED}),
+    ChildState.RUNNING: frozenset({ChildState.BACKING_OFF, ChildState.STOPPED,
+                                   ChildState.FAILED}),
+    ChildState.BACKING_OFF: frozenset({ChildState.STARTING, ChildState.STOPPED,
+                                       ChildState.FAILED}),
+    ChildState.STOPPED: frozenset(),
+    ChildState.FAILED: frozenset(),
+}
+
+
+class Child(Protocol):
+    """What a child's start function returns: something that can be stopped."""
+
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    name: str
+    start: Callable[[FatalHandler], Child]
+
+
+@dataclass(frozen=True)
+class RestartSettings:
+    policy: Policy = Policy.ONE_FOR_ALL
+    max_restarts: int = 5
+    within: float = 60.0
+    backoff_initial: float = 1.0
+    backoff_max: float = 30.0
+    backoff_jitter: float = 1.0
+
+
+@dataclass(frozen=True)
+class _Failed:
+    name: str
+    generation: int
+    error: BaseException
+
+
+@dataclass(frozen=True)
+class _Restart:
+    names: tuple[str, ...]
+    generation: int
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+class _Slot:
+    """One child's live instance and bookkeeping."""
+
+    def __init__(self, spec: ChildSpec):
+        self.spec = spec
+        self.state: ChildState | None = None  # not started yet
+        self.instance: Child | None = None
+        self.generation = 0
+        self.restarts = 0
+
+    def move(self, to: ChildState) -> None:
+        allowed = {ChildState.STARTING} if self.state is None else TRANSITIONS[self.state]
+        if to not in allowed:
+            raise RuntimeError(f"child {self.spec.name}: {self.state} -> {to} not allowed")
+        self.state = to
+
+
+class Supervisor(pykka.ThreadingActor):
+    def __init__(
+        self,
+        specs: Sequence[ChildSpec],
+        settings: RestartSettings,
+        on_escalate: Callable[[str, BaseException], None],
+    ):
+        super().__init__()
+        self._slots = [_Slot(spec) for spec in specs]
+        self._settings = settings
+        self._on_escalate = on_escalate
+        self._history: collections.deque[float] = collections.deque()
+        self._attempt = 0
+        self._timers: list[threading.Timer] = []
+
+    def on_start(self) -> None:
+        for slot in self._slots:
+            self._start(slot)
+
+    def states(self) -> dict[str, ChildState | None]:
+        return {slot.spec.name: slot.state for slot in self._slots}
+
+    def restarts(self) -> dict[str, int]:
+        return {slot.spec.name: slot.restarts for slot in self._slots}
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, _Failed):
+            self._failed(message)
+        elif isinstance(message, _Restart):
+            for slot in self._slots:
+                if slot.spec.name in message.names and slot.state is ChildState.BACKING_OFF:
+                    self._start(slot)
+        elif isinstance(message, _Stop):
+            self._stop_all(ChildState.STOPPED)
+        return None
+
+    def on_stop(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+
+    def _start(self, slot: _Slot) -> None:
+        slot.move(ChildState.STARTING)
+        slot.generation += 1
+        generation, me = slot.generation, self.actor_ref
+
+        def report(who: str, error: BaseException) -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                me.tell(_Failed(slot.spec.name, generation, error))
+
+        try:
+            slot.instance = slot.spec.start(report)
+        except Exception as error:
+            self._failed(_Failed(slot.spec.name, generation, error))
+            return
+        if slot.state is ChildState.STARTING:
+            slot.move(ChildState.RUNNING)
+
+    def _failed(self, failure: _Failed) -> None:
+        slot = next(s for s in self._slots if s.spec.name == failure.name)
+        live = (ChildState.STARTING, ChildState.RUNNING)
+        if failure.generation != slot.generation or slot.state not in live:
+            return  # a stale report from an instance already being replaced
+        log.error("child %s failed: %r", slot.spec.name, failure.error)
+        now = time.monotonic()
+        self._history.append(now)
+        while self._history and now - self._history[0] > self._settings.within:
+            self._history.popleft()
+        if len(self._history) > self._settings.max_restarts:
+            log.error("restart budget exhausted (%d in %.0fs): escalating",
+                      self._settings.max_restarts, self._settings.within)
+            self._stop_all(ChildState.FAILED)
+            self._on_escalate(slot.spec.name, failure.error)
+            return
+        affected = self._affected(slot)
+        for victim in reversed(affected):
+            self._stop_instance(victim)
+            victim.move(ChildState.BACKING_OFF)
+            victim.restarts += 1
+        self._attempt += 1
+        delay = self._backoff(self._attempt)
+        log.warning("restarting %s in %.2fs (policy %s)", [s.spec.name for s in affected],
+                    delay, self._settings.policy)
+        timer = threading.Timer(delay, self._tell_restart,
+                                (tuple(s.spec.name for s in affected), slot.generation))
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def _tell_restart(self, names: tuple[str, ...], generation: int) -> None:
+        with contextlib.suppress(pykka.ActorDeadError):
+            self.actor_ref.tell(_Restart(names, generation))
+
+    def _affected(self, slot: _Slot) -> list[_Slot]:
+        policy = self._settings.policy
+        if policy is Policy.ONE_FOR_ONE:
+            return [slot]
+        if policy is Policy.ONE_FOR_ALL:
+            return [s for s in self._slots if s.state is not ChildState.BACKING_OFF]
+        index = self._slots.index(slot)
+        return [s for s in self._slots[index:] if s.state is not ChildState.BACKING_OFF]
+
+    def _backoff(self, attempt: int) -> float:
+        s = self._settings
+        wait = wait_exponential_jitter(multiplier=s.backoff_initial, max=s.backoff_max,
+                                       jitter=s.backoff_jitter)
+        state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
+        state.attempt_number = attempt
+        return float(wait(state))
+
+    def _stop_all(self, final: ChildState) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        for slot in reversed(self._slots):
+            if slot.state in (None, ChildState.STOPPED, ChildState.FAILED):
+                continue
+            self._stop_instance(slot)
+            slot.move(final)
+
+    @staticmethod
+    def _stop_instance(slot: _Slot) -> None:
+        if slot.instance is not None:
+            try:
+                slot.instance.stop()
+            except Exception as error:  # stopping a broken child must not stop the rest
+                log.warning("stopping %s: %r", slot.spec.name, error)
+            slot.instance = None
+
+    def stop_children(self) -> None:
+        """Stop every child (used by a graceful shutdown); answers when done."""
+        self._stop_all(ChildState.STOPPED)

@@ -1,0 +1,135 @@
+"""Supervisor policies, backoff, budget and the child state machine (no network)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pykka
+import pytest
+
+from onceflow.actors.base import FatalHandler
+from onceflow.actors.supervisor import (
+    ChildSpec,
+    ChildState,
+    Policy,
+    RestartSettings,
+    Supervisor,
+    _Slot,
+)
+
+
+class Fake:
+    """A child kind: counts starts and stops, and can be made to fail."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.starts: list[float] = []
+        self.stops = 0
+        self.report: FatalHandler | None = None
+
+    def start(self, report: FatalHandler) -> Fake:
+        self.starts.append(time.monotonic())
+        self.report = report
+        return self
+
+    def stop(self) -> None:
+        self.stops += 1
+
+    def fail(self) -> None:
+        assert self.report is not None
+        self.report(self.name, RuntimeError(f"{self.name} broke"))
+
+
+@pytest.fixture(autouse=True)
+def _stop_actors() -> Iterator[None]:
+    yield
+    pykka.ActorRegistry.stop_all()
+
+
+def supervise(policy: Policy, max_restarts: int = 5, initial: float = 0.01
+              ) -> tuple[pykka.ActorProxy[Supervisor], dict[str, Fake], list[str]]:
+    fakes = {name: Fake(name) for name in ("a", "b", "c")}
+    escalated: list[str] = []
+    settings = RestartSettings(policy=policy, max_restarts=max_restarts, within=60,
+                               backoff_initial=initial, backoff_max=1.0, backoff_jitter=0)
+    ref = Supervisor.start([ChildSpec(n, f.start) for n, f in fakes.items()], settings,
+                           lambda name, error: escalated.append(name))
+    return ref.proxy(), fakes, escalated
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize(("policy", "restarted"), [
+    (Policy.ONE_FOR_ONE, {"b"}),
+    (Policy.ONE_FOR_ALL, {"a", "b", "c"}),
+    (Policy.REST_FOR_ONE, {"b", "c"}),
+])
+def test_policy_decides_which_children_restart(policy: Policy, restarted: set[str]) -> None:
+    sup, fakes, _ = supervise(policy)
+    wait_until(lambda: all(s == ChildState.RUNNING for s in sup.states().get().values()))
+    fakes["b"].fail()
+    wait_until(lambda: sum(sup.restarts().get().values()) == len(restarted)
+               and all(s == ChildState.RUNNING for s in sup.states().get().values()))
+    assert {n for n, f in fakes.items() if len(f.starts) == 2} == restarted
+    assert {n for n, f in fakes.items() if f.stops == 1} == restarted
+
+
+def test_restart_delays_grow() -> None:
+    sup, fakes, _ = supervise(Policy.ONE_FOR_ONE, max_restarts=10, initial=0.05)
+    a = fakes["a"]
+    for n in range(1, 5):
+        wait_until(lambda n=n: len(a.starts) == n and sup.states().get()["a"] == "running")
+        failed_at = time.monotonic()
+        a.fail()
+        wait_until(lambda n=n: len(a.starts) == n + 1)
+        a.starts[-1] -= failed_at  # keep only the delay
+    delays = a.starts[1:]
+    assert delays == sorted(delays) and delays[-1] > 3 * delays[0], delays
+
+
+def test_budget_exhausted_escalates_and_fails_every_child() -> None:
+    sup, fakes, escalated = supervise(Policy.ONE_FOR_ALL, max_restarts=2)
+    for n in range(1, 4):
+        wait_until(lambda n=n: len(fakes["a"].starts) == n
+                   and sup.states().get()["a"] == "running")
+        fakes["a"].fail()
+    wait_until(lambda: escalated == ["a"])
+    assert set(sup.states().get().values()) == {ChildState.FAILED}
+    assert len(fakes["a"].starts) == 3  # the first start and two restarts, no more
+
+
+def test_a_stale_failure_from_a_replaced_instance_is_ignored() -> None:
+    sup, fakes, _ = supervise(Policy.ONE_FOR_ONE)
+    wait_until(lambda: sup.states().get()["a"] == "running")
+    old_report = fakes["a"].report
+    fakes["a"].fail()
+    wait_until(lambda: len(fakes["a"].starts) == 2 and sup.states().get()["a"] == "running")
+    assert old_report is not None
+    old_report("a", RuntimeError("late news from the old instance"))
+    time.sleep(0.2)
+    assert len(fakes["a"].starts) == 2
+
+
+def test_state_machine_refuses_undeclared_transitions() -> None:
+    slot = _Slot(ChildSpec("x", Fake("x").start))
+    with pytest.raises(RuntimeError):
+        slot.move(ChildState.RUNNING)  # must start first
+    slot.move(ChildState.STARTING)
+    slot.move(ChildState.RUNNING)
+    slot.move(ChildState.STOPPED)
+    with pytest.raises(RuntimeError):
+        slot.move(ChildState.STARTING)  # stopped is final
+
+
+def test_stop_children_stops_everything_once() -> None:
+    sup, fakes, _ = supervise(Policy.ONE_FOR_ALL)
+    wait_until(lambda: all(s == "running" for s in sup.states().get().values()))
+    sup.stop_children().get()
+    assert [f.stops for f in fakes.values()] == [1, 1, 1]
+    assert set(sup.states().get().values()) == {ChildState.STOPPED}
