@@ -91,7 +91,11 @@ class ConsumerActor(ReportingActor):
                 self._in_flight += 1
                 if self._in_flight >= self._max_in_flight:
                     self._room.clear()
-                self._stage.tell(Batch(records, self.actor_ref))
+                try:
+                    self._stage.tell(Batch(records, self.actor_ref))
+                except pykka.ActorDeadError:
+                    log.warning("stage is gone (its failure is being handled): fetch stops")
+                    return
 
     def _fetch_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -143,7 +147,11 @@ class ConsumerActor(ReportingActor):
             return
         loop = asyncio.get_running_loop()
         lost = frozenset((tp.topic, tp.partition) for tp in revoked)
-        await loop.run_in_executor(None, lambda: self._stage.ask(Flush()))
+        try:
+            await loop.run_in_executor(None, lambda: self._stage.ask(Flush()))
+        except pykka.ActorDeadError:
+            log.warning("partitions revoked while the stage is down: nothing more committed")
+            return
         await loop.run_in_executor(None, lambda: self._commit.ask(CommitNow()))
         await loop.run_in_executor(None, lambda: self._stage.ask(Forget(lost)))
         await loop.run_in_executor(None, lambda: self._commit.ask(Forget(lost)))

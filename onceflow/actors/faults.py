@@ -8,8 +8,14 @@ input's fan-out. Unset (the default) they cost one attribute check.
   stage's states are written, before any other stage of the same snapshot.
 - ``ONCEFLOW_FAULT_UPSTREAM_FIRST=1``: persist upstream stages first (wrong on
   purpose, to show what the downstream-first order prevents).
+- ``ONCEFLOW_FAULT_KILL_AFTER_LANDING=1``: SIGKILL right after a snapshot that
+  wrote landing-zone files has written all its states and files, before its
+  offsets can be committed.
 - ``ONCEFLOW_FAULT_KILL_AFTER_SENDS=<n>``: SIGKILL once ``n`` produced records
   are acknowledged.
+- ``ONCEFLOW_FAULT_STAGE_RAISES_ON=<text>``: the stage actor raises on every
+  batch holding a record whose bytes contain ``text``, as a bug in the
+  runtime would: the supervisor restarts it until the budget is gone.
 """
 
 from __future__ import annotations
@@ -20,7 +26,13 @@ from typing import NoReturn
 
 KILL_AFTER_SAVE = os.environ.get("ONCEFLOW_FAULT_KILL_AFTER_SAVE") or None
 UPSTREAM_FIRST = os.environ.get("ONCEFLOW_FAULT_UPSTREAM_FIRST") == "1"
+KILL_AFTER_LANDING = os.environ.get("ONCEFLOW_FAULT_KILL_AFTER_LANDING") == "1"
 KILL_AFTER_SENDS = int(os.environ.get("ONCEFLOW_FAULT_KILL_AFTER_SENDS") or 0)
+STAGE_RAISES_ON = os.environ.get("ONCEFLOW_FAULT_STAGE_RAISES_ON", "").encode()
+
+
+class InjectedFailure(RuntimeError):
+    """Raised where a fault point says so; never caught as a record error."""
 
 
 def die() -> NoReturn:

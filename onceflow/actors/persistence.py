@@ -4,12 +4,18 @@ Thread: the actor's own; store calls block it, retried with backoff. A
 snapshot's offsets become durable only after every state in it is written
 and every record produced before it is acknowledged; then, and only then,
 the commit actor hears of them (DESIGN.md invariants 5 and 6).
+
+With a landing zone, each stage's closed windows are also written as one
+Parquet file, after its history rows and before its states (which no longer
+hold those windows), so a committed offset implies its files exist and a
+crash before the states replays the windows' closing
+(``onceflow.analytics.landing`` explains why that stays idempotent).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import pykka
 
@@ -18,6 +24,13 @@ from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.messages import Barrier, Durable, Snapshot, StageRows
 from onceflow.actors.retry import retrying
 from onceflow.stores.base import StateStore
+
+
+class WindowSink(Protocol):
+    """Where closed windows go besides the store (``onceflow.analytics.landing.LandingZone``)."""
+
+    def write(self, stage_id: str, windows: Mapping[tuple[str, int], bytes],
+              offsets: Mapping[Any, int]) -> object: ...
 
 
 class PersistenceActor(ReportingActor):
@@ -29,21 +42,26 @@ class PersistenceActor(ReportingActor):
         commit: pykka.ActorRef[Any],
         stats_store: StateStore | None,
         on_fatal: FatalHandler,
+        landing: WindowSink | None = None,
     ):
         super().__init__(on_fatal)
         self._stores = stores
         self._producer = producer
         self._commit = commit
         self._stats_store = stats_store
+        self._landing = landing
 
     def on_receive(self, message: Any) -> Any:
         if not isinstance(message, Snapshot):
             raise TypeError(f"PersistenceActor: unexpected message {message!r}")
         order = message.rows if faults.UPSTREAM_FIRST else reversed(message.rows)
+        landed = False
         for rows in order:  # downstream first
-            self._save(self._stores[rows.store], rows)
+            landed |= self._save(self._stores[rows.store], rows, message.offsets)
             if rows.stage_id == faults.KILL_AFTER_SAVE:
                 faults.die()
+        if landed and faults.KILL_AFTER_LANDING:
+            faults.die()
         self._producer.ask(Barrier())
         self._commit.tell(Durable(message.offsets))
         stats = self._stats_store
@@ -51,10 +69,17 @@ class PersistenceActor(ReportingActor):
             retrying("stats", lambda: stats.add_stats(message.stats))
         return message.offsets
 
-    @staticmethod
-    def _save(store: StateStore, rows: StageRows) -> None:
-        """Closed windows first: the states written next no longer hold them."""
+    def _save(self, store: StateStore, rows: StageRows, offsets: Any) -> bool:
+        """Closed windows first (history, then landing file): the states written next no
+        longer hold them. True when a landing file was written."""
+        landing = self._landing
         if rows.closed_windows:
             retrying(f"save history {rows.stage_id}",
                      lambda: store.save_history(rows.stage_id, rows.closed_windows))
+        landed = False
+        if rows.closed_windows and landing is not None:
+            retrying(f"landing {rows.stage_id}",
+                     lambda: landing.write(rows.stage_id, rows.closed_windows, offsets))
+            landed = True
         retrying(f"save {rows.stage_id}", lambda: store.save(rows.stage_id, rows.states))
+        return landed

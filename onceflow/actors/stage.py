@@ -15,6 +15,7 @@ from typing import Any
 
 import pykka
 
+from onceflow.actors import faults
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.messages import (
     Batch,
@@ -89,6 +90,9 @@ class StageActor(ReportingActor):
         return None
 
     def _process(self, records: Sequence[Any]) -> None:
+        poison = faults.STAGE_RAISES_ON
+        if poison and any(poison in (record.value or b"") for record in records):
+            raise faults.InjectedFailure("injected stage failure")
         outcome = self._runner.process(records)
         if outcome.outputs:
             self._producer.tell(Send(outcome.outputs))

@@ -34,17 +34,20 @@ from pyhocon.exceptions import ConfigException
 from pyparsing import ParseBaseException  # what pyhocon raises on bad syntax
 
 __all__ = [
+    "AnalyticsSettings",
     "CassandraReplication",
     "CassandraSettings",
     "CommitSettings",
     "ConfigError",
     "ConsumerSettings",
     "KafkaSettings",
+    "LandingSettings",
     "MetricsSettings",
     "PersistenceSettings",
     "RedisSettings",
     "Settings",
     "ShutdownSettings",
+    "SparkSettings",
     "StoresSettings",
     "load_settings",
     "parse_duration",
@@ -151,10 +154,55 @@ class ShutdownSettings:
 
 
 @dataclass(frozen=True)
+class SupervisionSettings:
+    """``onceflow.supervision``: restart policy, budget and backoff of the actors."""
+
+    policy: str = "one_for_all"
+    max_restarts: int = 5
+    within: float = 60.0
+    backoff_initial: float = 1.0
+    backoff_max: float = 30.0
+    backoff_jitter: float = 1.0
+
+
+@dataclass(frozen=True)
 class MetricsSettings:
     """``onceflow.metrics``."""
 
     stats_interval: float
+
+
+@dataclass(frozen=True)
+class LandingSettings:
+    """``onceflow.landing``: the Parquet landing zone of closed windows (None = off)."""
+
+    dir: str | None = None
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """``onceflow.analytics.spark``: how the analytics jobs build their SparkSession."""
+
+    master: str = "local[*]"
+    app_name: str = "onceflow-analytics"
+    driver_memory: str = "1g"
+    executor_memory: str = "1g"
+    shuffle_partitions: int = 8
+    ui_enabled: bool = True
+    conf: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class AnalyticsSettings:
+    """``onceflow.analytics``: the batch job's parameters and the store readers' splits."""
+
+    spark: SparkSettings = SparkSettings()
+    out: str = "onceflow-analytics"
+    top_n: int = 10
+    anomaly_k: float = 2.0
+    min_events: int = 3
+    cassandra_splits: int = 8
+    redis_shards: int = 8
 
 
 @dataclass(frozen=True)
@@ -170,6 +218,9 @@ class Settings:
     stores: StoresSettings
     shutdown: ShutdownSettings
     metrics: MetricsSettings
+    landing: LandingSettings = LandingSettings()
+    analytics: AnalyticsSettings = AnalyticsSettings()
+    supervision: SupervisionSettings = SupervisionSettings()
 
 
 class ConfigError(Exception):
@@ -226,10 +277,29 @@ def parse_duration(value: object) -> float:
     """
     if isinstance(value, timedelta):
         return value.total_seconds()
+    relative = _relativedelta_seconds(value)
+    if relative is not None:
+        return relative
     match = _DURATION.fullmatch(value) if isinstance(value, str) else None
     if match is None:
         raise ValueError(f"not a duration: {value!r}")
     return float(match[1]) * _UNITS[match[2]]
+
+
+def _relativedelta_seconds(value: object) -> float | None:
+    """Seconds of a ``dateutil.relativedelta`` without months or years, else None.
+
+    pyhocon builds durations as relativedelta instead of timedelta whenever
+    python-dateutil is importable (matplotlib brings it in).
+    """
+    if type(value).__name__ != "relativedelta" or any(
+        getattr(value, name, 1) for name in ("months", "years")
+    ):
+        return None
+    parts = ("days", 86400.0), ("hours", 3600.0), ("minutes", 60.0), ("seconds", 1.0), \
+        ("microseconds", 1e-6)
+    total = sum(float(getattr(value, name, 0)) * size for name, size in parts)
+    return total if total >= 0 else None
 
 
 def load_settings(path: str | Path, overrides: Mapping[str, str] | None = None) -> Settings:
@@ -315,6 +385,68 @@ def _build(read: _Reader, source: str) -> Settings:
         ),
         shutdown=ShutdownSettings(read.duration("onceflow.shutdown.timeout", 0.1, 3600)),
         metrics=MetricsSettings(read.duration("onceflow.metrics.stats-interval", 0.1, 3600)),
+        landing=LandingSettings(None if read.raw("onceflow.landing.dir") is None
+                                else read.text("onceflow.landing.dir")),
+        analytics=_analytics(read),
+        supervision=_supervision(read),
+    )
+
+
+def _supervision(read: _Reader) -> SupervisionSettings:
+    k = "onceflow.supervision."
+    return SupervisionSettings(
+        policy=read.text(k + "policy", r"one_for_one|one_for_all|rest_for_one",
+                         "one of one_for_one, one_for_all, rest_for_one"),
+        max_restarts=read.integer(k + "max-restarts", 0, 1000),
+        within=read.duration(k + "within", 0.1, 86400),
+        backoff_initial=read.duration(k + "backoff.initial", 0.0, 3600),
+        backoff_max=read.duration(k + "backoff.max", 0.0, 3600),
+        backoff_jitter=read.duration(k + "backoff.jitter", 0.0, 3600),
+    )
+
+
+_MEMORY = r"\d+[kmgt]"
+_MEMORY_HINT = "a JVM memory size such as 512m or 2g"
+_MASTER = r"local(\[(\*|\d+)(,\d+)?\])?|(spark|yarn|k8s|mesos)://\S+|yarn"
+_MASTER_HINT = "local, local[N], local[*] or a cluster URL such as spark://host:7077"
+
+
+def _analytics(read: _Reader) -> AnalyticsSettings:
+    a = "onceflow.analytics."
+    s = a + "spark."
+    conf = read.raw(s + "conf")
+    extra: list[tuple[str, str]] = []
+    if conf is not None:
+        if not isinstance(conf, ConfigTree):
+            raise read.error(s + "conf", f"expected an object of Spark settings, got {_show(conf)}")
+        for quoted, value in conf.as_plain_ordered_dict().items():
+            name = quoted.strip('"')
+            if not name.startswith("spark.") or isinstance(value, dict | list) or value is None:
+                raise read.error(f"{s}conf.{quoted}", "expected a spark.* key with a "
+                                 f"string, number or boolean value, got {_show(value)}")
+            extra.append((name, str(value).lower() if isinstance(value, bool) else str(value)))
+    ui = read.raw(s + "ui-enabled")
+    if not isinstance(ui, bool):
+        raise read.error(s + "ui-enabled", f"expected true or false, got {_show(ui)}")
+    k = read.raw(a + "anomaly-k")
+    if isinstance(k, bool) or not isinstance(k, int | float) or not 0 < k <= 100:
+        raise read.error(a + "anomaly-k", f"expected a number in (0, 100], got {_show(k)}")
+    return AnalyticsSettings(
+        spark=SparkSettings(
+            master=read.text(s + "master", _MASTER, _MASTER_HINT),
+            app_name=read.text(s + "app-name"),
+            driver_memory=read.text(s + "driver-memory", _MEMORY, _MEMORY_HINT),
+            executor_memory=read.text(s + "executor-memory", _MEMORY, _MEMORY_HINT),
+            shuffle_partitions=read.integer(s + "shuffle-partitions", 1, 100_000),
+            ui_enabled=ui,
+            conf=tuple(extra),
+        ),
+        out=read.text(a + "out"),
+        top_n=read.integer(a + "top-n", 1, 10_000),
+        anomaly_k=float(k),
+        min_events=read.integer(a + "min-events", 1, 1_000_000),
+        cassandra_splits=read.integer(a + "cassandra-splits", 1, 100_000),
+        redis_shards=read.integer(a + "redis-shards", 1, 256),
     )
 
 
@@ -574,6 +706,9 @@ def _show(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, timedelta):
         return _fmt(value.total_seconds())
+    relative = _relativedelta_seconds(value)
+    if relative is not None:
+        return _fmt(relative)
     if isinstance(value, ConfigTree):
         return "an object"
     if isinstance(value, list):

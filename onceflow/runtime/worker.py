@@ -17,6 +17,7 @@ from typing import Any
 
 import pykka
 
+from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor
 from onceflow.actors.loop import EventLoopThread
@@ -31,6 +32,13 @@ from onceflow.actors.messages import (
 from onceflow.actors.persistence import PersistenceActor
 from onceflow.actors.producer import ProducerActor
 from onceflow.actors.stage import StageActor
+from onceflow.actors.supervisor import (
+    ChildSpec,
+    ChildState,
+    Policy,
+    RestartSettings,
+    Supervisor,
+)
 from onceflow.actors.ticker import Ticker
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.stages.pipeline import Pipeline
@@ -158,60 +166,48 @@ def tune_gc() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
-class Worker:
-    """One pipeline's actors in one process."""
+class PipelineActors:
+    """One incarnation of a pipeline's actors, wired and running.
 
-    def __init__(self, settings: Settings, pipeline: Pipeline):
-        self.settings = settings
-        self.pipeline = pipeline
-        self._stop = threading.Event()
-        self._failure: tuple[str, BaseException] | None = None
-        self._actors: list[pykka.ActorRef[Any]] = []
-        self._tickers: list[Ticker] = []
+    The supervisor starts one, and on a failure stops it and starts a new
+    one (one_for_all): a fresh consumer resumes from the committed offsets
+    and states reload from the store, so nothing processed but not durable
+    survives into the new incarnation, and nothing is lost either.
+    """
 
-    def _fatal(self, who: str, error: BaseException) -> None:
-        if self._failure is None:
-            self._failure = (who, error)
-            log.error("fatal failure in %s: %r", who, error)
-        self._stop.set()
-
-    def request_stop(self) -> None:
-        """Ask for a graceful stop (safe from a signal handler)."""
-        self._stop.set()
-
-    def start(self) -> None:
-        s = self.settings
-        tune_gc()
+    def __init__(self, settings: Settings, pipeline: Pipeline, on_fatal: FatalHandler):
+        s = self.settings = settings
+        self.on_fatal = on_fatal
         self._io = EventLoopThread()
-        stage_stores = open_stores(s, self.pipeline)
-        write_stores = open_stores(s, self.pipeline)
+        self._stores = [open_stores(s, pipeline), open_stores(s, pipeline)]
+        stage_stores, write_stores = self._stores
         # Stats go to the first store the pipeline uses; a stateless republisher has none.
         stats_store = next(iter(write_stores.values()), None)
-        fatal = self._fatal
         start_timeout = s.kafka.request_timeout + 10
         self._producer = ProducerActor.start(
-            options=producer_options(s), io=self._io, start_timeout=start_timeout, on_fatal=fatal
+            options=producer_options(s), io=self._io, start_timeout=start_timeout,
+            on_fatal=on_fatal,
         )
-        self._commit = CommitActor.start(on_fatal=fatal)
+        self._commit = CommitActor.start(on_fatal=on_fatal)
         self._persistence = PersistenceActor.start(
             stores=write_stores,
             producer=self._producer,
             commit=self._commit,
             stats_store=stats_store,
-            on_fatal=fatal,
+            on_fatal=on_fatal,
         )
         self._stage = StageActor.start(
-            pipeline=self.pipeline,
+            pipeline=pipeline,
             stores=stage_stores,
             dead_letter_topic=s.kafka.dead_letter_topic,
             late_events_topic=s.kafka.late_events_topic,
             producer=self._producer,
             persistence=self._persistence,
-            on_fatal=fatal,
+            on_fatal=on_fatal,
         )
         self._consumer = ConsumerActor.start(
             options=consumer_options(s),
-            topics=self.pipeline.topics,
+            topics=pipeline.topics,
             max_in_flight=s.consumer.max_in_flight_batches,
             max_records=s.kafka.max_poll_records,
             poll_timeout=s.kafka.fetch_max_wait + 0.1,
@@ -219,40 +215,99 @@ class Worker:
             io=self._io,
             stage=self._stage,
             commit=self._commit,
-            on_fatal=fatal,
+            on_fatal=on_fatal,
         )
         self._commit.proxy().use_consumer(self._consumer).get()
         # Stop order: consumer first (no new batches), producer last (flushes sends).
-        self._actors = [self._consumer, self._stage, self._persistence, self._commit,
-                        self._producer]
+        self._actors: list[pykka.ActorRef[Any]] = [
+            self._consumer, self._stage, self._persistence, self._commit, self._producer]
         self._tickers = [
             Ticker(self._stage, PersistTick(), s.persistence.interval).start(),
             Ticker(self._commit, CommitTick(), s.commit.interval).start(),
             Ticker(self._stage, LogStats(), s.metrics.stats_interval).start(),
         ]
-        log.info("worker started: pipeline %r on %s", self.pipeline.id, self.pipeline.topics)
+        self._stopped = False
 
-    def run(self) -> int:
-        """Block until a stop is requested or an actor fails; return the exit code."""
-        self._stop.wait()
-        return self.shutdown()
+    def drain(self) -> dict[Any, int]:
+        """Graceful: stop fetching, persist everything processed, commit it."""
+        timeout = self.settings.shutdown.timeout
+        self._consumer.ask(StopFetching(), timeout=timeout)
+        self._stage.ask(Flush(), timeout=timeout)
+        committed: dict[Any, int] = self._commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
+        return committed
 
-    def shutdown(self) -> int:
+    def stop(self) -> None:
+        """Stop every actor; commit only what is already durable (never more)."""
+        if self._stopped:
+            return
+        self._stopped = True
         for ticker in self._tickers:
             ticker.stop()
         timeout = self.settings.shutdown.timeout
-        if self._failure is None:
-            try:
-                self._consumer.ask(StopFetching(), timeout=timeout)
-                self._stage.ask(Flush(), timeout=timeout)
-                committed = self._commit.ask(CommitNow(), timeout=timeout)
-                log.info("stopped: flushed and committed %s", committed)
-            except Exception as error:
-                self._fatal("shutdown", error)
+        try:
+            self._commit.ask(CommitNow(), timeout=timeout)
+        except Exception as error:  # nothing more is committed then; a replay covers it
+            log.warning("final commit of durable offsets failed: %r", error)
         for ref in self._actors:
             try:
                 ref.stop(timeout=timeout)
             except Exception as error:  # a failed actor is already stopped
                 log.debug("stopping %s: %r", ref, error)
         self._io.stop()
+        for stores in self._stores:
+            for store in stores.values():
+                store.close()
+
+
+class Worker:
+    """One pipeline in one process, its actors under a supervisor."""
+
+    def __init__(self, settings: Settings, pipeline: Pipeline):
+        self.settings = settings
+        self.pipeline = pipeline
+        self._stop = threading.Event()
+        self._failure: tuple[str, BaseException] | None = None
+        self._current: PipelineActors | None = None
+        self._supervisor: pykka.ActorRef[Any] | None = None
+
+    def _escalate(self, who: str, error: BaseException) -> None:
+        if self._failure is None:
+            self._failure = (who, error)
+            log.error("supervisor escalated after %s failed: %r", who, error)
+        self._stop.set()
+
+    def request_stop(self) -> None:
+        """Ask for a graceful stop (safe from a signal handler)."""
+        self._stop.set()
+
+    def _start_pipeline(self, report: FatalHandler) -> PipelineActors:
+        self._current = PipelineActors(self.settings, self.pipeline, report)
+        return self._current
+
+    def start(self) -> None:
+        tune_gc()
+        sv = self.settings.supervision
+        restart = RestartSettings(Policy(sv.policy), sv.max_restarts, sv.within,
+                                  sv.backoff_initial, sv.backoff_max, sv.backoff_jitter)
+        self._supervisor = Supervisor.start(
+            [ChildSpec("pipeline", self._start_pipeline)], restart, self._escalate
+        )
+        log.info("worker started: pipeline %r on %s", self.pipeline.id, self.pipeline.topics)
+
+    def run(self) -> int:
+        """Block until a stop is requested or the supervisor escalates; return the exit code."""
+        self._stop.wait()
+        return self.shutdown()
+
+    def shutdown(self) -> int:
+        assert self._supervisor is not None
+        supervisor = self._supervisor.proxy()
+        running = supervisor.states().get().get("pipeline") == ChildState.RUNNING
+        if self._failure is None and running and self._current is not None:
+            try:
+                log.info("stopped: flushed and committed %s", self._current.drain())
+            except Exception as error:
+                self._escalate("shutdown", error)
+        supervisor.stop_children().get()
+        self._supervisor.stop()
         return EXIT_OK if self._failure is None else EXIT_FAILED

@@ -1,0 +1,6 @@
+"""End-to-end tests reuse the integration helpers."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "integration"))

@@ -1,0 +1,78 @@
+"""A stage that keeps failing: supervised restarts with growing delays, then escalation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from helpers import committed, create_topic, produce, start_worker, wait_for_log
+
+from onceflow.runtime.robot_stream import generate
+from onceflow.runtime.services import ServiceInfo
+from onceflow.stages.state import decode_state
+from onceflow.stores.redis_store import RedisStore
+
+RESTART = re.compile(r"restarting \['pipeline'\] in ([\d.]+)s")
+
+
+def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothing(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    redis_url = f"redis://{redis_service.address}/0"
+    create_topic(kafka_service.address, topic, 2)
+    first, second = generate(3_000, robots=200, seed=9), generate(3_000, robots=200, seed=10)
+    first_ends = produce(kafka_service.address, topic, first.messages)
+    supervision = ["--set", "onceflow.supervision.max-restarts=3",
+                   "--set", "onceflow.supervision.backoff.initial=300ms",
+                   "--set", "onceflow.supervision.backoff.jitter=0s"]
+    log = tmp_path / "failing.log"
+    # Records of the second part carry event ids "report-10-...": the stage
+    # fails on every batch holding one, in every incarnation.
+    os.environ["ONCEFLOW_FAULT_STAGE_RAISES_ON"] = "report-10-"
+    try:
+        failing = start_worker(kafka_service.address, redis_url, group, prefix, topic, log,
+                               supervision)
+    finally:
+        del os.environ["ONCEFLOW_FAULT_STAGE_RAISES_ON"]
+    asyncio.run(_wait_committed(kafka_service.address, group, topic, first_ends))
+    ends = produce(kafka_service.address, topic, second.messages)
+    code = failing.wait(timeout=180)
+    text = log.read_text()
+    assert code == 1, text[-3000:]
+    delays = [float(d) for d in RESTART.findall(text)]
+    assert len(delays) == 3, text[-3000:]  # the budget: three restarts, then escalation
+    assert delays == sorted(delays) and delays[-1] >= 2 * delays[0], delays
+    assert "restart budget exhausted" in text
+    # Committed offsets cover what was persisted before the failures, and no more.
+    assert committed(kafka_service.address, group, topic, 2) == first_ends
+
+    # A healthy worker finishes the job from what was committed: exact totals.
+    log2 = tmp_path / "healthy.log"
+    healthy = start_worker(kafka_service.address, redis_url, group, prefix, topic, log2,
+                           ["--set", "onceflow.metrics.stats-interval=200ms"])
+    try:
+        asyncio.run(_wait_committed(kafka_service.address, group, topic, ends))
+        wait_for_log(healthy, log2, "partitions assigned: [(", 30)
+        healthy.terminate()
+        assert healthy.wait(timeout=15) == 0
+    finally:
+        if healthy.poll() is None:
+            healthy.kill()
+    store = RedisStore(redis_url, prefix, "robots")
+    got = {k: decode_state(v).value for k, v in store.scan("per_robot")}
+    truth = {r: first.truth.get(r, Counter()) + second.truth.get(r, Counter())
+             for r in set(first.truth) | set(second.truth)}
+    assert got == {r: {"ok": c["ok"], "failed": c["failed"]} for r, c in truth.items()}
+
+
+async def _wait_committed(bootstrap: str, group: str, topic: str, ends: dict[int, int]) -> None:
+    from onceflow.runtime.harness import CommittedOffsets
+
+    async with CommittedOffsets(bootstrap, group) as offsets:
+        assert await offsets.wait_for(topic, ends, 120)
