@@ -15,6 +15,7 @@ from typing import Any
 import pykka
 from aiokafka.errors import KafkaError
 
+from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.messages import Commit, CommitNow, CommitTick, Durable, Forget
 from onceflow.stages.runner import TopicPartition
@@ -58,4 +59,7 @@ class CommitActor(ReportingActor):
             log.warning("commit of %s failed, will retry: %r", due, error)
             return {}
         self._committed.update(due)
+        for (topic, partition), offset in due.items():
+            metrics.COMMITTED.labels(topic, str(partition)).set(offset)
+        metrics.progressed()
         return due

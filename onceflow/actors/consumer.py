@@ -18,6 +18,7 @@ from typing import Any
 import pykka
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
+from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
@@ -74,6 +75,7 @@ class ConsumerActor(ReportingActor):
         self._room.set()
         self._fetch_task = asyncio.get_running_loop().create_task(self._fetch_forever())
         self._fetch_task.add_done_callback(self._fetch_ended)
+        metrics.STREAM_STARTS.inc()
 
     async def _fetch_forever(self) -> None:
         assert self._consumer is not None and self._room is not None
@@ -87,6 +89,12 @@ class ConsumerActor(ReportingActor):
                 timeout_ms=self._poll_timeout_ms, max_records=self._max_records
             )
             records = [r for recs in batches.values() for r in recs]
+            for tp, recs in batches.items():
+                if recs:
+                    high = consumer.highwater(tp)  # from the fetch, not ListOffsets
+                    if high is not None:
+                        metrics.LAG.labels(tp.topic, str(tp.partition)).set(
+                            high - recs[-1].offset - 1)
             if records:
                 self._in_flight += 1
                 if self._in_flight >= self._max_in_flight:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import pykka
 
-from onceflow.actors import faults
+from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.messages import Barrier, Durable, Snapshot, StageRows
 from onceflow.actors.retry import retrying
@@ -81,5 +81,7 @@ class PersistenceActor(ReportingActor):
             retrying(f"landing {rows.stage_id}",
                      lambda: landing.write(rows.stage_id, rows.closed_windows, offsets))
             landed = True
-        retrying(f"save {rows.stage_id}", lambda: store.save(rows.stage_id, rows.states))
+        with metrics.STORE_SECONDS.labels(type(store).__name__).time():
+            retrying(f"save {rows.stage_id}", lambda: store.save(rows.stage_id, rows.states))
+        metrics.PERSISTED.labels(rows.stage_id).inc(len(rows.states))
         return landed

@@ -15,7 +15,7 @@ from typing import Any
 
 import pykka
 
-from onceflow.actors import faults
+from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.messages import (
     Batch,
@@ -102,6 +102,14 @@ class StageActor(ReportingActor):
         batch.update({f"{stage_id}.folded": n for stage_id, n in outcome.folded.items()})
         batch.update({f"{stage_id}.late": n for stage_id, n in outcome.late.items()})
         self._stats.update(batch)
+        metrics.RECORDS.inc(len(records))
+        metrics.DEAD_LETTERS.inc(outcome.dead_letters)
+        for family, counts in ((metrics.FOLDED, outcome.folded),
+                               (metrics.DUPLICATES, outcome.duplicates),
+                               (metrics.LATE, outcome.late)):
+            for stage_id, n in counts.items():
+                family.labels(stage_id).inc(n)
+        metrics.progressed()
         self._totals.update(batch)
 
     def _snapshot(self) -> Snapshot | None:

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import pykka
 from tenacity import RetryCallState, wait_exponential_jitter
 
+from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
 
 log = logging.getLogger(__name__)
@@ -203,6 +204,7 @@ class Supervisor(pykka.ThreadingActor):
             self._stop_instance(victim)
             victim.move(ChildState.BACKING_OFF)
             victim.restarts += 1
+            metrics.RESTARTS.labels(victim.spec.name).inc()
         self._attempt += 1
         delay = self._backoff(self._attempt)
         log.warning("restarting %s in %.2fs (policy %s)", [s.spec.name for s in affected],

@@ -13,10 +13,12 @@ import gc
 import importlib
 import logging
 import threading
+import time
 from typing import Any
 
 import pykka
 
+from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor
@@ -41,6 +43,7 @@ from onceflow.actors.supervisor import (
 )
 from onceflow.actors.ticker import Ticker
 from onceflow.runtime.config import ConfigError, Settings
+from onceflow.runtime.health import HealthServer
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stores.base import StateStore
 from onceflow.stores.redis_store import RedisStore
@@ -269,6 +272,7 @@ class Worker:
         self._failure: tuple[str, BaseException] | None = None
         self._current: PipelineActors | None = None
         self._supervisor: pykka.ActorRef[Any] | None = None
+        self._http: HealthServer | None = None
 
     def _escalate(self, who: str, error: BaseException) -> None:
         if self._failure is None:
@@ -292,7 +296,35 @@ class Worker:
         self._supervisor = Supervisor.start(
             [ChildSpec("pipeline", self._start_pipeline)], restart, self._escalate
         )
+        m = self.settings.metrics
+        if m.port:
+            self._http = HealthServer(m.host, m.port, self.status).start()
+            log.info("metrics and health on http://%s:%d/", m.host, self._http.port)
         log.info("worker started: pipeline %r on %s", self.pipeline.id, self.pipeline.topics)
+
+    def status(self) -> dict[str, Any]:
+        """What /health reports: per-child state, escalation, progress and lag."""
+        states: dict[str, Any] = {}
+        if self._supervisor is not None:
+            try:
+                states = {k: str(v) for k, v in
+                          self._supervisor.proxy().states().get(timeout=2).items()}
+            except Exception:  # the supervisor is gone: the worker is stopping
+                states = {"pipeline": "stopped"}
+        idle = metrics.seconds_since_progress()
+        lag = metrics.total_lag()
+        stalled = lag > 0 and idle > self.settings.metrics.stall_timeout
+        return {
+            "healthy": self._failure is None and states.get("pipeline") == "running"
+            and not stalled,
+            "pipeline": self.pipeline.id,
+            "children": states,
+            "escalated": None if self._failure is None else
+            f"{self._failure[0]}: {self._failure[1]!r}",
+            "seconds_since_progress": round(idle, 3),
+            "lag": lag,
+            "stalled": stalled,
+        }
 
     def run(self) -> int:
         """Block until a stop is requested or the supervisor escalates; return the exit code."""
@@ -309,5 +341,9 @@ class Worker:
             except Exception as error:
                 self._escalate("shutdown", error)
         supervisor.stop_children().get()
+        if self._failure is not None and self.settings.supervision.escalation_grace:
+            time.sleep(self.settings.supervision.escalation_grace)  # /health says 503 meanwhile
         self._supervisor.stop()
+        if self._http is not None:
+            self._http.stop()
         return EXIT_OK if self._failure is None else EXIT_FAILED

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -12,7 +16,7 @@ from pathlib import Path
 from helpers import committed, create_topic, produce, start_worker, wait_for_log
 
 from onceflow.runtime.robot_stream import generate
-from onceflow.runtime.services import ServiceInfo
+from onceflow.runtime.services import ServiceInfo, free_port
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
@@ -28,9 +32,12 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
     create_topic(kafka_service.address, topic, 2)
     first, second = generate(3_000, robots=200, seed=9), generate(3_000, robots=200, seed=10)
     first_ends = produce(kafka_service.address, topic, first.messages)
+    port = free_port()
     supervision = ["--set", "onceflow.supervision.max-restarts=3",
                    "--set", "onceflow.supervision.backoff.initial=300ms",
-                   "--set", "onceflow.supervision.backoff.jitter=0s"]
+                   "--set", "onceflow.supervision.backoff.jitter=0s",
+                   "--set", "onceflow.supervision.escalation-grace=3s",
+                   "--set", f"onceflow.metrics.port={port}"]
     log = tmp_path / "failing.log"
     # Records of the second part carry event ids "report-10-...": the stage
     # fails on every batch holding one, in every incarnation.
@@ -41,7 +48,30 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
     finally:
         del os.environ["ONCEFLOW_FAULT_STAGE_RAISES_ON"]
     asyncio.run(_wait_committed(kafka_service.address, group, topic, first_ends))
+    health, body = get(port, "/health")
+    assert health == 200 and json.loads(body)["children"] == {"pipeline": "running"}
+    series = get(port, "/metrics")[1]
+    for name in ("onceflow_records_total", "onceflow_folded_total{stage=\"per_robot\"}",
+                 "onceflow_persisted_states_total", "onceflow_committed_offset",
+                 "onceflow_consumer_lag", "onceflow_stream_starts_total 1.0",
+                 "onceflow_store_write_seconds", "onceflow_outbox_records",
+                 "onceflow_duplicates_discarded"):
+        assert name in series, name
     ends = produce(kafka_service.address, topic, second.messages)
+    escalated = False
+    while failing.poll() is None:  # /health turns 503 once the budget is exhausted
+        try:
+            code_, body = get(port, "/health")
+            if code_ == 503 and json.loads(body)["escalated"]:
+                escalated = True
+                metrics_text = get(port, "/metrics")[1]
+                assert 'onceflow_restarts_total{child="pipeline"} 3.0' in metrics_text
+                assert "onceflow_stream_starts_total 4.0" in metrics_text  # re-created 3 times
+                break
+        except OSError:
+            pass
+        time.sleep(0.1)
+    assert escalated  # seen with 503 during the grace period, before the exit
     code = failing.wait(timeout=180)
     text = log.read_text()
     assert code == 1, text[-3000:]
@@ -69,6 +99,14 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
     truth = {r: first.truth.get(r, Counter()) + second.truth.get(r, Counter())
              for r in set(first.truth) | set(second.truth)}
     assert got == {r: {"ok": c["ok"], "failed": c["failed"]} for r, c in truth.items()}
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
 
 
 async def _wait_committed(bootstrap: str, group: str, topic: str, ends: dict[int, int]) -> None:

@@ -1,0 +1,53 @@
+"""The worker's metrics, one registry per process, updated by the actors.
+
+Counters are cumulative over the process's life (across supervised
+restarts), so a restart shows up as a step in ``stream_starts`` and
+``restarts``, not as a reset. ``last_progress`` is the monotonic time at
+which records were last processed or offsets last committed: health turns
+bad when it stops moving while there is lag.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+RECORDS = Counter("onceflow_records", "Records consumed and processed", registry=REGISTRY)
+FOLDED = Counter("onceflow_folded", "Values folded into aggregates", ["stage"], registry=REGISTRY)
+DUPLICATES = Counter("onceflow_duplicates_discarded", "Replayed values discarded", ["stage"],
+                     registry=REGISTRY)
+LATE = Counter("onceflow_late_events", "Values too late for their window", ["stage"],
+               registry=REGISTRY)
+DEAD_LETTERS = Counter("onceflow_dead_letters", "Records sent to the dead-letter topic",
+                       registry=REGISTRY)
+PERSISTED = Counter("onceflow_persisted_states", "State rows written", ["stage"],
+                    registry=REGISTRY)
+STORE_SECONDS = Histogram("onceflow_store_write_seconds", "Time to write one stage's rows",
+                          ["store"], registry=REGISTRY)
+COMMITTED = Gauge("onceflow_committed_offset", "Committed offset (durable low-watermark)",
+                  ["topic", "partition"], registry=REGISTRY)
+LAG = Gauge("onceflow_consumer_lag", "High watermark from the last fetch minus position",
+            ["topic", "partition"], registry=REGISTRY)
+STREAM_STARTS = Counter("onceflow_stream_starts", "Kafka consumer streams (re)created",
+                        registry=REGISTRY)
+RESTARTS = Counter("onceflow_restarts", "Supervised restarts", ["child"], registry=REGISTRY)
+OUTBOX = Gauge("onceflow_outbox_records", "Records waiting in the producer outbox",
+               registry=REGISTRY)
+
+_last_progress = time.monotonic()
+
+
+def progressed() -> None:
+    global _last_progress
+    _last_progress = time.monotonic()
+
+
+def seconds_since_progress() -> float:
+    return time.monotonic() - _last_progress
+
+
+def total_lag() -> float:
+    return sum(sample.value for metric in LAG.collect() for sample in metric.samples)
