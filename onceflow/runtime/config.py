@@ -163,13 +163,17 @@ class SupervisionSettings:
     backoff_initial: float = 1.0
     backoff_max: float = 30.0
     backoff_jitter: float = 1.0
+    escalation_grace: float = 0.0
 
 
 @dataclass(frozen=True)
 class MetricsSettings:
-    """``onceflow.metrics``."""
+    """``onceflow.metrics``: the stats log line and the /metrics + /health endpoint."""
 
     stats_interval: float
+    port: int = 0
+    host: str = "127.0.0.1"
+    stall_timeout: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -384,7 +388,12 @@ def _build(read: _Reader, source: str) -> Settings:
             _cassandra(read),
         ),
         shutdown=ShutdownSettings(read.duration("onceflow.shutdown.timeout", 0.1, 3600)),
-        metrics=MetricsSettings(read.duration("onceflow.metrics.stats-interval", 0.1, 3600)),
+        metrics=MetricsSettings(
+            read.duration("onceflow.metrics.stats-interval", 0.1, 3600),
+            read.integer("onceflow.metrics.port", 0, 65535),
+            read.text("onceflow.metrics.host"),
+            read.duration("onceflow.metrics.stall-timeout", 1, 86400),
+        ),
         landing=LandingSettings(None if read.raw("onceflow.landing.dir") is None
                                 else read.text("onceflow.landing.dir")),
         analytics=_analytics(read),
@@ -402,6 +411,7 @@ def _supervision(read: _Reader) -> SupervisionSettings:
         backoff_initial=read.duration(k + "backoff.initial", 0.0, 3600),
         backoff_max=read.duration(k + "backoff.max", 0.0, 3600),
         backoff_jitter=read.duration(k + "backoff.jitter", 0.0, 3600),
+        escalation_grace=read.duration(k + "escalation-grace", 0.0, 3600),
     )
 
 
@@ -419,10 +429,9 @@ def _analytics(read: _Reader) -> AnalyticsSettings:
     if conf is not None:
         if not isinstance(conf, ConfigTree):
             raise read.error(s + "conf", f"expected an object of Spark settings, got {_show(conf)}")
-        for quoted, value in conf.as_plain_ordered_dict().items():
-            name = quoted.strip('"')
+        for name, value in conf.as_plain_ordered_dict().items():
             if not name.startswith("spark.") or isinstance(value, dict | list) or value is None:
-                raise read.error(f"{s}conf.{quoted}", "expected a spark.* key with a "
+                raise read.error(f'{s}conf."{name}"', "expected a spark.* key with a "
                                  f"string, number or boolean value, got {_show(value)}")
             extra.append((name, str(value).lower() if isinstance(value, bool) else str(value)))
     ui = read.raw(s + "ui-enabled")

@@ -10,17 +10,20 @@ from pathlib import Path
 import pytest
 
 from onceflow.runtime.config import (
+    AnalyticsSettings,
     CassandraReplication,
     CassandraSettings,
     CommitSettings,
     ConfigError,
     ConsumerSettings,
     KafkaSettings,
+    LandingSettings,
     MetricsSettings,
     PersistenceSettings,
     RedisSettings,
     Settings,
     ShutdownSettings,
+    SparkSettings,
     StoresSettings,
     load_settings,
     parse_duration,
@@ -718,3 +721,87 @@ def test_bad_override_is_blamed_on_the_overrides(app_file: AppFile) -> None:
         "<overrides>: onceflow.kafka.bootstrap-servers: "
         "expected one HOCON value, got 'a:1,b:2' (quote it)"
     )
+
+
+# --- landing zone and analytics -----------------------------------------------
+
+
+def test_landing_is_off_and_analytics_has_defaults(app_file: AppFile) -> None:
+    settings = load_settings(app_file(PIPELINE))
+
+    assert settings.landing == LandingSettings(dir=None)
+    assert settings.analytics == AnalyticsSettings()
+    assert settings.analytics.spark.master == "local[*]"
+
+
+def test_analytics_and_landing_from_the_application_file(app_file: AppFile) -> None:
+    path = app_file(PIPELINE + """
+onceflow.landing.dir = "/data/landing"
+onceflow.analytics {
+  spark {
+    master = "spark://spark-master:7077"
+    app-name = fleet
+    driver-memory = 2g
+    executor-memory = 4g
+    shuffle-partitions = 64
+    ui-enabled = false
+    conf { "spark.executor.cores" = 2, "spark.sql.adaptive.enabled" = true }
+  }
+  out = /data/analytics
+  top-n = 5
+  anomaly-k = 3
+  min-events = 10
+  cassandra-splits = 128
+  redis-shards = 16
+}
+""")
+    settings = load_settings(path)
+
+    assert settings.landing == LandingSettings("/data/landing")
+    assert settings.analytics == AnalyticsSettings(
+        spark=SparkSettings(master="spark://spark-master:7077", app_name="fleet",
+                            driver_memory="2g", executor_memory="4g", shuffle_partitions=64,
+                            ui_enabled=False,
+                            conf=(("spark.executor.cores", "2"),
+                                  ("spark.sql.adaptive.enabled", "true"))),
+        out="/data/analytics", top_n=5, anomaly_k=3.0, min_events=10, cassandra_splits=128,
+        redis_shards=16,
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "expected"),
+    [
+        ("onceflow.analytics.spark.master = moon", "onceflow.analytics.spark.master",
+         "expected local, local[N], local[*] or a cluster URL such as spark://host:7077, "
+         "got 'moon'"),
+        ("onceflow.analytics.spark.driver-memory = lots",
+         "onceflow.analytics.spark.driver-memory",
+         "expected a JVM memory size such as 512m or 2g, got 'lots'"),
+        ("onceflow.analytics.spark.ui-enabled = maybe", "onceflow.analytics.spark.ui-enabled",
+         "expected true or false, got 'maybe'"),
+        ('onceflow.analytics.spark.conf { "executor.cores" = 2 }',
+         'onceflow.analytics.spark.conf."executor.cores"',
+         "expected a spark.* key with a string, number or boolean value, got 2"),
+        ("onceflow.analytics.anomaly-k = 0", "onceflow.analytics.anomaly-k",
+         "expected a number in (0, 100], got 0"),
+        ("onceflow.analytics.redis-shards = 300", "onceflow.analytics.redis-shards",
+         "expected an integer in 1..256, got 300"),
+        ("onceflow.landing.dir = 3", "onceflow.landing.dir",
+         "expected a non-empty string, got 3"),
+    ],
+)
+def test_bad_analytics_settings(app_file: AppFile, line: str, key: str, expected: str) -> None:
+    err = error_for(app_file(PIPELINE + line + "\n"))
+
+    assert (err.key, err.expected) == (key, expected)
+
+
+def test_durations_parse_when_dateutil_is_installed() -> None:
+    """pyhocon yields relativedelta instead of timedelta once python-dateutil is importable."""
+    relativedelta = pytest.importorskip("dateutil.relativedelta").relativedelta
+
+    assert parse_duration(relativedelta(seconds=6)) == 6.0
+    assert parse_duration(relativedelta(microseconds=500_000)) == 0.5
+    with pytest.raises(ValueError):
+        parse_duration(relativedelta(months=1))
