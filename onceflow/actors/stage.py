@@ -36,6 +36,9 @@ from onceflow.stores.base import StateStore
 
 log = logging.getLogger(__name__)
 
+# Snapshots that may wait for the store at once before the stage blocks.
+MAX_UNWRITTEN_SNAPSHOTS = 2
+
 
 class StageActor(ReportingActor):
     def __init__(
@@ -58,6 +61,7 @@ class StageActor(ReportingActor):
         self._snapshotted: dict[TopicPartition, int] = {}
         self._stats: Counter[str] = Counter()
         self._totals: Counter[str] = Counter()
+        self._pending: list[pykka.Future[Any]] = []  # snapshots handed over, maybe unwritten
 
     def _load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
         rows = retrying(f"load {spec.id}", lambda: self._stores[spec.store].load(spec.id, keys))
@@ -71,14 +75,16 @@ class StageActor(ReportingActor):
         elif isinstance(message, PersistTick):
             snapshot = self._snapshot()
             if snapshot is not None:
-                self._persistence.tell(snapshot)
+                self._persist(snapshot)
         elif isinstance(message, LogStats):
             log.info("stats %s", dict(sorted(self._totals.items())))
         elif isinstance(message, Flush):
             # Always ask, even with nothing new: the answer then also waits for
             # snapshots told earlier and still being written (FIFO mailbox).
             snapshot = self._snapshot() or Snapshot([], dict(self._processed), {})
-            self._persistence.ask(snapshot)
+            self._persist(snapshot)
+            while self._pending:
+                self._pending.pop(0).get()
             return dict(self._processed)
         elif isinstance(message, Forget):
             self._runner.forget()
@@ -88,6 +94,21 @@ class StageActor(ReportingActor):
         else:
             raise TypeError(f"StageActor: unexpected message {message!r}")
         return None
+
+    def _persist(self, snapshot: Snapshot) -> None:
+        """Hand a snapshot to persistence; block while too many are unwritten.
+
+        Blocking here is the backpressure of a slow or unreachable store: the
+        stage stops taking batches, the consumer reaches its in-flight bound
+        and pauses its partitions, instead of snapshots piling up in memory.
+        A failed write surfaces here and fails the stage (the supervisor
+        restarts the pipeline from what is durable).
+        """
+        while self._pending and _written(self._pending[0]):
+            self._pending.pop(0)
+        self._pending.append(self._persistence.ask(snapshot, block=False))
+        while len(self._pending) > MAX_UNWRITTEN_SNAPSHOTS:
+            self._pending.pop(0).get()
 
     def _process(self, records: Sequence[Any]) -> None:
         poison = faults.STAGE_RAISES_ON
@@ -131,3 +152,12 @@ class StageActor(ReportingActor):
         stats = dict(self._stats)
         self._stats.clear()
         return Snapshot(rows, dict(self._processed), stats)
+
+
+def _written(snapshot: pykka.Future[Any]) -> bool:
+    """True once persistence answered; a failed write re-raises here."""
+    try:
+        snapshot.get(timeout=0)
+    except pykka.Timeout:
+        return False
+    return True

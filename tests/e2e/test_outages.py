@@ -1,0 +1,73 @@
+"""Outages of the services a worker depends on: it waits, retries, and loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from helpers import committed, create_topic
+
+from onceflow.runtime import harness, services
+from onceflow.runtime.robot_stream import generate
+from onceflow.runtime.services import ServiceInfo
+from onceflow.stages.state import decode_state
+from onceflow.stores.redis_store import RedisStore
+
+
+def test_redis_down_for_20s_commits_nothing_meanwhile_then_catches_up_exactly(
+    kafka_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
+) -> None:
+    redis_dir = tmp_path / "redis"
+    redis = services.start_redis(redis_dir)  # private: this test stops it
+    redis_url = f"redis://{redis.address}/0"
+    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    create_topic(kafka_service.address, topic, 4)
+    stream = generate(30_000, seed=13)
+    ends: dict[int, int] = {}
+    producing = threading.Thread(target=lambda: asyncio.run(
+        harness.produce(kafka_service.address, topic, stream.messages, 30, ends)))
+    settings = {"onceflow.pipeline": "onceflow.examples.robots:pipeline",
+                "onceflow.kafka.bootstrap-servers": kafka_service.address,
+                "onceflow.kafka.group-id": group,
+                "onceflow.stores.redis.url": redis_url,
+                "onceflow.stores.redis.key-prefix": prefix}
+    worker = harness.WorkerProcess(
+        harness.worker_command(harness.packaged_config("demo.conf"), settings),
+        {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}, tmp_path)
+    worker.start()
+    try:
+        producing.start()
+        asyncio.run(worker.assigned())
+        time.sleep(5)
+        services.stop(redis)
+        time.sleep(2)  # a commit already on its way may still land
+        during = [committed(kafka_service.address, group, topic, 4)]
+        deadline = time.monotonic() + 18
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            during.append(committed(kafka_service.address, group, topic, 4))
+        assert worker.exited() is None, "the worker must wait for the store, not die"
+        assert all(sample == during[0] for sample in during), during  # no commit advanced
+        redis = services.start_redis(redis_dir, port=redis.port)  # AOF: nothing lost
+        producing.join()
+        assert sum(during[0].values()) < sum(ends.values())
+        asyncio.run(_drained(kafka_service.address, group, topic, ends, worker))
+        assert worker.terminate(10) == 0
+        store = RedisStore(redis_url, prefix, "robots")
+        got = {k: decode_state(v).value for k, v in store.scan("per_robot")}
+        assert got == {r: {"ok": c["ok"], "failed": c["failed"]}
+                       for r, c in stream.truth.items()}
+    finally:
+        if worker.exited() is None:
+            worker.kill()
+        services.stop(redis)
+
+
+async def _drained(bootstrap: str, group: str, topic: str, ends: dict[int, int],
+                   worker: harness.WorkerProcess) -> None:
+    async with harness.CommittedOffsets(bootstrap, group) as offsets:
+        assert await offsets.wait_for(topic, ends, 180, worker), f"see {worker.logs[-1]}"
