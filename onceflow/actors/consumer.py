@@ -13,10 +13,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
 
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
@@ -34,6 +36,19 @@ from onceflow.actors.messages import (
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ConnectionCheck:
+    """Alpakka's connection checker: fail a stream whose broker stopped answering."""
+
+    max_retries: int
+    interval: float
+    backoff_factor: float
+
+
+class ConnectionLost(ConnectionError):
+    """The broker did not answer ``max_retries + 1`` checks in a row."""
+
+
 class ConsumerActor(ReportingActor):
     def __init__(
         self,
@@ -48,8 +63,11 @@ class ConsumerActor(ReportingActor):
         stage: pykka.ActorRef[Any],
         commit: pykka.ActorRef[Any],
         on_fatal: FatalHandler,
+        connection_check: ConnectionCheck | None = None,
     ):
         super().__init__(on_fatal)
+        self._check = connection_check
+        self._checker: asyncio.Task[None] | None = None
         self._options = dict(options)
         self._max_records = max_records
         self._poll_timeout_ms = int(poll_timeout * 1000)
@@ -75,7 +93,27 @@ class ConsumerActor(ReportingActor):
         self._room.set()
         self._fetch_task = asyncio.get_running_loop().create_task(self._fetch_forever())
         self._fetch_task.add_done_callback(self._fetch_ended)
+        if self._check is not None:
+            self._checker = asyncio.get_running_loop().create_task(self._check_connection())
+            self._checker.add_done_callback(self._fetch_ended)
         metrics.STREAM_STARTS.inc()
+
+    async def _check_connection(self) -> None:
+        """Ask for metadata every interval; too many silent failures fail the stream."""
+        assert self._consumer is not None and self._check is not None
+        check, failures, delay = self._check, 0, self._check.interval
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await asyncio.wait_for(self._consumer.topics(), timeout=check.interval)
+            except (TimeoutError, KafkaError) as error:
+                failures += 1
+                log.warning("connection check %d failed: %r", failures, error)
+                if failures > check.max_retries:
+                    raise ConnectionLost(f"broker silent for {failures} checks") from error
+                delay = check.interval * check.backoff_factor ** failures
+            else:
+                failures, delay = 0, check.interval
 
     async def _fetch_forever(self) -> None:
         assert self._consumer is not None and self._room is not None
@@ -135,6 +173,8 @@ class ConsumerActor(ReportingActor):
         return owned
 
     async def _stop_fetching(self) -> None:
+        if self._checker is not None:
+            self._checker.cancel()
         if self._fetch_task is not None:
             self._fetch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -22,7 +22,7 @@ import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib import resources
 from pathlib import Path
@@ -58,6 +58,16 @@ ReplicationClass = Literal["SimpleStrategy", "NetworkTopologyStrategy"]
 
 
 @dataclass(frozen=True)
+class ConnectionCheckerSettings:
+    """``onceflow.kafka.connection-checker``: Alpakka's names and meaning."""
+
+    enable: bool = True
+    max_retries: int = 3
+    check_interval: float = 15.0
+    backoff_factor: float = 2.0
+
+
+@dataclass(frozen=True)
 class KafkaSettings:
     """``onceflow.kafka``: the Kafka client; durations in seconds."""
 
@@ -72,6 +82,8 @@ class KafkaSettings:
     fetch_max_wait: float
     dead_letter_topic: str
     late_events_topic: str
+    connection_checker: ConnectionCheckerSettings = field(
+        default_factory=lambda: ConnectionCheckerSettings())
 
 
 @dataclass(frozen=True)
@@ -368,6 +380,12 @@ def _build(read: _Reader, source: str) -> Settings:
         fetch_max_wait=read.duration(k + "fetch-max-wait", 0, 60),
         dead_letter_topic=read.text(k + "dead-letter-topic", r"[\w.-]{1,249}", "a topic name"),
         late_events_topic=read.text(k + "late-events-topic", r"[\w.-]{1,249}", "a topic name"),
+        connection_checker=ConnectionCheckerSettings(
+            enable=read.boolean(k + "connection-checker.enable"),
+            max_retries=read.integer(k + "connection-checker.max-retries", 0, 1000),
+            check_interval=read.duration(k + "connection-checker.check-interval", 0.1, 3600),
+            backoff_factor=read.number(k + "connection-checker.backoff-factor", 1.0, 100.0),
+        ),
     )
     if kafka.heartbeat_interval >= kafka.session_timeout:
         raise read.error(
@@ -591,6 +609,19 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise self.error(key, f"expected an integer in {low}..{high}, got {_show(value)}")
         return value
+
+    def boolean(self, key: str) -> bool:
+        value = self.raw(key)
+        if not isinstance(value, bool):
+            raise self.error(key, f"expected true or false, got {_show(value)}")
+        return value
+
+    def number(self, key: str, low: float, high: float) -> float:
+        value = self.raw(key)
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not low <= value <= high:
+            raise self.error(key, f"expected a number in {low}..{high}, got {_show(value)}")
+        return float(value)
 
     def duration(self, key: str, low: float, high: float) -> float:
         value = self.raw(key)

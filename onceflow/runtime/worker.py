@@ -21,7 +21,7 @@ import pykka
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
-from onceflow.actors.consumer import ConsumerActor
+from onceflow.actors.consumer import ConnectionCheck, ConsumerActor
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     CommitNow,
@@ -157,6 +157,11 @@ def producer_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+def connection_check(settings: Settings) -> ConnectionCheck | None:
+    c = settings.kafka.connection_checker
+    return ConnectionCheck(c.max_retries, c.check_interval, c.backoff_factor) if c.enable else None
+
+
 def tune_gc() -> None:
     """Fewer collections: a batch keeps thousands of small objects alive at once.
 
@@ -192,12 +197,18 @@ class PipelineActors:
             on_fatal=on_fatal,
         )
         self._commit = CommitActor.start(on_fatal=on_fatal)
+        landing = None
+        if s.landing.dir is not None and write_stores:  # Parquet handoff of closed windows
+            from onceflow.analytics.landing import LandingZone
+
+            landing = LandingZone(s.landing.dir, pipeline.id)
         self._persistence = PersistenceActor.start(
             stores=write_stores,
             producer=self._producer,
             commit=self._commit,
             stats_store=stats_store,
             on_fatal=on_fatal,
+            landing=landing,
         )
         self._stage = StageActor.start(
             pipeline=pipeline,
@@ -219,6 +230,7 @@ class PipelineActors:
             stage=self._stage,
             commit=self._commit,
             on_fatal=on_fatal,
+            connection_check=connection_check(s),
         )
         self._commit.proxy().use_consumer(self._consumer).get()
         # Stop order: consumer first (no new batches), producer last (flushes sends).

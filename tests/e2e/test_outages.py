@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
+import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -71,3 +74,55 @@ async def _drained(bootstrap: str, group: str, topic: str, ends: dict[int, int],
                    worker: harness.WorkerProcess) -> None:
     async with harness.CommittedOffsets(bootstrap, group) as offsets:
         assert await offsets.wait_for(topic, ends, 180, worker), f"see {worker.logs[-1]}"
+
+
+def test_broker_frozen_longer_than_every_timeout_recovers_without_process_restart(
+    redis_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
+) -> None:
+    kafka = services.start_tansu(tmp_path / "kafka")  # private: this test freezes it
+    port = services.free_port()
+    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    redis_url = f"redis://{redis_service.address}/0"
+    create_topic(kafka.address, topic, 4)
+    first, second = generate(10_000, seed=31), generate(10_000, seed=32)
+    settings = {"onceflow.pipeline": "onceflow.examples.robots:pipeline",
+                "onceflow.kafka.bootstrap-servers": kafka.address,
+                "onceflow.kafka.group-id": group,
+                "onceflow.stores.redis.url": redis_url,
+                "onceflow.stores.redis.key-prefix": prefix,
+                "onceflow.kafka.request-timeout": "5s",
+                "onceflow.kafka.connection-checker.check-interval": "2s",
+                "onceflow.kafka.connection-checker.max-retries": "1",
+                "onceflow.supervision.max-restarts": "20",
+                "onceflow.supervision.within": "5m",
+                "onceflow.supervision.backoff.initial": "500ms",
+                "onceflow.supervision.backoff.max": "5s",
+                "onceflow.metrics.port": str(port)}
+    argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
+    worker = harness.WorkerProcess(argv, {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic},
+                                   tmp_path)
+    worker.start()
+    try:
+        ends = asyncio.run(harness.produce(kafka.address, topic, first.messages))
+        asyncio.run(_drained(kafka.address, group, topic, ends, worker))
+        services.freeze(kafka)
+        time.sleep(40)  # past the request timeout, the session timeout and the checker
+        services.thaw(kafka)
+        assert worker.exited() is None, "recovery must happen inside the process"
+        ends = asyncio.run(harness.produce(kafka.address, topic, second.messages))
+        asyncio.run(_drained(kafka.address, group, topic, ends, worker))
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        starts = float(re.search(r"^onceflow_stream_starts_total (\S+)$", text, re.M)[1])
+        assert starts >= 2, text  # the stream was re-created
+        assert worker.terminate(10) == 0
+        store = RedisStore(redis_url, prefix, "robots")
+        got = {k: decode_state(v).value for k, v in store.scan("per_robot")}
+        truth = {r: first.truth.get(r, Counter()) + second.truth.get(r, Counter())
+                 for r in set(first.truth) | set(second.truth)}
+        assert got == {r: {"ok": c["ok"], "failed": c["failed"]} for r, c in truth.items()}
+    finally:
+        services.thaw(kafka)
+        if worker.exited() is None:
+            worker.kill()
+        services.stop(kafka)
