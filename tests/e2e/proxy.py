@@ -1,0 +1,56 @@
+"""A TCP proxy the tests control: forward to a target, cut every connection on demand."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+
+from onceflow.actors.loop import EventLoopThread
+
+
+class CuttableProxy:
+    """Listens on ``port`` and forwards to ``target_port``; ``cut()`` drops all links."""
+
+    def __init__(self, port: int, target_port: int, host: str = "127.0.0.1"):
+        self._io = EventLoopThread("test-proxy")
+        self._host, self._target = host, target_port
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._lock = threading.Lock()
+        self.cuts = 0
+        self._server = self._io.run(asyncio.start_server(self._link, host, port))
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(self._host, self._target)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+        self._writers.discard(writer)
+
+    def cut(self) -> int:
+        """Close every open connection (both sides); returns how many were cut."""
+
+        async def close_all() -> int:
+            writers = list(self._writers)
+            for w in writers:
+                w.transport.abort()
+            self._writers.clear()
+            return len(writers)
+
+        self.cuts += 1
+        return self._io.run(close_all())
+
+    def close(self) -> None:
+        self._server.close()
+        self.cut()
+        self._io.stop()
