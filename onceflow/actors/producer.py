@@ -40,6 +40,7 @@ class ProducerActor(ReportingActor):
         self._pending: list[concurrent.futures.Future[None]] = []
         self._order: asyncio.Lock | None = None
         self._sent = 0
+        self._failed = False
 
     def start_up(self) -> None:
         self._io.run(self._open(), timeout=self._start_timeout)
@@ -52,7 +53,9 @@ class ProducerActor(ReportingActor):
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Send):
             if message.outputs:
-                self._pending.append(self._io.submit(self._send_all(message.outputs)))
+                sending = self._io.submit(self._send_all(message.outputs))
+                sending.add_done_callback(self._note_failure)
+                self._pending.append(sending)
         elif isinstance(message, Barrier):
             pending, self._pending = self._pending, []
             for future in pending:
@@ -82,6 +85,25 @@ class ProducerActor(ReportingActor):
                     faults.die()
         await asyncio.gather(*acks)
 
+    def _note_failure(self, sending: concurrent.futures.Future[None]) -> None:
+        if not sending.cancelled() and sending.exception() is not None:
+            self._failed = True
+
     def on_stop(self) -> None:
+        """Flush if every send so far succeeded; otherwise abort without flushing.
+
+        After a failed delivery, records buffered behind it must never reach
+        the broker: they would overtake the failed ones, which the restarted
+        pipeline re-sends later, and a downstream aggregate would then take
+        the re-sent records for replays.
+        """
         if self._producer is not None:
-            self._io.run(self._producer.stop(), timeout=self._start_timeout)
+            closing = self._abort() if self._failed else self._producer.stop()
+            self._io.run(closing, timeout=self._start_timeout)
+
+    async def _abort(self) -> None:
+        assert self._producer is not None
+        producer: Any = self._producer
+        producer._closed = True  # aiokafka has no public abort: stop its sender unflushed
+        await producer._sender.close()
+        await producer.client.close()

@@ -82,6 +82,7 @@ class KafkaSettings:
     fetch_max_wait: float
     dead_letter_topic: str
     late_events_topic: str
+    delivery_timeout: float = 3600.0
     connection_checker: ConnectionCheckerSettings = field(
         default_factory=lambda: ConnectionCheckerSettings())
 
@@ -380,6 +381,7 @@ def _build(read: _Reader, source: str) -> Settings:
         fetch_max_wait=read.duration(k + "fetch-max-wait", 0, 60),
         dead_letter_topic=read.text(k + "dead-letter-topic", r"[\w.-]{1,249}", "a topic name"),
         late_events_topic=read.text(k + "late-events-topic", r"[\w.-]{1,249}", "a topic name"),
+        delivery_timeout=read.duration(k + "delivery-timeout", 1, 7 * 86400),
         connection_checker=ConnectionCheckerSettings(
             enable=read.boolean(k + "connection-checker.enable"),
             max_retries=read.integer(k + "connection-checker.max-retries", 0, 1000),

@@ -152,7 +152,11 @@ def producer_options(settings: Settings) -> dict[str, Any]:
         "client_id": k.client_id,
         "acks": "all",
         "enable_idempotence": False,
-        "request_timeout_ms": int(k.request_timeout * 1000),
+        # aiokafka uses this both as the produce request timeout and as the
+        # time a record may wait for delivery; giving up early would let later
+        # records overtake it (see ProducerActor.on_stop), so it is the
+        # delivery timeout, long enough to ride out an outage.
+        "request_timeout_ms": int(k.delivery_timeout * 1000),
         "linger_ms": 5,
     }
 

@@ -17,6 +17,7 @@ from helpers import committed, create_topic
 from proxy import CuttableProxy
 
 from onceflow.runtime import harness, services
+from onceflow.runtime.chaos import expected_windows, stored_windows
 from onceflow.runtime.robot_stream import generate
 from onceflow.runtime.services import ServiceInfo
 from onceflow.stages.state import decode_state
@@ -182,4 +183,68 @@ def test_proxy_cutting_every_connection_ten_times_keeps_totals_exact(
                        for r, c in stream.truth.items()}
     finally:
         proxy.close()
+        services.stop(kafka)
+
+
+def test_broker_frozen_while_a_republisher_produces_keeps_every_window_exact(
+    redis_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
+) -> None:
+    kafka = services.start_tansu(tmp_path / "kafka")
+    raw, normalized = unique_name("raw"), unique_name("norm")
+    prefix = unique_name("p")
+    redis_url = f"redis://{redis_service.address}/0"
+    common = {"onceflow.kafka.bootstrap-servers": kafka.address,
+              "onceflow.stores.redis.url": redis_url,
+              "onceflow.stores.redis.key-prefix": prefix,
+              "onceflow.kafka.request-timeout": "5s",
+              "onceflow.kafka.connection-checker.check-interval": "2s",
+              "onceflow.kafka.connection-checker.max-retries": "1",
+              "onceflow.supervision.max-restarts": "20",
+              "onceflow.supervision.within": "5m",
+              "onceflow.supervision.backoff.initial": "500ms",
+              "onceflow.supervision.backoff.max": "5s"}
+    env = {**os.environ, "ONCEFLOW_CHAIN_RAW_TOPIC": raw,
+           "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": normalized, "ONCEFLOW_ROBOTS_STORE": "redis"}
+    groups = {"republisher": unique_name("rep"), "aggregator": unique_name("agg")}
+    pipelines = {"republisher": "onceflow.examples.robot_chain:normalize",
+                 "aggregator": "onceflow.examples.robot_chain:windows"}
+    workers = {
+        name: harness.WorkerProcess(harness.worker_command(
+            harness.packaged_config("demo.conf"),
+            {**common, "onceflow.pipeline": pipelines[name],
+             "onceflow.kafka.group-id": groups[name]}), env, tmp_path, name)
+        for name in pipelines
+    }
+    stream = generate(20_000, seed=51, disorder=0.05)
+    try:
+        for topic in (raw, normalized):
+            create_topic(kafka.address, topic, 4)
+        for worker in workers.values():
+            worker.start()
+        for worker in workers.values():
+            asyncio.run(worker.assigned())
+        raw_ends = asyncio.run(harness.produce(kafka.address, raw, stream.messages))
+        time.sleep(0.3)  # the republisher is producing its ~60k outputs now
+        services.freeze(kafka)
+        time.sleep(20)
+        services.thaw(kafka)
+        asyncio.run(_drained(kafka.address, groups["republisher"], raw, raw_ends,
+                             workers["republisher"]))
+        norm_ends = asyncio.run(harness.read_ends(kafka.address, normalized, 4))
+        asyncio.run(_drained(kafka.address, groups["aggregator"], normalized, norm_ends,
+                             workers["aggregator"]))
+        log = workers["republisher"].logs[-1].read_text()
+        assert "child pipeline failed" in log  # its stream broke and was re-created
+        for worker in workers.values():
+            assert worker.terminate(10) == 0
+        truth, _ = expected_windows(stream)
+        store = RedisStore(redis_url, prefix, "robots-windows")
+        for stage in ("per_robot_minute", "per_robot_day"):
+            found, overlaps = stored_windows(store, stage)
+            assert overlaps == 0 and found == truth[stage], stage
+    finally:
+        services.thaw(kafka)
+        for worker in workers.values():
+            if worker.exited() is None:
+                worker.kill()
         services.stop(kafka)
