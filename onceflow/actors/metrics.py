@@ -34,8 +34,6 @@ LAG = Gauge("onceflow_consumer_lag", "High watermark from the last fetch minus p
 STREAM_STARTS = Counter("onceflow_stream_starts", "Kafka consumer streams (re)created",
                         registry=REGISTRY)
 RESTARTS = Counter("onceflow_restarts", "Supervised restarts", ["child"], registry=REGISTRY)
-OUTBOX = Gauge("onceflow_outbox_records", "Records waiting in the producer outbox",
-               registry=REGISTRY)
 
 _last_progress = time.monotonic()
 
