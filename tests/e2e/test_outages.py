@@ -24,6 +24,20 @@ from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
 
+def quick_recovery(bootstrap: str, redis_url: str, prefix: str) -> dict[str, str]:
+    """Worker settings that notice a silent broker in seconds and restart patiently."""
+    return {"onceflow.kafka.bootstrap-servers": bootstrap,
+            "onceflow.stores.redis.url": redis_url,
+            "onceflow.stores.redis.key-prefix": prefix,
+            "onceflow.kafka.request-timeout": "5s",
+            "onceflow.kafka.connection-checker.check-interval": "2s",
+            "onceflow.kafka.connection-checker.max-retries": "1",
+            "onceflow.supervision.max-restarts": "20",
+            "onceflow.supervision.within": "5m",
+            "onceflow.supervision.backoff.initial": "500ms",
+            "onceflow.supervision.backoff.max": "5s"}
+
+
 def test_redis_down_for_20s_commits_nothing_meanwhile_then_catches_up_exactly(
     kafka_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
 ) -> None:
@@ -88,18 +102,9 @@ def test_broker_frozen_longer_than_every_timeout_recovers_without_process_restar
     redis_url = f"redis://{redis_service.address}/0"
     create_topic(kafka.address, topic, 4)
     first, second = generate(10_000, seed=31), generate(10_000, seed=32)
-    settings = {"onceflow.pipeline": "onceflow.examples.robots:pipeline",
-                "onceflow.kafka.bootstrap-servers": kafka.address,
+    settings = {**quick_recovery(kafka.address, redis_url, prefix),
+                "onceflow.pipeline": "onceflow.examples.robots:pipeline",
                 "onceflow.kafka.group-id": group,
-                "onceflow.stores.redis.url": redis_url,
-                "onceflow.stores.redis.key-prefix": prefix,
-                "onceflow.kafka.request-timeout": "5s",
-                "onceflow.kafka.connection-checker.check-interval": "2s",
-                "onceflow.kafka.connection-checker.max-retries": "1",
-                "onceflow.supervision.max-restarts": "20",
-                "onceflow.supervision.within": "5m",
-                "onceflow.supervision.backoff.initial": "500ms",
-                "onceflow.supervision.backoff.max": "5s",
                 "onceflow.metrics.port": str(port)}
     argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
     worker = harness.WorkerProcess(argv, {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic},
@@ -143,17 +148,9 @@ def test_proxy_cutting_every_connection_ten_times_keeps_totals_exact(
     try:
         create_topic(bootstrap, topic, 4)
         stream = generate(30_000, seed=41)
-        settings = {"onceflow.pipeline": "onceflow.examples.robots:pipeline",
-                    "onceflow.kafka.bootstrap-servers": bootstrap,
-                    "onceflow.kafka.group-id": group,
-                    "onceflow.stores.redis.url": redis_url,
-                    "onceflow.stores.redis.key-prefix": prefix,
-                    "onceflow.kafka.request-timeout": "5s",
-                    "onceflow.kafka.connection-checker.check-interval": "2s",
-                    "onceflow.supervision.max-restarts": "30",
-                    "onceflow.supervision.within": "5m",
-                    "onceflow.supervision.backoff.initial": "200ms",
-                    "onceflow.supervision.backoff.max": "2s"}
+        settings = {**quick_recovery(bootstrap, redis_url, prefix),
+                    "onceflow.pipeline": "onceflow.examples.robots:pipeline",
+                    "onceflow.kafka.group-id": group}
         worker = harness.WorkerProcess(
             harness.worker_command(harness.packaged_config("demo.conf"), settings),
             {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}, tmp_path)
@@ -193,16 +190,7 @@ def test_broker_frozen_while_a_republisher_produces_keeps_every_window_exact(
     raw, normalized = unique_name("raw"), unique_name("norm")
     prefix = unique_name("p")
     redis_url = f"redis://{redis_service.address}/0"
-    common = {"onceflow.kafka.bootstrap-servers": kafka.address,
-              "onceflow.stores.redis.url": redis_url,
-              "onceflow.stores.redis.key-prefix": prefix,
-              "onceflow.kafka.request-timeout": "5s",
-              "onceflow.kafka.connection-checker.check-interval": "2s",
-              "onceflow.kafka.connection-checker.max-retries": "1",
-              "onceflow.supervision.max-restarts": "20",
-              "onceflow.supervision.within": "5m",
-              "onceflow.supervision.backoff.initial": "500ms",
-              "onceflow.supervision.backoff.max": "5s"}
+    common = quick_recovery(kafka.address, redis_url, prefix)
     env = {**os.environ, "ONCEFLOW_CHAIN_RAW_TOPIC": raw,
            "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": normalized, "ONCEFLOW_ROBOTS_STORE": "redis"}
     groups = {"republisher": unique_name("rep"), "aggregator": unique_name("agg")}
