@@ -6,6 +6,8 @@ import asyncio
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -57,6 +59,11 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
                  "onceflow_store_write_seconds",
                  "onceflow_duplicates_discarded"):
         assert name in series, name
+    status = subprocess.run([sys.executable, "-m", "onceflow", "status", "--url",
+                             f"http://127.0.0.1:{port}"], capture_output=True, text=True,
+                            timeout=30, check=False)
+    assert status.returncode == 0, status.stderr
+    assert '"healthy": true' in status.stdout and "onceflow_records_total" in status.stdout
     ends = produce(kafka_service.address, topic, second.messages)
     escalated = False
     while failing.poll() is None:  # /health turns 503 once the budget is exhausted
