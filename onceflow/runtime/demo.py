@@ -228,6 +228,8 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--produce-seconds", type=float, default=defaults.produce_seconds)
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="where services and logs live (default: a new temp dir)")
+    parser.add_argument("--no-analytics", action="store_true",
+                        help="skip the windowed run and the Spark analytics at the end")
     args = parser.parse_args(argv)
     options = DemoOptions(messages=args.messages, kills=args.kills, seed=args.seed,
                           produce_seconds=args.produce_seconds)
@@ -237,14 +239,25 @@ def cli(argv: list[str]) -> int:
     console.print(f"[bold]onceflow demo[/] state and logs in {state}")
     kafka = services.start_tansu(state / "kafka")
     redis = services.start_redis(state / "redis")
+    analytics = None
     try:
         console.print(f"broker {kafka.address}, redis {redis.address}")
         report = run_demo(options, bootstrap=kafka.address,
                           redis_url=f"redis://{redis.address}/0", workdir=state, console=console)
+        console.print(report_table(report))
+        verdict = "[green]exact: lost 0, double 0[/]" if report.exact else "[red]NOT EXACT[/]"
+        console.print(verdict)
+        if report.exact and not args.no_analytics:
+            from onceflow.analytics.demo import run_demo_analytics
+
+            analytics = run_demo_analytics(kafka.address, f"redis://{redis.address}/0",
+                                           state, console, seed=args.seed)
     finally:
         services.stop(kafka)
         services.stop(redis)
-    console.print(report_table(report))
-    verdict = "[green]exact: lost 0, double 0[/]" if report.exact else "[red]NOT EXACT[/]"
-    console.print(verdict)
+    if analytics is not None:
+        console.print(f"[bold]analytics report:[/] {analytics.report}", soft_wrap=True)
+        for name, path in analytics.charts.items():
+            console.print(f"[bold]chart {name}:[/] {path}", soft_wrap=True)
+        console.print(f"tables (Parquet): {analytics.out / 'tables'}", soft_wrap=True)
     return 0 if report.exact else 1
