@@ -104,11 +104,6 @@ class _Restart:
     generation: int
 
 
-@dataclass(frozen=True)
-class _Stop:
-    pass
-
-
 class _Slot:
     """One child's live instance and bookkeeping."""
 
@@ -158,8 +153,6 @@ class Supervisor(pykka.ThreadingActor):
             for slot in self._slots:
                 if slot.spec.name in message.names and slot.state is ChildState.BACKING_OFF:
                     self._start(slot)
-        elif isinstance(message, _Stop):
-            self._stop_all(ChildState.STOPPED)
         return None
 
     def on_stop(self) -> None:

@@ -1,10 +1,12 @@
-"""The worker: wires the actors for one pipeline, runs until told to stop.
+"""The worker: one pipeline's actors under a supervisor, until told to stop.
 
-Start order breaks the reference cycle (consumer -> stage -> persistence ->
-commit -> consumer) at commit -> consumer, which is set last, before any
-tick can reach the commit actor. A graceful stop stops fetching, flushes
-what was processed, commits it and leaves the group; a fatal actor failure
-stops without committing anything more and exits non-zero.
+``PipelineActors`` wires one incarnation of the actors; its start order
+breaks the reference cycle (consumer -> stage -> persistence -> commit ->
+consumer) at commit -> consumer, set before any tick can reach the commit
+actor. The supervisor replaces a failed incarnation (which commits only what
+is already durable) and escalates when its budget is spent: the worker then
+exits 1. A graceful stop (SIGTERM) stops fetching, flushes what was
+processed, commits it, leaves the group and exits 0.
 """
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,5 +72,3 @@ def wait_for_log(proc: subprocess.Popen[bytes], log: Path, needle: str, timeout:
         time.sleep(0.1)
     raise AssertionError(f"{needle!r} not in log after {timeout}s:\n{log.read_text()[-3000:]}")
 
-
-PYTHON = sys.executable
