@@ -23,7 +23,7 @@ from pathlib import Path
 from throughput import PARTITIONS, measure_raw
 
 from onceflow.runtime import harness, services
-from onceflow.runtime.chaos import ChaosOptions, run_chaos
+from onceflow.runtime.chaos import ChaosOptions, run_chaos, start_store
 from onceflow.runtime.robot_stream import generate
 
 HERE = Path(__file__).resolve().parent
@@ -39,15 +39,7 @@ def main() -> None:
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-chaos-bench-"))
     kafka = services.start_tansu(state / "kafka")
-    if args.store == "redis":
-        db = services.start_redis(state / "redis")
-        settings = {"onceflow.stores.redis.url": f"redis://{db.address}/0",
-                    "onceflow.stores.redis.key-prefix": "bench"}
-    else:
-        db = services.start_cassandra(state / "cassandra")
-        settings = {"onceflow.stores.cassandra.contact-points": db.host,
-                    "onceflow.stores.cassandra.port": str(db.port),
-                    "onceflow.stores.cassandra.keyspace": "bench"}
+    db, settings = start_store(args.store, state, "bench")
     try:
         stream = generate(args.messages, seed=args.seed, disorder=0.05)
         baseline = "baseline"

@@ -34,6 +34,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from onceflow.actors.loop import EventLoopThread
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.runtime import services
+from onceflow.runtime.chaos import start_store
 from onceflow.runtime.harness import packaged_config, worker_command
 from onceflow.runtime.robot_stream import generate
 
@@ -164,15 +165,10 @@ def main() -> None:
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-bench-"))
     kafka = services.start_tansu(state / "kafka")
-    if args.store == "redis":
-        db = services.start_redis(state / "redis")
-        store = {"kind": "redis", "onceflow.stores.redis.url": f"redis://{db.address}/0",
-                 "onceflow.stores.redis.key-prefix": "{group}"}
-    else:
-        db = services.start_cassandra(state / "cassandra")
-        store = {"kind": "cassandra", "onceflow.stores.cassandra.contact-points": db.host,
-                 "onceflow.stores.cassandra.port": str(db.port),
-                 "onceflow.stores.cassandra.keyspace": f"bench{int(time.time())}"}
+    # Redis keys are prefixed per run's group; Cassandra gets one keyspace.
+    namespace = "{group}" if args.store == "redis" else f"bench{int(time.time())}"
+    db, store = start_store(args.store, state, namespace)
+    store["kind"] = args.store
     runs: list[tuple[dict[str, float], dict[str, float]]] = []
     try:
         topic = f"bench-{int(time.time())}"

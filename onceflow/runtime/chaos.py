@@ -44,6 +44,7 @@ from onceflow.runtime.harness import (
     worker_command,
 )
 from onceflow.runtime.robot_stream import RobotStream, generate
+from onceflow.runtime.services import ServiceInfo
 from onceflow.stages.state import decode_state
 from onceflow.stores.base import StateStore
 
@@ -286,6 +287,21 @@ def report_table(report: ChaosReport) -> Table:
     return table
 
 
+def start_store(kind: str, state: Path, namespace: str) -> tuple[ServiceInfo, dict[str, str]]:
+    """Start a local Redis or Cassandra and the ``--set`` overrides that point a worker at it.
+
+    ``namespace`` becomes the Redis key prefix or the Cassandra keyspace.
+    """
+    if kind == "redis":
+        redis = services.start_redis(state / "redis")
+        return redis, {"onceflow.stores.redis.url": f"redis://{redis.address}/0",
+                       "onceflow.stores.redis.key-prefix": namespace}
+    cassandra = services.start_cassandra(state / "cassandra")
+    return cassandra, {"onceflow.stores.cassandra.contact-points": cassandra.host,
+                       "onceflow.stores.cassandra.port": str(cassandra.port),
+                       "onceflow.stores.cassandra.keyspace": namespace}
+
+
 def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="onceflow chaos", description=__doc__)
     d = ChaosOptions()
@@ -304,17 +320,8 @@ def cli(argv: list[str]) -> int:
     console.print(f"[bold]onceflow chaos[/] state and logs in {state}")
     started = [services.start_tansu(state / "kafka")]
     try:
-        if args.store == "redis":
-            redis = services.start_redis(state / "redis")
-            started.append(redis)
-            settings = {"onceflow.stores.redis.url": f"redis://{redis.address}/0",
-                        "onceflow.stores.redis.key-prefix": f"chaos-{time.time_ns()}"}
-        else:
-            cassandra = services.start_cassandra(state / "cassandra")
-            started.append(cassandra)
-            settings = {"onceflow.stores.cassandra.contact-points": cassandra.host,
-                        "onceflow.stores.cassandra.port": str(cassandra.port),
-                        "onceflow.stores.cassandra.keyspace": "chaos"}
+        store, settings = start_store(args.store, state, f"chaos{time.time_ns()}")
+        started.append(store)
         report = run_chaos(options, bootstrap=started[0].address, store_settings=settings,
                            workdir=state, console=console)
     finally:

@@ -53,3 +53,14 @@ def generate(messages: int, robots: int = 1000, seed: int = 7, failure_rate: flo
         )
         stream.messages.append((robot.encode(), envelope.SerializeToString()))
     return stream
+
+
+def fastening_events(stream: RobotStream) -> list[tuple[bytes, bytes]]:
+    """The events the robot republisher would emit, one per result (no source chain)."""
+    out = []
+    for key, value in stream.messages:
+        report = json.loads(Envelope.FromString(value).payload)
+        for r in report["results"]:
+            payload = json.dumps([report["robot"], r["ok"], r["ts"]]).encode()
+            out.append((key, Envelope(key=report["robot"], payload=payload).SerializeToString()))
+    return out

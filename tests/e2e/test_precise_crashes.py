@@ -20,7 +20,7 @@ import pytest
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.runtime import harness
 from onceflow.runtime.chaos import expected_windows, stored_windows
-from onceflow.runtime.robot_stream import RobotStream, generate
+from onceflow.runtime.robot_stream import fastening_events, generate
 from onceflow.runtime.services import ServiceInfo
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
@@ -68,16 +68,6 @@ async def drained(bootstrap: str, group: str, topic: str, ends: Mapping[int, int
     async with harness.CommittedOffsets(bootstrap, group) as committed:
         assert await committed.wait_for(topic, ends, 120, worker), f"see {worker.logs[-1]}"
 
-
-def fastening_events(stream: RobotStream) -> list[tuple[bytes, bytes]]:
-    """The events a republisher would emit, produced directly (no source chain)."""
-    out = []
-    for key, value in stream.messages:
-        report = json.loads(Envelope.FromString(value).payload)
-        for r in report["results"]:
-            payload = json.dumps([report["robot"], r["ok"], r["ts"]]).encode()
-            out.append((key, Envelope(key=report["robot"], payload=payload).SerializeToString()))
-    return out
 
 
 @pytest.mark.parametrize(

@@ -18,25 +18,14 @@ from onceflow.analytics.cli import cli as analytics_cli
 from onceflow.analytics.follow import follow_fleet
 from onceflow.analytics.landing import read_landing
 from onceflow.examples.robot_chain import DAY_STAGE, MINUTE_STAGE
-from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.runtime import harness
 from onceflow.runtime.chaos import expected_windows, stored_windows
-from onceflow.runtime.robot_stream import RobotStream, generate
+from onceflow.runtime.robot_stream import fastening_events, generate
 from onceflow.runtime.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
 
 STAGES = (MINUTE_STAGE, DAY_STAGE)
 
-
-def fastening_events(stream: RobotStream) -> list[tuple[bytes, bytes]]:
-    """What the republisher would emit, produced directly (no source chain)."""
-    out = []
-    for key, value in stream.messages:
-        report = json.loads(Envelope.FromString(value).payload)
-        for r in report["results"]:
-            payload = json.dumps([report["robot"], r["ok"], r["ts"]]).encode()
-            out.append((key, Envelope(key=report["robot"], payload=payload).SerializeToString()))
-    return out
 
 
 def wait_killed(worker: harness.WorkerProcess, timeout: float = 60) -> None:
