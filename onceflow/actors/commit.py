@@ -4,12 +4,15 @@ Thread: the actor's own. It only ever learns offsets from the persistence
 actor after their effects are durable, keeps the newest per partition, and
 commits them through the consumer at the commit interval (and on demand at
 rebalance and shutdown). Committing less often than persisting is safe:
-replayed records are discarded by the watermarks.
+replayed records are discarded by the watermarks. While the producer's
+outbox holds undelivered records nothing is committed: their inputs are
+behind them (``onceflow.actors.delivery``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -24,8 +27,9 @@ log = logging.getLogger(__name__)
 
 
 class CommitActor(ReportingActor):
-    def __init__(self, *, on_fatal: FatalHandler):
+    def __init__(self, *, on_fatal: FatalHandler, outboxed: Callable[[], int] = lambda: 0):
         super().__init__(on_fatal)
+        self._outboxed = outboxed
         self._consumer: pykka.ActorRef[Any] | None = None
         self._durable: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
@@ -52,6 +56,10 @@ class CommitActor(ReportingActor):
     def _commit(self) -> dict[TopicPartition, int]:
         due = {tp: o for tp, o in self._durable.items() if self._committed.get(tp) != o}
         if not due or self._consumer is None:
+            return {}
+        held = self._outboxed()
+        if held:
+            log.info("commit held: %d records in the outbox are not delivered yet", held)
             return {}
         try:
             self._consumer.ask(Commit(due))

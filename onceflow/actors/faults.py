@@ -12,7 +12,7 @@ input's fan-out. Unset (the default) they cost one attribute check.
   wrote landing-zone files has written all its states and files, before its
   offsets can be committed.
 - ``ONCEFLOW_FAULT_KILL_AFTER_SENDS=<n>``: SIGKILL once ``n`` produced records
-  are acknowledged.
+  are settled (acknowledged, or in the outbox); records after them are never sent.
 - ``ONCEFLOW_FAULT_STAGE_RAISES_ON=<text>``: the stage actor raises on every
   batch holding a record whose bytes contain ``text``, as a bug in the
   runtime would: the supervisor restarts it until the budget is gone.

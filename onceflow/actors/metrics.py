@@ -33,6 +33,12 @@ LAG = Gauge("onceflow_consumer_lag", "High watermark from the last fetch minus p
             ["topic", "partition"], registry=REGISTRY)
 STREAM_STARTS = Counter("onceflow_stream_starts", "Kafka consumer streams (re)created",
                         registry=REGISTRY)
+OUTBOX = Gauge("onceflow_outbox_records", "Records in the producer outbox, not yet delivered",
+               registry=REGISTRY)
+OUTBOXED = Counter("onceflow_outboxed", "Records written to the outbox after a failed delivery",
+                   registry=REGISTRY)
+PRODUCE_FAILURES = Counter("onceflow_produce_failures", "Failed batch deliveries (each is "
+                           "retried or outboxed)", ["topic"], registry=REGISTRY)
 RESTARTS = Counter("onceflow_restarts", "Supervised restarts", ["child"], registry=REGISTRY)
 
 _last_progress = time.monotonic()

@@ -1,9 +1,10 @@
 """PersistenceActor: writes snapshots to the stores, downstream stages first.
 
 Thread: the actor's own; store calls block it, retried with backoff. A
-snapshot's offsets become durable only after every state in it is written
-and every record produced before it is acknowledged; then, and only then,
-the commit actor hears of them (DESIGN.md invariants 5 and 6).
+snapshot's offsets become durable only after every record produced before
+it is settled (acknowledged, or in the outbox) and then every state in it is
+written; then, and only then, the commit actor hears of them (DESIGN.md
+invariants 5 and 6).
 
 With a landing zone, each stage's closed windows are also written as one
 Parquet file, after its history rows and before its states (which no longer
@@ -54,6 +55,10 @@ class PersistenceActor(ReportingActor):
     def on_receive(self, message: Any) -> Any:
         if not isinstance(message, Snapshot):
             raise TypeError(f"PersistenceActor: unexpected message {message!r}")
+        # Records produced from these inputs first: an aggregate that
+        # forwards to a republish step discards replays once its state is
+        # written, so its outputs must be settled before (DESIGN.md inv. 5).
+        self._producer.ask(Barrier())
         order = message.rows if faults.UPSTREAM_FIRST else reversed(message.rows)
         landed = False
         for rows in order:  # downstream first
@@ -62,7 +67,6 @@ class PersistenceActor(ReportingActor):
                 faults.die()
         if landed and faults.KILL_AFTER_LANDING:
             faults.die()
-        self._producer.ask(Barrier())
         self._commit.tell(Durable(message.offsets))
         stats = self._stats_store
         if stats is not None:

@@ -1,10 +1,13 @@
 """ProducerActor: the aiokafka producer for republished and dead-lettered records.
 
-Threads: messages arrive on the actor's thread; the producer lives on the
-shared ``EventLoopThread`` loop. ``Send`` enqueues records without waiting;
-``Barrier`` answers once everything sent before it is acknowledged, which
-is what the persistence actor waits for before offsets may be committed.
-A failed delivery fails the barrier, so nothing behind it is committed.
+Threads: messages arrive on the actor's thread; the producer and its lanes
+(``onceflow.actors.delivery``) live on the shared ``EventLoopThread`` loop.
+``Send`` hands records to their partitions' lanes without waiting;
+``Barrier`` answers once everything sent before it is settled (acknowledged
+by the broker, or durably in the outbox), which is what the persistence
+actor waits for before it writes states. A delivery that fails without an
+outbox to keep it fails the barrier, so nothing behind it is persisted or
+committed.
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.partitioner import DefaultPartitioner
 
 from onceflow.actors import faults
 from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.delivery import DeliverySettings, Lanes, OutboxTally, OutboxWriter
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Barrier, Send
 from onceflow.stages.runner import Output
+from onceflow.stores.base import StateStore
 
 
 class ProducerActor(ReportingActor):
@@ -28,19 +34,31 @@ class ProducerActor(ReportingActor):
         self,
         *,
         options: Mapping[str, Any],
+        delivery: DeliverySettings,
+        max_block: float,
+        outbox: StateStore | None,
+        tally: OutboxTally,
+        owner: str,
         io: EventLoopThread,
         start_timeout: float,
         on_fatal: FatalHandler,
     ):
         super().__init__(on_fatal)
         self._options = dict(options)
+        self._delivery = delivery
+        self._max_block = max_block
+        self._outbox_store = outbox
+        self._tally = tally
+        self._owner = owner
         self._start_timeout = start_timeout
         self._io = io
         self._producer: AIOKafkaProducer | None = None
+        self._lanes: Lanes | None = None
+        self._partitions: dict[str, list[int]] = {}
+        self._partitioner = DefaultPartitioner()
         self._pending: list[concurrent.futures.Future[None]] = []
         self._order: asyncio.Lock | None = None
         self._sent = 0
-        self._failed = False
 
     def start_up(self) -> None:
         self._io.run(self._open(), timeout=self._start_timeout)
@@ -48,14 +66,16 @@ class ProducerActor(ReportingActor):
     async def _open(self) -> None:
         self._producer = AIOKafkaProducer(**self._options)
         self._order = asyncio.Lock()
+        outbox = None if self._outbox_store is None else \
+            OutboxWriter(self._outbox_store, self._owner, self._tally)
+        self._lanes = Lanes(self._send_batch, self._delivery, outbox, self._owner)
         await self._producer.start()
+        await self._lanes.restore()
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Send):
             if message.outputs:
-                sending = self._io.submit(self._send_all(message.outputs))
-                sending.add_done_callback(self._note_failure)
-                self._pending.append(sending)
+                self._pending.append(self._io.submit(self._send(message.outputs)))
         elif isinstance(message, Barrier):
             pending, self._pending = self._pending, []
             for future in pending:
@@ -64,42 +84,78 @@ class ProducerActor(ReportingActor):
             raise TypeError(f"ProducerActor: unexpected message {message!r}")
         return None
 
-    async def _send_all(self, outputs: Sequence[Output]) -> None:
-        """Enqueue a batch's records in order, then wait for their acks.
+    async def _send(self, outputs: Sequence[Output]) -> None:
+        """Hand each record to its partition's lane, in order; wait until all are settled.
 
-        ``send`` waits when the producer's buffer is full; without the lock
-        the next batch's coroutine would enqueue records meanwhile and
-        overtake this one, breaking the order within a partition (DESIGN.md
-        invariant 8): a downstream aggregate would then take the overtaken
-        events for replays.
+        Finding a partition may wait for topic metadata; the lock keeps the
+        next ``Send`` from overtaking this one meanwhile (DESIGN.md inv. 8).
         """
-        assert self._producer is not None and self._order is not None
+        assert self._lanes is not None and self._order is not None
+        cut = faults.KILL_AFTER_SENDS - self._sent
+        dying = 0 < cut <= len(outputs)
+        if dying:
+            outputs = outputs[:cut]
         async with self._order:
-            acks = []
+            by_lane: dict[tuple[str, int], list[Output]] = {}
             for o in outputs:
-                acks.append(await self._producer.send(
-                    o.topic, o.value, key=o.key, headers=list(o.headers)))
-                self._sent += 1
-                if self._sent == faults.KILL_AFTER_SENDS:
-                    await asyncio.gather(*acks)
-                    faults.die()
-        await asyncio.gather(*acks)
+                partition = await self._partition(o)
+                by_lane.setdefault((o.topic, partition), []).append(o)
+            settled = [f for (topic, partition), outs in by_lane.items()
+                       for f in self._lanes.lane(topic, partition).add(outs)]
+            self._sent += len(outputs)
+        await asyncio.gather(*settled)
+        if dying:
+            faults.die()
 
-    def _note_failure(self, sending: concurrent.futures.Future[None]) -> None:
-        if not sending.cancelled() and sending.exception() is not None:
-            self._failed = True
+    async def _partition(self, output: Output) -> int:
+        """Kafka's default partitioner (murmur2 of the key).
+
+        ``max-block`` bounds the wait for the topic's metadata."""
+        partitions = self._partitions.get(output.topic)
+        if partitions is None:
+            assert self._producer is not None
+            found = await asyncio.wait_for(
+                self._producer.partitions_for(output.topic), self._max_block)
+            partitions = self._partitions[output.topic] = sorted(found)
+        return int(self._partitioner(output.key, partitions, partitions))
+
+    async def _send_batch(self, topic: str, partition: int, outputs: Sequence[Output]) -> int:
+        """Send as many of ``outputs`` as fit one batch; wait for the broker's ack."""
+        assert self._producer is not None
+        batch = self._producer.create_batch()
+        taken = 0
+        for o in outputs:
+            if batch.append(key=o.key, value=o.value, timestamp=None,
+                            headers=list(o.headers)) is None:
+                break
+            taken += 1
+        if not taken:
+            raise ValueError(f"record too large for one batch on {topic}[{partition}]")
+        acked = await asyncio.wait_for(
+            self._producer.send_batch(batch, topic, partition=partition), self._max_block)
+        await asyncio.shield(acked)
+        return taken
 
     def on_stop(self) -> None:
-        """Flush if every send so far succeeded; otherwise abort without flushing.
-
-        After a failed delivery, records buffered behind it must never reach
-        the broker: they would overtake the failed ones, which the restarted
-        pipeline re-sends later, and a downstream aggregate would then take
-        the re-sent records for replays.
-        """
         if self._producer is not None:
-            closing = self._abort() if self._failed else self._producer.stop()
-            self._io.run(closing, timeout=self._start_timeout)
+            self._io.run(self._close(), timeout=self._start_timeout)
+
+    async def _close(self) -> None:
+        """Stop the lanes; flush only when nothing is left unacknowledged.
+
+        Records still in a lane must not reach the broker after this: the
+        next incarnation re-sends them (from the outbox, or by replaying the
+        input), and one arriving late could overtake those.
+        """
+        assert self._producer is not None and self._lanes is not None
+        tasks = self._lanes.tasks()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._lanes.undelivered():
+            await self._abort()
+        else:
+            await self._producer.stop()
 
     async def _abort(self) -> None:
         assert self._producer is not None

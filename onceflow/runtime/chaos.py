@@ -155,6 +155,7 @@ class _Chaos:
                     "onceflow.kafka.bootstrap-servers": bootstrap,
                     "onceflow.kafka.group-id": self.groups[name],
                     "onceflow.kafka.dead-letter-topic": f"chaos-dlq-{run_id}",
+                    "onceflow.kafka.producer.outbox-store": o.store,  # the one store started
                 }),
                 env, workdir, name)
             for name in pipelines

@@ -68,6 +68,23 @@ class ConnectionCheckerSettings:
 
 
 @dataclass(frozen=True)
+class ProducerSettings:
+    """``onceflow.kafka.producer``: time-bounded delivery; Kafka's names and meaning."""
+
+    max_block: float = 60.0
+    delivery_timeout: float = 120.0
+    request_timeout: float = 30.0
+    retries: int = 5
+    retry_backoff: float = 0.1
+    reconnect_backoff: float = 0.05
+    reconnect_backoff_max: float = 1.0
+    max_in_flight: int = 1
+    linger: float = 0.005
+    batch_size: int = 1_048_576
+    outbox_store: str = "auto"
+
+
+@dataclass(frozen=True)
 class KafkaSettings:
     """``onceflow.kafka``: the Kafka client; durations in seconds."""
 
@@ -82,9 +99,9 @@ class KafkaSettings:
     fetch_max_wait: float
     dead_letter_topic: str
     late_events_topic: str
-    delivery_timeout: float = 3600.0
     connection_checker: ConnectionCheckerSettings = field(
         default_factory=lambda: ConnectionCheckerSettings())
+    producer: ProducerSettings = field(default_factory=lambda: ProducerSettings())
 
 
 @dataclass(frozen=True)
@@ -381,13 +398,13 @@ def _build(read: _Reader, source: str) -> Settings:
         fetch_max_wait=read.duration(k + "fetch-max-wait", 0, 60),
         dead_letter_topic=read.text(k + "dead-letter-topic", r"[\w.-]{1,249}", "a topic name"),
         late_events_topic=read.text(k + "late-events-topic", r"[\w.-]{1,249}", "a topic name"),
-        delivery_timeout=read.duration(k + "delivery-timeout", 1, 7 * 86400),
         connection_checker=ConnectionCheckerSettings(
             enable=read.boolean(k + "connection-checker.enable"),
             max_retries=read.integer(k + "connection-checker.max-retries", 0, 1000),
             check_interval=read.duration(k + "connection-checker.check-interval", 0.1, 3600),
             backoff_factor=read.number(k + "connection-checker.backoff-factor", 1.0, 100.0),
         ),
+        producer=_producer(read),
     )
     if kafka.heartbeat_interval >= kafka.session_timeout:
         raise read.error(
@@ -419,6 +436,34 @@ def _build(read: _Reader, source: str) -> Settings:
         analytics=_analytics(read),
         supervision=_supervision(read),
     )
+
+
+def _producer(read: _Reader) -> ProducerSettings:
+    p = "onceflow.kafka.producer."
+    settings = ProducerSettings(
+        max_block=read.duration(p + "max-block", 0.1, 3600),
+        delivery_timeout=read.duration(p + "delivery-timeout", 0.1, 7 * 86400),
+        request_timeout=read.duration(p + "request-timeout", 0.1, 3600),
+        retries=read.integer(p + "retries", 0, 1_000_000),
+        retry_backoff=read.duration(p + "retry-backoff", 0.0, 3600),
+        reconnect_backoff=read.duration(p + "reconnect-backoff", 0.001, 3600),
+        reconnect_backoff_max=read.duration(p + "reconnect-backoff-max", 0.001, 3600),
+        max_in_flight=read.integer(p + "max-in-flight", 1, 1_000_000),
+        linger=read.duration(p + "linger", 0.0, 60),
+        batch_size=read.integer(p + "batch-size", 1024, 64 * 1_048_576),
+        outbox_store=read.text(p + "outbox-store", r"auto|redis|cassandra|none",
+                               "one of auto, redis, cassandra, none"),
+    )
+    if settings.max_in_flight != 1:
+        raise read.error(p + "max-in-flight", "expected 1 (without idempotent producers, "
+                         "which Tansu lacks, a second batch in flight can overtake a failed "
+                         f"one, and downstream dedup would drop the re-sent records), got "
+                         f"{settings.max_in_flight}")
+    if settings.reconnect_backoff_max < settings.reconnect_backoff:
+        raise read.error(p + "reconnect-backoff-max", "expected a duration at least "
+                         f"reconnect-backoff ({_fmt(settings.reconnect_backoff)}), got "
+                         f"{_fmt(settings.reconnect_backoff_max)}")
+    return settings
 
 
 def _supervision(read: _Reader) -> SupervisionSettings:

@@ -24,6 +24,7 @@ from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConnectionCheck, ConsumerActor
+from onceflow.actors.delivery import DeliverySettings, OutboxTally
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     CommitNow,
@@ -101,32 +102,33 @@ def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]
     not even load the Cassandra driver). Clients connect lazily, at their
     first call. Names are in the order the aggregates first use them.
     """
-    stores: dict[str, StateStore] = {}
-    for name in dict.fromkeys(spec.store for spec in pipeline.aggregates):
-        if name == "redis":
-            redis = settings.stores.redis
-            stores[name] = RedisStore(redis.url, redis.key_prefix, pipeline.id)
-        elif name == "cassandra":
-            from onceflow.stores.cassandra_store import CassandraStore
+    names = dict.fromkeys(spec.store for spec in pipeline.aggregates)
+    return {name: open_store(settings, name, pipeline.id) for name in names}
 
-            c = settings.stores.cassandra
-            stores[name] = CassandraStore(
-                c.contact_points,
-                pipeline.id,
-                port=c.port,
-                keyspace=c.keyspace,
-                replication=c.replication.cql_options(),
-                protocol_version=c.protocol_version,
-                local_datacenter=c.local_datacenter,
-                consistency=c.consistency,
-                connect_timeout=c.connect_timeout,
-                request_timeout=c.request_timeout,
-                concurrency=c.concurrency,
-            )
-        else:
-            raise ConfigError(settings.source, f"onceflow.stores.{name}",
-                              f"unknown store {name!r}; supported: {', '.join(STORES)}")
-    return stores
+
+def open_store(settings: Settings, name: str, pipeline_id: str) -> StateStore:
+    if name == "redis":
+        redis = settings.stores.redis
+        return RedisStore(redis.url, redis.key_prefix, pipeline_id)
+    if name == "cassandra":
+        from onceflow.stores.cassandra_store import CassandraStore
+
+        c = settings.stores.cassandra
+        return CassandraStore(
+            c.contact_points,
+            pipeline_id,
+            port=c.port,
+            keyspace=c.keyspace,
+            replication=c.replication.cql_options(),
+            protocol_version=c.protocol_version,
+            local_datacenter=c.local_datacenter,
+            consistency=c.consistency,
+            connect_timeout=c.connect_timeout,
+            request_timeout=c.request_timeout,
+            concurrency=c.concurrency,
+        )
+    raise ConfigError(settings.source, f"onceflow.stores.{name}",
+                      f"unknown store {name!r}; supported: {', '.join(STORES)}")
 
 
 def consumer_options(settings: Settings) -> dict[str, Any]:
@@ -147,20 +149,38 @@ def consumer_options(settings: Settings) -> dict[str, Any]:
 
 
 def producer_options(settings: Settings) -> dict[str, Any]:
-    """aiokafka producer settings: acks from all replicas; no idempotence (see SERVICES.md)."""
-    k = settings.kafka
+    """aiokafka producer settings: acks from all replicas; no idempotence (see SERVICES.md).
+
+    Delivery bounds, retries and the outbox are onceflow's (``delivery_settings``):
+    aiokafka has no delivery timeout and would let a batch that expired be
+    overtaken by the next one of its partition.
+    """
+    k, p = settings.kafka, settings.kafka.producer
     return {
         "bootstrap_servers": k.bootstrap_servers,
         "client_id": k.client_id,
         "acks": "all",
         "enable_idempotence": False,
-        # aiokafka uses this both as the produce request timeout and as the
-        # time a record may wait for delivery; giving up early would let later
-        # records overtake it (see ProducerActor.on_stop), so it is the
-        # delivery timeout, long enough to ride out an outage.
-        "request_timeout_ms": int(k.delivery_timeout * 1000),
-        "linger_ms": 5,
+        "request_timeout_ms": int(p.request_timeout * 1000),
+        "retry_backoff_ms": int(p.retry_backoff * 1000),
+        "linger_ms": int(p.linger * 1000),
+        "max_batch_size": p.batch_size,
+        "max_request_size": max(p.batch_size, 1_048_576),
     }
+
+
+def outbox_store(settings: Settings, pipeline: Pipeline) -> str | None:
+    """The store kind that keeps the producer's outbox, None for no outbox."""
+    kind = settings.kafka.producer.outbox_store
+    if kind == "auto":
+        return next((spec.store for spec in pipeline.aggregates), "redis")
+    return None if kind == "none" else kind
+
+
+def delivery_settings(settings: Settings) -> DeliverySettings:
+    p = settings.kafka.producer
+    return DeliverySettings(p.delivery_timeout, p.request_timeout, p.retries, p.retry_backoff,
+                            p.reconnect_backoff, p.reconnect_backoff_max)
 
 
 def connection_check(settings: Settings) -> ConnectionCheck | None:
@@ -198,11 +218,16 @@ class PipelineActors:
         # Stats go to the first store the pipeline uses; a stateless republisher has none.
         stats_store = next(iter(write_stores.values()), None)
         start_timeout = s.kafka.request_timeout + 10
+        outbox_kind = outbox_store(s, pipeline)
+        self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
+        tally = OutboxTally()
         self._producer = ProducerActor.start(
-            options=producer_options(s), io=self._io, start_timeout=start_timeout,
+            options=producer_options(s), delivery=delivery_settings(s),
+            max_block=s.kafka.producer.max_block, outbox=self._outbox, tally=tally,
+            owner=s.kafka.client_id, io=self._io, start_timeout=start_timeout,
             on_fatal=on_fatal,
         )
-        self._commit = CommitActor.start(on_fatal=on_fatal)
+        self._commit = CommitActor.start(on_fatal=on_fatal, outboxed=lambda: tally.value)
         landing = None
         if s.landing.dir is not None and write_stores:  # Parquet handoff of closed windows
             from onceflow.analytics.landing import LandingZone
@@ -278,6 +303,8 @@ class PipelineActors:
         for stores in self._stores:
             for store in stores.values():
                 store.close()
+        if self._outbox is not None:
+            self._outbox.close()
 
 
 class Worker:

@@ -3,6 +3,10 @@
 Stores see opaque bytes (a state and its watermarks, encoded together by
 ``onceflow.stages.state``), so one ``save`` of a key is one atomic write of
 the state with its watermarks whatever the backend.
+
+Each store also keeps its pipeline's producer outbox: records that must
+reach Kafka but whose delivery is not yet acknowledged, so a restarted
+worker sends them again instead of losing them.
 """
 
 from __future__ import annotations
@@ -13,6 +17,10 @@ from collections.abc import Iterator, Mapping, Sequence
 # History rows live beside the states under "<stage>#history" ('#' never
 # appears in a stage id), so every store supports them through save/scan.
 HISTORY_SUFFIX = "#history"
+
+#: (lane, seq): a lane names one output topic-partition (e.g. "orders|3", so
+#: it may contain '|'); seq orders the records within a lane.
+OutboxKey = tuple[str, int]
 
 
 class StateStore(ABC):
@@ -40,6 +48,24 @@ class StateStore(ABC):
         for name, value in self.scan(stage_id + HISTORY_SUFFIX):
             start, _, key = name.partition("|")
             yield key, int(start), value
+
+    @abstractmethod
+    def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
+        """Durably keep records not yet delivered (opaque bytes), so a crash cannot lose them.
+
+        Idempotent: writing the same key and value again (a retry) is fine.
+        """
+
+    @abstractmethod
+    def outbox_remove(self, keys: Sequence[OutboxKey]) -> None:
+        """Forget delivered records; absent keys are ignored, so a retry is fine."""
+
+    @abstractmethod
+    def outbox_load(self) -> dict[str, list[tuple[int, bytes]]]:
+        """This pipeline's whole outbox, lane -> [(seq, record)] by ascending seq.
+
+        For recovery: a restarted worker resends each lane in its original order.
+        """
 
     @abstractmethod
     def add_stats(self, counters: Mapping[str, int]) -> None:

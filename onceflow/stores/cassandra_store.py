@@ -15,6 +15,19 @@ needs). Only CQL that Cassandra 2.1 and 4/5 share is used::
     CREATE TABLE IF NOT EXISTS "<keyspace>".stats (
         pipeline text, name text, value counter,
         PRIMARY KEY ((pipeline), name));
+    CREATE TABLE IF NOT EXISTS "<keyspace>".outbox (
+        pipeline text, lane text, seq bigint, value blob,
+        PRIMARY KEY ((pipeline), lane, seq))
+        WITH gc_grace_seconds = 3600;
+
+The outbox (records not yet delivered to Kafka) is one partition per
+pipeline, so loading it is one paged read that comes back already ordered
+by lane and seq. It only holds records of a delivery that failed, but each
+one delivered later leaves a tombstone, and a read that meets more than
+Cassandra's ``tombstone_failure_threshold`` (100,000) fails: hence the short
+``gc_grace_seconds``. A deleted row a lagging replica brings back is only
+sent again, a duplicate downstream discards. Outages that outbox more than
+~100,000 records an hour want the Redis outbox (the default).
 
 The keyspace and tables are created on first use only if the cluster's
 schema metadata lacks them, so a schema created ahead of time (recommended
@@ -56,7 +69,7 @@ from cassandra.connection import ConnectionException
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import PreparedStatement, tuple_factory
 
-from onceflow.stores.base import StateStore
+from onceflow.stores.base import OutboxKey, StateStore
 
 __all__ = ["CONSISTENCY_LEVELS", "CassandraStore", "CassandraUnavailable"]
 
@@ -64,6 +77,8 @@ log = logging.getLogger(__name__)
 
 STATES_TABLE = "states"
 STATS_TABLE = "stats"
+OUTBOX_TABLE = "outbox"
+TABLES = (STATES_TABLE, STATS_TABLE, OUTBOX_TABLE)
 #: Levels usable for both reads and writes in 2.1 and 4/5 (ANY cannot read,
 #: SERIAL/LOCAL_SERIAL are for lightweight transactions, EACH_QUORUM reads
 #: need 3.0+).
@@ -135,21 +150,26 @@ class CassandraStore(StateStore):
         self._keyspace = keyspace
         self._replication = dict(replication)
         self._concurrency = concurrency
-        profile = ExecutionProfile(
-            load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_datacenter)),
-            consistency_level=ConsistencyLevel.name_to_value[consistency],
-            request_timeout=request_timeout,
-            row_factory=tuple_factory,
-        )
         options: dict[str, Any] = {"protocol_version": protocol_version} if protocol_version else {}
-        self._cluster = Cluster(
-            list(contact_points),
-            port=port,
-            execution_profiles={EXEC_PROFILE_DEFAULT: profile},
-            connect_timeout=connect_timeout,
-            control_connection_timeout=max(connect_timeout, 2.0),
-            **options,
-        )
+
+        def new_cluster() -> Cluster:
+            profile = ExecutionProfile(
+                load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_datacenter)),
+                consistency_level=ConsistencyLevel.name_to_value[consistency],
+                request_timeout=request_timeout,
+                row_factory=tuple_factory,
+            )
+            return Cluster(
+                list(contact_points),
+                port=port,
+                execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+                connect_timeout=connect_timeout,
+                control_connection_timeout=max(connect_timeout, 2.0),
+                **options,
+            )
+
+        self._new_cluster = new_cluster
+        self._cluster = new_cluster()
         self._lock = threading.Lock()
         self._session: Session | None = None
         self._statements: _Statements | None = None
@@ -186,6 +206,22 @@ class CassandraStore(StateStore):
             if pipeline == self._pipeline and stage == stage_id:
                 yield key, value
 
+    def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
+        if rows:
+            self._run_all(self._ready().outbox_insert,
+                          [(self._pipeline, lane, seq, v) for (lane, seq), v in rows.items()])
+
+    def outbox_remove(self, keys: Sequence[OutboxKey]) -> None:
+        if keys:
+            self._run_all(self._ready().outbox_delete,
+                          [(self._pipeline, lane, seq) for lane, seq in keys])
+
+    def outbox_load(self) -> dict[str, list[tuple[int, bytes]]]:
+        lanes: dict[str, list[tuple[int, bytes]]] = {}
+        for lane, seq, value in self._run(self._ready().outbox_select, (self._pipeline,)):
+            lanes.setdefault(lane, []).append((seq, value))  # clustered: already by seq
+        return lanes
+
     def add_stats(self, counters: Mapping[str, int]) -> None:
         """Add the non-zero counters; on a transient failure log and drop them.
 
@@ -220,6 +256,10 @@ class CassandraStore(StateStore):
                     create_schema(self._session, self._keyspace, self._replication)
                     self._statements = _Statements(self._session, self._keyspace)
                 except _TRANSIENT as error:
+                    if self._session is None:
+                        # The driver shuts a Cluster down when its first connect
+                        # fails; the next try needs a new one.
+                        self._cluster = self._new_cluster()
                     raise CassandraUnavailable(f"cannot set up Cassandra: {error!r}") from error
             return self._statements
 
@@ -272,10 +312,24 @@ class _Statements:
             f"UPDATE {stats} SET value = value + ? WHERE pipeline = ? AND name = ?"
         )
         self.stats = session.prepare(f"SELECT name, value FROM {stats} WHERE pipeline = ?")
+        outbox = f'"{keyspace}".{OUTBOX_TABLE}'
+        self.outbox_insert = session.prepare(
+            f"INSERT INTO {outbox} (pipeline, lane, seq, value) VALUES (?, ?, ?, ?)"
+        )
+        self.outbox_insert.is_idempotent = True
+        self.outbox_delete = session.prepare(
+            f"DELETE FROM {outbox} WHERE pipeline = ? AND lane = ? AND seq = ?"
+        )
+        self.outbox_delete.is_idempotent = True
+        self.outbox_select = session.prepare(
+            f"SELECT lane, seq, value FROM {outbox} WHERE pipeline = ?"
+        )
+        self.outbox_select.fetch_size = _SCAN_PAGE
+        self.outbox_select.is_idempotent = True
 
 
 def schema_statements(keyspace: str, replication: Mapping[str, str | int]) -> list[str]:
-    """The CQL that creates the keyspace and both tables (each ``IF NOT EXISTS``)."""
+    """The CQL that creates the keyspace, then each of :data:`TABLES` (each ``IF NOT EXISTS``)."""
     options = ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in replication.items())
     return [
         f'CREATE KEYSPACE IF NOT EXISTS "{keyspace}" WITH replication = {{{options}}}',
@@ -283,19 +337,22 @@ def schema_statements(keyspace: str, replication: Mapping[str, str | int]) -> li
         "key text, value blob, PRIMARY KEY ((pipeline, stage, key)))",
         f'CREATE TABLE IF NOT EXISTS "{keyspace}".{STATS_TABLE} (pipeline text, name text, '
         "value counter, PRIMARY KEY ((pipeline), name))",
+        f'CREATE TABLE IF NOT EXISTS "{keyspace}".{OUTBOX_TABLE} (pipeline text, lane text, '
+        "seq bigint, value blob, PRIMARY KEY ((pipeline), lane, seq)) "
+        "WITH gc_grace_seconds = 3600",
     ]
 
 
 def create_schema(session: Session, keyspace: str, replication: Mapping[str, str | int]
                   ) -> None:
     """Create the keyspace and tables the cluster's schema metadata lacks."""
-    create_keyspace, create_states, create_stats = schema_statements(keyspace, replication)
+    create_keyspace, *create_tables = schema_statements(keyspace, replication)
     existing = session.cluster.metadata.keyspaces.get(keyspace)
     if existing is None:
         log.info("creating keyspace %r with replication %s", keyspace, dict(replication))
         session.execute(create_keyspace)
     tables = set() if existing is None else set(existing.tables)
-    for table, create in ((STATES_TABLE, create_states), (STATS_TABLE, create_stats)):
+    for table, create in zip(TABLES, create_tables, strict=True):
         if table not in tables:
             session.execute(create)  # the driver waits for schema agreement
 

@@ -3,7 +3,9 @@
 A key holds the state and its watermarks in one value, so every write is
 atomic per key; a batch of writes is one MSET (atomic as a whole on one
 node; on a cluster each key stays self-consistent, DESIGN.md inv. 7).
-Layout: ``<prefix>:<pipeline>:s:<stage>:<key>`` and ``<prefix>:<pipeline>:stats``.
+Layout: ``<prefix>:<pipeline>:s:<stage>:<key>``, ``<prefix>:<pipeline>:stats``
+and the outbox, one hash ``<prefix>:<pipeline>:outbox`` of field ``<lane>|<seq>``
+(split from the right: a lane is ``<topic>|<partition>``) -> record.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, cast
 
 import redis
 
-from onceflow.stores.base import StateStore
+from onceflow.stores.base import OutboxKey, StateStore
 
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
@@ -24,6 +26,7 @@ class RedisStore(StateStore):
             url, socket_timeout=timeout, socket_connect_timeout=timeout
         )
         self._base = f"{key_prefix}:{pipeline_id}"
+        self._outbox = f"{self._base}:outbox"
 
     def _key(self, stage_id: str, key: str) -> str:
         return f"{self._base}:s:{stage_id}:{key}"
@@ -57,6 +60,29 @@ class RedisStore(StateStore):
         for name, value in zip(names, values, strict=True):
             if value is not None:
                 yield name.decode()[cut:], value
+
+    def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
+        if rows:
+            self._client.hset(self._outbox, mapping={f"{lane}|{seq}": value
+                                                     for (lane, seq), value in rows.items()})
+
+    def outbox_remove(self, keys: Sequence[OutboxKey]) -> None:
+        if keys:
+            self._client.hdel(self._outbox, *(f"{lane}|{seq}" for lane, seq in keys))
+
+    def outbox_load(self) -> dict[str, list[tuple[int, bytes]]]:
+        """Read with HSCAN, so a large outbox never blocks Redis for one long HGETALL.
+
+        HSCAN may return a field twice; the dict keeps it once.
+        """
+        fields = dict(self._client.hscan_iter(self._outbox, count=1000))
+        lanes: dict[str, list[tuple[int, bytes]]] = {}
+        for field, value in fields.items():
+            lane, seq = cast(bytes, field).decode().rsplit("|", 1)
+            lanes.setdefault(lane, []).append((int(seq), cast(bytes, value)))
+        for records in lanes.values():
+            records.sort(key=lambda record: record[0])
+        return lanes
 
     def add_stats(self, counters: Mapping[str, int]) -> None:
         nonzero = {k: v for k, v in counters.items() if v}

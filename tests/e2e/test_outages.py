@@ -183,9 +183,12 @@ def test_proxy_cutting_every_connection_ten_times_keeps_totals_exact(
         services.stop(kafka)
 
 
-def test_broker_frozen_while_a_republisher_produces_keeps_every_window_exact(
+def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exactly(
     redis_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
 ) -> None:
+    """Producer outage: the undelivered records land in the Redis outbox, the
+    restarted pipeline sends them first once the broker is back, and every
+    window downstream is exact."""
     kafka = services.start_tansu(tmp_path / "kafka")
     raw, normalized = unique_name("raw"), unique_name("norm")
     prefix = unique_name("p")
@@ -196,13 +199,20 @@ def test_broker_frozen_while_a_republisher_produces_keeps_every_window_exact(
     groups = {"republisher": unique_name("rep"), "aggregator": unique_name("agg")}
     pipelines = {"republisher": "onceflow.examples.robot_chain:normalize",
                  "aggregator": "onceflow.examples.robot_chain:windows"}
+    # The republisher gives up on the frozen broker after 1 s (before its
+    # connection checker restarts the pipeline) and outboxes what it holds.
+    bounded = {"onceflow.kafka.producer.delivery-timeout": "1s",
+               "onceflow.kafka.producer.retries": "1",
+               "onceflow.kafka.connection-checker.check-interval": "4s"}
     workers = {
         name: harness.WorkerProcess(harness.worker_command(
             harness.packaged_config("demo.conf"),
             {**common, "onceflow.pipeline": pipelines[name],
-             "onceflow.kafka.group-id": groups[name]}), env, tmp_path, name)
+             "onceflow.kafka.group-id": groups[name],
+             **(bounded if name == "republisher" else {})}), env, tmp_path, name)
         for name in pipelines
     }
+    outbox = RedisStore(redis_url, prefix, "robots-normalize")
     stream = generate(20_000, seed=51, disorder=0.05)
     try:
         for topic in (raw, normalized):
@@ -214,15 +224,21 @@ def test_broker_frozen_while_a_republisher_produces_keeps_every_window_exact(
         raw_ends = asyncio.run(harness.produce(kafka.address, raw, stream.messages))
         time.sleep(0.3)  # the republisher is producing its ~60k outputs now
         services.freeze(kafka)
-        time.sleep(20)
+        deadline, outboxed = time.monotonic() + 20, 0
+        while time.monotonic() < deadline:
+            outboxed = max(outboxed, sum(map(len, outbox.outbox_load().values())))
+            time.sleep(0.5)
+        assert outboxed > 0, "nothing reached the outbox while the broker was frozen"
         services.thaw(kafka)
         asyncio.run(_drained(kafka.address, groups["republisher"], raw, raw_ends,
                              workers["republisher"]))
         norm_ends = asyncio.run(harness.read_ends(kafka.address, normalized, 4))
         asyncio.run(_drained(kafka.address, groups["aggregator"], normalized, norm_ends,
                              workers["aggregator"]))
-        log = workers["republisher"].logs[-1].read_text()
-        assert "child pipeline failed" in log  # its stream broke and was re-created
+        assert outbox.outbox_load() == {}  # all delivered, and deleted once acknowledged
+        logs = "".join(log.read_text() for log in workers["republisher"].logs)
+        assert "to the outbox, re-sent in order" in logs
+        assert "child pipeline failed" in logs  # its stream broke and was re-created
         for worker in workers.values():
             assert worker.terminate(10) == 0
         truth, _ = expected_windows(stream)
@@ -230,6 +246,8 @@ def test_broker_frozen_while_a_republisher_produces_keeps_every_window_exact(
         for stage in ("per_robot_minute", "per_robot_day"):
             found, overlaps = stored_windows(store, stage)
             assert overlaps == 0 and found == truth[stage], stage
+        dups = store.read_stats()["per_robot_minute.duplicates"]
+        print(f"outboxed (max seen) {outboxed}, normalized {norm_ends}, duplicates {dups}")
     finally:
         services.thaw(kafka)
         for worker in workers.values():

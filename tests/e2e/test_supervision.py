@@ -56,7 +56,7 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
     for name in ("onceflow_records_total", "onceflow_folded_total{stage=\"per_robot\"}",
                  "onceflow_persisted_states_total", "onceflow_committed_offset",
                  "onceflow_consumer_lag", "onceflow_stream_starts_total 1.0",
-                 "onceflow_store_write_seconds",
+                 "onceflow_store_write_seconds", "onceflow_outbox_records 0.0",
                  "onceflow_duplicates_discarded"):
         assert name in series, name
     status = subprocess.run([sys.executable, "-m", "onceflow", "status", "--url",

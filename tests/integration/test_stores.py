@@ -197,3 +197,85 @@ def test_history_rows_round_trip_beside_the_states(store: StateStore) -> None:
         (key, start, value) for (key, start), value in history.items()
     )
     assert list(store.scan(STAGE)) == [("robot-1", b"state")]
+
+
+# Lanes are "<topic>|<partition>": the '|' inside a lane must survive the round trip.
+LANE_A, LANE_B, LANE_C = "orders.v1-eu_west|3", "orders.v1-eu_west|12", "fleet_events|0"
+
+
+def test_outbox_round_trips_by_lane_in_seq_order(store: StateStore) -> None:
+    store.outbox_append({(LANE_A, 7): b"a7", (LANE_B, 1): b"b1", (LANE_A, 2): b"a2"})
+    store.outbox_append({(LANE_A, 10): bytes(range(256)), (LANE_C, 0): b"",
+                         (LANE_A, 2): b"a2"})  # the same key and value again: a retry
+
+    assert store.outbox_load() == {
+        LANE_A: [(2, b"a2"), (7, b"a7"), (10, bytes(range(256)))],  # 10 after 7 and 2
+        LANE_B: [(1, b"b1")],
+        LANE_C: [(0, b"")],
+    }
+
+
+def test_outbox_remove_drops_only_the_given_keys(store: StateStore) -> None:
+    store.outbox_append({(LANE_A, 1): b"a1", (LANE_A, 2): b"a2", (LANE_B, 1): b"b1"})
+
+    store.outbox_remove([(LANE_A, 1), (LANE_B, 1), (LANE_B, 99), ("absent|0", 1)])
+    store.outbox_remove([(LANE_A, 1)])  # already gone
+
+    assert store.outbox_load() == {LANE_A: [(2, b"a2")]}
+
+
+def test_outbox_isolates_pipelines(
+    open_store: OpenStore, unique_name: Callable[..., str]
+) -> None:
+    pipeline = unique_name("p")
+    first, second = open_store(pipeline), open_store(f"{pipeline}x")
+    first.outbox_append({(LANE_A, 1): b"first"})
+    second.outbox_append({(LANE_A, 1): b"second", (LANE_B, 5): b"second/b"})
+
+    second.outbox_remove([(LANE_A, 1)])
+
+    assert first.outbox_load() == {LANE_A: [(1, b"first")]}
+    assert second.outbox_load() == {LANE_B: [(5, b"second/b")]}
+    assert open_store(pipeline).outbox_load() == {LANE_A: [(1, b"first")]}  # durable
+
+
+def test_outbox_2000_records_round_trip(store: StateStore) -> None:
+    lanes = [f"topic-{t}|{p}" for t in range(2) for p in range(5)]
+    rows = {(lanes[i % 10], i): f"record {i}".encode() for i in range(2000)}
+
+    store.outbox_append(rows)
+
+    loaded = store.outbox_load()
+    assert sorted(loaded) == sorted(lanes)
+    assert {(lane, seq): value for lane, records in loaded.items()
+            for seq, value in records} == rows
+    assert all([seq for seq, _ in records] == list(range(lanes.index(lane), 2000, 10))
+               for lane, records in loaded.items())
+    store.outbox_remove(list(rows))
+    assert store.outbox_load() == {}
+
+
+def test_empty_outbox_calls_are_no_ops(store: StateStore) -> None:
+    store.outbox_append({})
+    store.outbox_remove([])
+
+    assert store.outbox_load() == {}
+
+
+def test_a_store_first_used_during_an_outage_works_once_it_is_over(
+    service: ServiceInfo, open_store: OpenStore, unique_name: Callable[..., str]
+) -> None:
+    store = open_store(unique_name("p"), timeout=1.0)  # not connected yet
+    rows = {(LANE_A, 1): b"a1", (LANE_B, 1): b"b1"}
+
+    services.freeze(service)
+    try:
+        with pytest.raises((ConnectionError, redis.ConnectionError, redis.TimeoutError)):
+            store.outbox_append(rows)
+        with pytest.raises((ConnectionError, redis.ConnectionError, redis.TimeoutError)):
+            store.outbox_load()  # still the error callers retry on
+    finally:
+        services.thaw(service)
+    retrying("outbox_append", lambda: store.outbox_append(rows), give_up_after=60)
+
+    assert store.outbox_load() == {LANE_A: [(1, b"a1")], LANE_B: [(1, b"b1")]}

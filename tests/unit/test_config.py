@@ -621,6 +621,23 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "onceflow.stores.cassandra.conistency",
             "unknown key (did you mean 'consistency'?)",
         ),
+        (
+            "kafka.producer.max-in-flight = 5",
+            "onceflow.kafka.producer.max-in-flight",
+            "expected 1 (without idempotent producers, which Tansu lacks, a second batch in "
+            "flight can overtake a failed one, and downstream dedup would drop the re-sent "
+            "records), got 5",
+        ),
+        (
+            "kafka.producer.outbox-store = mongo",
+            "onceflow.kafka.producer.outbox-store",
+            "expected one of auto, redis, cassandra, none, got 'mongo'",
+        ),
+        (
+            "kafka.producer.reconnect-backoff-max = 10ms",
+            "onceflow.kafka.producer.reconnect-backoff-max",
+            "expected a duration at least reconnect-backoff (50ms), got 10ms",
+        ),
     ],
 )
 def test_wrong_type_or_range(app_file: AppFile, line: str, key: str, expected: str) -> None:

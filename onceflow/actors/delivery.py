@@ -1,0 +1,345 @@
+"""Ordered, time-bounded delivery: one lane per output partition, and a durable outbox.
+
+Without idempotent producers (Tansu has none) Kafka keeps order within a
+partition only while nothing fails: a batch that fails while a later batch
+of its partition is in flight is overtaken, and downstream dedup then takes
+the re-sent records for replays and drops them. So each ``Lane`` hands the
+Kafka client one batch at a time and the next only after the broker
+acknowledged it (Kafka's ``max.in.flight.requests.per.connection = 1``, per
+partition).
+
+A record not acknowledged within the delivery timeout (its retries spent)
+goes to the outbox in the state store, and so does every later record of its
+lane until the lane has delivered them all: the lane keeps re-sending its
+head, in order, with growing backoff, and deletes from the outbox what the
+broker acknowledged. The records keep their envelopes (event ids, source
+chains), so a re-sent record that did arrive before is a duplicate
+downstream, never a second count.
+
+A record is *settled* once acknowledged or durably in the outbox; the
+producer's barrier waits for that. Input offsets wait for more: the commit
+actor commits nothing while the outbox holds a record (``outboxed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import random
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import islice
+
+from onceflow.actors import metrics
+from onceflow.actors.retry import retrying
+from onceflow.stages.runner import Output
+from onceflow.stores.base import StateStore
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_RECORDS = 2000
+
+# Delivers a prefix of the records to (topic, partition); answers how many.
+SendBatch = Callable[[str, int, Sequence[Output]], Awaitable[int]]
+
+
+@dataclass(frozen=True)
+class DeliverySettings:
+    """``onceflow.kafka.producer``: bounds and backoffs, in seconds."""
+
+    delivery_timeout: float = 120.0
+    request_timeout: float = 30.0
+    retries: int = 5
+    retry_backoff: float = 0.1
+    reconnect_backoff: float = 0.05
+    reconnect_backoff_max: float = 1.0
+
+
+class DeliveryFailed(Exception):
+    """Records could not be delivered in time and there is no outbox to keep them."""
+
+
+@dataclass(eq=False, slots=True)
+class _Entry:
+    seq: int
+    output: Output
+    deadline: float  # loop time by which it is acknowledged or outboxed
+    settled: asyncio.Future[None]
+    outboxed: bool = False  # durably in the outbox
+    delivered: bool = False  # acknowledged by the broker
+
+
+def encode_record(output: Output) -> bytes:
+    """An outbox row: the record as it would have been produced (JSON, base64 bytes)."""
+    b64 = base64.b64encode
+    return json.dumps({
+        "topic": output.topic,
+        "key": None if output.key is None else b64(output.key).decode(),
+        "value": b64(output.value).decode(),
+        "headers": [[name, b64(value).decode()] for name, value in output.headers],
+    }).encode()
+
+
+def decode_record(row: bytes) -> Output:
+    d = json.loads(row)
+    b64 = base64.b64decode
+    return Output(d["topic"], None if d["key"] is None else b64(d["key"]), b64(d["value"]),
+                  tuple((name, b64(value)) for name, value in d["headers"]))
+
+
+def lane_name(owner: str, topic: str, partition: int) -> str:
+    return f"{owner}|{topic}|{partition}"
+
+
+class OutboxTally:
+    """Records in the outbox not yet acknowledged; the commit actor reads it from its thread."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def add(self, n: int) -> None:
+        self.value += n
+        metrics.OUTBOX.set(self.value)
+
+
+class OutboxWriter:
+    """Writes records to the store's outbox in batches, off the event loop.
+
+    Rows are keyed by lane and sequence, so a lane's rows read back in the
+    order they were sent. ``tally`` counts the records in the outbox not yet
+    acknowledged: commits wait for it to reach zero.
+    """
+
+    def __init__(self, store: StateStore, owner: str, tally: OutboxTally):
+        self._store = store
+        self.owner = owner
+        self._pending: list[tuple[str, _Entry]] = []
+        self._wake = asyncio.Event()
+        self.tally = tally
+        self._failed: BaseException | None = None
+        self.task = asyncio.create_task(self._guarded(), name="outbox-writer")
+
+    def put(self, lane: str, entries: Iterable[_Entry]) -> None:
+        self._pending.extend((lane, e) for e in entries)
+        self._wake.set()
+        if self._failed is not None:
+            self._fail_pending()
+
+    async def _guarded(self) -> None:
+        try:
+            await self._run()
+        except Exception as error:  # the store stayed down beyond every retry
+            self._failed = DeliveryFailed(f"outbox write failed: {error!r}")
+            self._fail_pending()
+            raise
+
+    def _fail_pending(self) -> None:
+        assert self._failed is not None
+        for _, e in self._pending:
+            if not e.settled.done():
+                e.settled.set_exception(self._failed)
+        self._pending = []
+
+    async def load(self) -> dict[str, list[tuple[int, Output]]]:
+        """This owner's rows, lane -> [(seq, record)] in order; they count as outboxed."""
+        rows = await asyncio.to_thread(retrying, "outbox load", self._store.outbox_load)
+        mine = {lane: [(seq, decode_record(row)) for seq, row in entries]
+                for lane, entries in rows.items() if lane.startswith(self.owner + "|")}
+        self.tally.add(sum(map(len, mine.values())))
+        return mine
+
+    async def remove(self, lane: str, entries: Sequence[_Entry]) -> None:
+        keys = [(lane, e.seq) for e in entries]
+        self.tally.add(-len(keys))
+        await asyncio.to_thread(retrying, "outbox remove", partial(self._store.outbox_remove, keys))
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._pending = self._pending, []
+            rows = {(lane, e.seq): encode_record(e.output) for lane, e in batch if not e.delivered}
+            if rows:
+                await asyncio.to_thread(
+                    retrying, "outbox write", partial(self._store.outbox_append, rows))
+                metrics.OUTBOXED.inc(len(rows))
+            stale: dict[str, list[_Entry]] = {}
+            for lane, e in batch:
+                if e.delivered:  # acknowledged while its row was being written
+                    stale.setdefault(lane, []).append(e)
+                    if (lane, e.seq) not in rows:
+                        continue
+                e.outboxed = True
+                self.tally.add(1)
+                if not e.settled.done():
+                    e.settled.set_result(None)
+            for lane, entries in stale.items():
+                await self.remove(lane, [e for e in entries if e.outboxed])
+
+
+class Lane:
+    """One output partition's records, delivered strictly in order.
+
+    States: *direct* (records go to Kafka, a failed batch is retried up to
+    ``retries`` times within the delivery timeout) and *outboxing* (entered
+    when that bound is spent; every record of the lane, queued or new, is
+    written to the outbox, and the head is re-sent with backoff until the
+    broker takes it; the lane returns to direct once it is empty).
+    """
+
+    def __init__(self, topic: str, partition: int, name: str, send: SendBatch,
+                 settings: DeliverySettings, outbox: OutboxWriter | None):
+        self.topic, self.partition, self.name = topic, partition, name
+        self._send = send
+        self._settings = settings
+        self._outbox = outbox
+        self._queue: deque[_Entry] = deque()
+        self._next_seq = 0
+        self.outboxing = False
+        self._failed: BaseException | None = None
+        self._wake = asyncio.Event()
+        self.task = asyncio.create_task(self._guarded(), name=f"lane {name}")
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def restore(self, rows: Sequence[tuple[int, Output]]) -> None:
+        """Records found in the outbox at start: they go first, already settled."""
+        loop = asyncio.get_running_loop()
+        for seq, output in rows:
+            done = loop.create_future()
+            done.set_result(None)
+            self._queue.append(_Entry(seq, output, float("inf"), done, outboxed=True))
+        if rows:
+            self._next_seq = rows[-1][0] + 1
+            self.outboxing = True
+            self._wake.set()
+
+    def add(self, outputs: Sequence[Output]) -> list[asyncio.Future[None]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.delivery_timeout
+        entries = []
+        for output in outputs:
+            entries.append(_Entry(self._next_seq, output, deadline, loop.create_future()))
+            self._next_seq += 1
+        if self._failed is not None:
+            for e in entries:
+                e.settled.set_exception(self._failed)
+            return [e.settled for e in entries]
+        self._queue.extend(entries)
+        if self.outboxing:
+            assert self._outbox is not None
+            self._outbox.put(self.name, entries)
+        self._wake.set()
+        return [e.settled for e in entries]
+
+    async def _guarded(self) -> None:
+        try:
+            await self._run()
+        except Exception as error:  # e.g. the outbox could not be written: fail, never hang
+            self._fail(DeliveryFailed(f"{self.name}: {error!r}"))
+            raise
+
+    def _fail(self, error: BaseException) -> None:
+        self._failed = error
+        for e in self._queue:
+            if not e.settled.done():
+                e.settled.set_exception(error)
+
+    async def _run(self) -> None:
+        s = self._settings
+        attempts, backoff = 0, s.reconnect_backoff
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            head = list(islice(self._queue, MAX_BATCH_RECORDS))
+            bound = s.request_timeout if self.outboxing else head[0].deadline - loop.time()
+            try:
+                taken = await asyncio.wait_for(
+                    self._send(self.topic, self.partition, [e.output for e in head]),
+                    max(bound, 0.001))
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                raise
+            except Exception as error:
+                metrics.PRODUCE_FAILURES.labels(self.topic).inc()
+                if not self.outboxing:
+                    attempts += 1
+                    if attempts <= s.retries and loop.time() + s.retry_backoff < head[0].deadline:
+                        log.info("%s: delivery failed (%r), retry %d of %d",
+                                 self.name, error, attempts, s.retries)
+                        await asyncio.sleep(s.retry_backoff)
+                        continue
+                    self._give_up(error, attempts)
+                    if self._failed is not None:
+                        return
+                await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, s.reconnect_backoff_max)
+                continue
+            attempts, backoff = 0, s.reconnect_backoff
+            delivered = [self._queue.popleft() for _ in range(taken)]
+            for e in delivered:
+                e.delivered = True
+                if not e.settled.done():
+                    e.settled.set_result(None)
+            if self._outbox is not None and any(e.outboxed for e in delivered):
+                await self._outbox.remove(self.name, [e for e in delivered if e.outboxed])
+            if self.outboxing and not self._queue:
+                self.outboxing = False
+                log.info("%s: outbox delivered, back to direct sends", self.name)
+
+    def _give_up(self, error: BaseException, attempts: int) -> None:
+        """The bound is spent: outbox every queued record, or fail them all without one."""
+        if self._outbox is None:
+            self._fail(DeliveryFailed(
+                f"{self.name}: {len(self._queue)} records not delivered after {attempts} "
+                f"attempts within {self._settings.delivery_timeout:g}s: {error!r}"))
+            log.error("%s", self._failed)
+            return
+        pending = [e for e in self._queue if not e.settled.done()]
+        log.warning("%s: %d records not delivered after %d attempts (%r): to the outbox, "
+                    "re-sent in order from there", self.name, len(self._queue), attempts, error)
+        self.outboxing = True
+        self._outbox.put(self.name, pending)
+
+
+@dataclass
+class Lanes:
+    """Every lane of one producer, created on first use."""
+
+    send: SendBatch
+    settings: DeliverySettings
+    outbox: OutboxWriter | None
+    owner: str
+    by_partition: dict[tuple[str, int], Lane] = field(default_factory=dict)
+
+    def lane(self, topic: str, partition: int) -> Lane:
+        lane = self.by_partition.get((topic, partition))
+        if lane is None:
+            lane = Lane(topic, partition, lane_name(self.owner, topic, partition), self.send,
+                        self.settings, self.outbox)
+            self.by_partition[topic, partition] = lane
+        return lane
+
+    async def restore(self) -> int:
+        """Load this owner's outbox into lanes that re-send it before anything new."""
+        if self.outbox is None:
+            return 0
+        loaded = await self.outbox.load()
+        for name, rows in loaded.items():
+            partition = int(name.rsplit("|", 1)[1])
+            self.lane(rows[0][1].topic, partition).restore(rows)
+        return sum(map(len, loaded.values()))
+
+    def undelivered(self) -> int:
+        return sum(map(len, self.by_partition.values()))
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        lanes = [lane.task for lane in self.by_partition.values()]
+        return lanes + ([self.outbox.task] if self.outbox is not None else [])

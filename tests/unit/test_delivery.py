@@ -1,0 +1,170 @@
+"""Lane and outbox logic with a scripted broker (pure logic; the real broker is in tests/e2e)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Mapping, Sequence
+
+import pytest
+
+from onceflow.actors.delivery import (
+    DeliveryFailed,
+    DeliverySettings,
+    Lanes,
+    OutboxTally,
+    OutboxWriter,
+    decode_record,
+    encode_record,
+)
+from onceflow.stages.runner import Output
+from onceflow.stores.base import OutboxKey, StateStore
+
+FAST = DeliverySettings(delivery_timeout=0.2, request_timeout=0.2, retries=2,
+                        retry_backoff=0.01, reconnect_backoff=0.01, reconnect_backoff_max=0.02)
+
+
+class MemoryOutbox(StateStore):
+    """The outbox part of a store, in a dict."""
+
+    def __init__(self) -> None:
+        self.rows: dict[OutboxKey, bytes] = {}
+        self.most = 0
+
+    def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
+        self.rows.update(rows)
+        self.most = max(self.most, len(self.rows))
+
+    def outbox_remove(self, keys: Sequence[OutboxKey]) -> None:
+        for key in keys:
+            self.rows.pop(key, None)
+
+    def outbox_load(self) -> dict[str, list[tuple[int, bytes]]]:
+        lanes: dict[str, list[tuple[int, bytes]]] = {}
+        for (lane, seq), row in sorted(self.rows.items()):
+            lanes.setdefault(lane, []).append((seq, row))
+        return lanes
+
+    def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        raise NotImplementedError
+
+    def save(self, stage_id: str, rows: Mapping[str, bytes]) -> None:
+        raise NotImplementedError
+
+    def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
+        raise NotImplementedError
+
+    def add_stats(self, counters: Mapping[str, int]) -> None:
+        raise NotImplementedError
+
+    def read_stats(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class Broker:
+    """Takes up to ``batch`` records per send while up; hangs while down."""
+
+    def __init__(self, batch: int = 3) -> None:
+        self.up = True
+        self.batch = batch
+        self.log: list[bytes] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def send(self, topic: str, partition: int, outputs: Sequence[Output]) -> int:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0.001)
+            while not self.up:
+                await asyncio.sleep(0.01)
+            taken = outputs[:self.batch]
+            self.log.extend(o.value for o in taken)
+            return len(taken)
+        finally:
+            self.in_flight -= 1
+
+
+def records(start: int, stop: int) -> list[Output]:
+    return [Output("t", b"k", str(i).encode(), (("h", b"x"),)) for i in range(start, stop)]
+
+
+def test_an_outbox_row_decodes_to_the_record_it_encodes() -> None:
+    for output in (Output("a.b-c_d", None, b"\x00\xff", ()),
+                   Output("t", b"key", b"v", (("event", b"\x01"), ("x", b"")))):
+        assert decode_record(encode_record(output)) == output
+
+
+def test_a_lane_sends_in_order_one_batch_at_a_time() -> None:
+    async def scenario() -> Broker:
+        broker = Broker()
+        lanes = Lanes(broker.send, FAST, None, "w")
+        settled = [f for i in range(0, 30, 5) for f in lanes.lane("t", 0).add(records(i, i + 5))]
+        await asyncio.gather(*settled)
+        return broker
+
+    broker = asyncio.run(scenario())
+    assert broker.log == [str(i).encode() for i in range(30)]
+    assert broker.most_in_flight == 1
+
+
+def test_an_outage_outboxes_the_lane_then_delivers_it_in_order_and_empties_it() -> None:
+    async def scenario() -> tuple[Broker, MemoryOutbox, OutboxTally]:
+        broker, store, tally = Broker(), MemoryOutbox(), OutboxTally()
+        lanes = Lanes(broker.send, FAST, OutboxWriter(store, "w", tally), "w")
+        lane = lanes.lane("t", 0)
+        await asyncio.gather(*lane.add(records(0, 4)))
+        broker.up = False
+        await asyncio.gather(*lane.add(records(4, 10)))  # settled: in the outbox
+        assert lane.outboxing and tally.value == 6 and len(store.rows) == 6
+        await asyncio.gather(*lane.add(records(10, 12)))  # behind the outbox, into it too
+        assert tally.value == 8 and len(store.rows) == 8
+        broker.up = True
+        while len(lane) or tally.value:
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*lane.add(records(12, 14)))
+        assert not lane.outboxing
+        return broker, store, tally
+
+    broker, store, tally = asyncio.run(scenario())
+    assert broker.log == [str(i).encode() for i in range(14)]
+    assert store.rows == {} and store.most == 8 and tally.value == 0
+
+
+def test_without_an_outbox_a_spent_bound_fails_the_lane_and_everything_behind() -> None:
+    async def scenario() -> None:
+        broker = Broker()
+        broker.up = False
+        lane = Lanes(broker.send, FAST, None, "w").lane("t", 0)
+        with pytest.raises(DeliveryFailed, match="not delivered"):
+            await asyncio.gather(*lane.add(records(0, 3)))
+        later = lane.add(records(3, 4))
+        with pytest.raises(DeliveryFailed):
+            await asyncio.gather(*later)
+        broker.up = True
+        await asyncio.sleep(0.05)
+        assert broker.log == []  # nothing after the failure is ever sent
+
+    asyncio.run(scenario())
+
+
+def test_a_restarted_producer_sends_its_outbox_before_anything_new() -> None:
+    async def scenario() -> tuple[Broker, MemoryOutbox]:
+        store = MemoryOutbox()
+        store.outbox_append({("w|t|0", seq): encode_record(o)
+                             for seq, o in enumerate(records(0, 5))})
+        store.outbox_append({("other|t|0", 0): encode_record(records(99, 100)[0])})
+        broker, tally = Broker(), OutboxTally()
+        lanes = Lanes(broker.send, FAST, OutboxWriter(store, "w", tally), "w")
+        assert await lanes.restore() == 5 and tally.value == 5
+        lane = lanes.lane("t", 0)
+        await asyncio.gather(*lane.add(records(5, 8)))  # settled: behind the outbox, in it
+        while len(lane) or tally.value:
+            await asyncio.sleep(0.01)
+        return broker, store
+
+    broker, store = asyncio.run(scenario())
+    assert broker.log == [str(i).encode() for i in range(8)]
+    assert list(store.rows) == [("other|t|0", 0)]  # another worker's outbox is left alone
