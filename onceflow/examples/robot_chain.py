@@ -5,7 +5,8 @@ fastening event per result on the normalized topic, keyed by robot (so a
 robot's events stay in order). ``windows`` aggregates the normalized events
 in two stages: per-robot-per-minute counts (tumbling, 30 s allowed
 lateness) feeding per-robot daily counts; only what the minute stage folds
-reaches the daily stage. Topics and store come from the environment
+reaches the daily stage. ``counting_normalize`` also counts per robot
+before republishing. Topics and store come from the environment
 (``ONCEFLOW_CHAIN_RAW_TOPIC``, ``ONCEFLOW_CHAIN_NORMALIZED_TOPIC``,
 ``ONCEFLOW_ROBOTS_STORE``).
 """
@@ -25,6 +26,7 @@ DAY_MS = 86_400_000
 LATENESS_MS = 30_000
 MINUTE_STAGE = "per_robot_minute"
 DAY_STAGE = "per_robot_day"
+SEEN_STAGE = "per_robot_seen"
 
 
 def encode_fastening(fastening: Fastening) -> bytes:
@@ -45,6 +47,22 @@ def build_normalize(raw: str, normalized: str) -> Pipeline:
     )
 
 
+def build_counting_normalize(raw: str, normalized: str, store: str) -> Pipeline:
+    """``normalize`` that counts each robot's fastenings before republishing them.
+
+    An aggregate forwarding to a republish step: a replay stops at the
+    aggregate once its state is written, so the runtime settles its outputs
+    before it writes the state.
+    """
+    return (
+        Pipeline("robots-counting-normalize", topics=(raw,), decode=decode_report)
+        .flat_map("fastenings", fastenings)
+        .aggregate(SEEN_STAGE, key=attrgetter("robot"), init=new_counts, fold=count, store=store)
+        .republish("normalized", normalized, encode=encode_fastening, key=attrgetter("robot"),
+                   event_time_ms=attrgetter("ts"), payload_type="application/json")
+    )
+
+
 def build_windows(normalized: str, store: str) -> Pipeline:
     by_robot = attrgetter("robot")
     at = attrgetter("ts")
@@ -59,5 +77,7 @@ def build_windows(normalized: str, store: str) -> Pipeline:
 
 _RAW = os.environ.get("ONCEFLOW_CHAIN_RAW_TOPIC", "robot-reports")
 _NORMALIZED = os.environ.get("ONCEFLOW_CHAIN_NORMALIZED_TOPIC", "robot-fastenings")
+_STORE = os.environ.get("ONCEFLOW_ROBOTS_STORE", "redis")
 normalize = build_normalize(_RAW, _NORMALIZED)
-windows = build_windows(_NORMALIZED, os.environ.get("ONCEFLOW_ROBOTS_STORE", "redis"))
+counting_normalize = build_counting_normalize(_RAW, _NORMALIZED, _STORE)
+windows = build_windows(_NORMALIZED, _STORE)

@@ -172,3 +172,38 @@ def test_one_key_fed_by_every_partition_stays_exact_under_replay(
                                                          "failed": truth["failed"]}
     assert all(len(st.watermarks) == 4 for st in states.values())  # fed by all 4 partitions
     assert store.read_stats().get("fleet.duplicates", 0) > 0
+
+
+def test_an_aggregate_feeding_a_republish_is_killed_right_after_writing_its_state(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    """The state is written only after the records it forwarded are acknowledged:
+    the replay after the kill stops at the aggregate, and nothing is lost downstream."""
+    s = Setup(kafka_service, redis_service, tmp_path, unique_name)
+    raw, normalized = unique_name("raw"), unique_name("norm")
+    s.env |= {"ONCEFLOW_CHAIN_RAW_TOPIC": raw, "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": normalized}
+    stream = generate(20_000, robots=100, seed=8)
+    for topic in (raw, normalized):
+        asyncio.run(harness.create_topic(s.bootstrap, topic, 2))
+    raw_ends = asyncio.run(harness.produce(s.bootstrap, raw, stream.messages))
+    pipeline = "onceflow.examples.robot_chain:counting_normalize"
+    rep_group, agg_group = unique_name("rep"), unique_name("agg")
+    wait_killed(s.worker("dying", pipeline, rep_group,
+                         {"ONCEFLOW_FAULT_KILL_AFTER_SAVE": "per_robot_seen"}))
+    killed_at = asyncio.run(harness.read_ends(s.bootstrap, normalized, 2))
+    assert 0 < sum(killed_at.values()) < stream.events  # killed part-way, outputs out
+    republisher = s.worker("republisher", pipeline, rep_group)
+    aggregator = s.worker("aggregator", "onceflow.examples.robot_chain:windows", agg_group)
+    asyncio.run(drained(s.bootstrap, rep_group, raw, raw_ends, republisher))
+    norm_ends = asyncio.run(harness.read_ends(s.bootstrap, normalized, 2))
+    asyncio.run(drained(s.bootstrap, agg_group, normalized, norm_ends, aggregator))
+    assert republisher.terminate(10) == 0 and aggregator.terminate(10) == 0
+    seen = {robot: decode_state(value).value
+            for robot, value in s.store("robots-counting-normalize").scan("per_robot_seen")}
+    assert seen == {robot: dict(c) | {k: 0 for k in ("ok", "failed") if k not in c}
+                    for robot, c in stream.truth.items()}
+    truth, _ = expected_windows(stream)
+    for stage in ("per_robot_minute", "per_robot_day"):
+        found, overlaps = stored_windows(s.store("robots-windows"), stage)
+        assert overlaps == 0 and found == truth[stage], stage
