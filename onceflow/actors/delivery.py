@@ -53,7 +53,7 @@ class DeliverySettings:
 
     delivery_timeout: float = 120.0
     request_timeout: float = 30.0
-    retries: int = 5
+    retries: int = 2_147_483_647
     retry_backoff: float = 0.1
     reconnect_backoff: float = 0.05
     reconnect_backoff_max: float = 1.0

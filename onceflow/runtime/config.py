@@ -74,7 +74,7 @@ class ProducerSettings:
     max_block: float = 60.0
     delivery_timeout: float = 120.0
     request_timeout: float = 30.0
-    retries: int = 5
+    retries: int = 2_147_483_647
     retry_backoff: float = 0.1
     reconnect_backoff: float = 0.05
     reconnect_backoff_max: float = 1.0
@@ -444,7 +444,7 @@ def _producer(read: _Reader) -> ProducerSettings:
         max_block=read.duration(p + "max-block", 0.1, 3600),
         delivery_timeout=read.duration(p + "delivery-timeout", 0.1, 7 * 86400),
         request_timeout=read.duration(p + "request-timeout", 0.1, 3600),
-        retries=read.integer(p + "retries", 0, 1_000_000),
+        retries=read.integer(p + "retries", 0, 2_147_483_647),
         retry_backoff=read.duration(p + "retry-backoff", 0.0, 3600),
         reconnect_backoff=read.duration(p + "reconnect-backoff", 0.001, 3600),
         reconnect_backoff_max=read.duration(p + "reconnect-backoff-max", 0.001, 3600),
