@@ -28,6 +28,7 @@ import base64
 import json
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -91,8 +92,27 @@ def decode_record(row: bytes) -> Output:
                   tuple((name, b64(value)) for name, value in d["headers"]))
 
 
-def lane_name(owner: str, topic: str, partition: int) -> str:
-    return f"{owner}|{topic}|{partition}"
+def lane_name(topic: str, partition: int) -> str:
+    return f"{topic}|{partition}"
+
+
+class SeqClock:
+    """Outbox sequence numbers: nanoseconds since the epoch, strictly increasing here.
+
+    Every worker of a pipeline shares its outbox, and a restarted worker
+    loads all of it (its own rows, and those of a worker that died and never
+    came back). Time-based numbers never collide with another worker's and
+    order a lane's rows across workers, as long as their clocks are closer
+    than a rebalance takes (the assumption Cassandra's write timestamps
+    already make).
+    """
+
+    def __init__(self) -> None:
+        self.last = 0
+
+    def __call__(self) -> int:
+        self.last = max(time.time_ns(), self.last + 1)
+        return self.last
 
 
 class OutboxTally:
@@ -114,9 +134,8 @@ class OutboxWriter:
     acknowledged: commits wait for it to reach zero.
     """
 
-    def __init__(self, store: StateStore, owner: str, tally: OutboxTally):
+    def __init__(self, store: StateStore, tally: OutboxTally):
         self._store = store
-        self.owner = owner
         self._pending: list[tuple[str, _Entry]] = []
         self._wake = asyncio.Event()
         self.tally = tally
@@ -145,12 +164,12 @@ class OutboxWriter:
         self._pending = []
 
     async def load(self) -> dict[str, list[tuple[int, Output]]]:
-        """This owner's rows, lane -> [(seq, record)] in order; they count as outboxed."""
+        """The pipeline's rows, lane -> [(seq, record)] in order; they count as outboxed."""
         rows = await asyncio.to_thread(retrying, "outbox load", self._store.outbox_load)
-        mine = {lane: [(seq, decode_record(row)) for seq, row in entries]
-                for lane, entries in rows.items() if lane.startswith(self.owner + "|")}
-        self.tally.add(sum(map(len, mine.values())))
-        return mine
+        loaded = {lane: [(seq, decode_record(row)) for seq, row in entries]
+                  for lane, entries in rows.items()}
+        self.tally.add(sum(map(len, loaded.values())))
+        return loaded
 
     async def remove(self, lane: str, entries: Sequence[_Entry]) -> None:
         keys = [(lane, e.seq) for e in entries]
@@ -192,13 +211,13 @@ class Lane:
     """
 
     def __init__(self, topic: str, partition: int, name: str, send: SendBatch,
-                 settings: DeliverySettings, outbox: OutboxWriter | None):
+                 settings: DeliverySettings, outbox: OutboxWriter | None, seq: SeqClock):
         self.topic, self.partition, self.name = topic, partition, name
         self._send = send
         self._settings = settings
         self._outbox = outbox
         self._queue: deque[_Entry] = deque()
-        self._next_seq = 0
+        self._seq = seq
         self.outboxing = False
         self._failed: BaseException | None = None
         self._wake = asyncio.Event()
@@ -215,7 +234,7 @@ class Lane:
             done.set_result(None)
             self._queue.append(_Entry(seq, output, float("inf"), done, outboxed=True))
         if rows:
-            self._next_seq = rows[-1][0] + 1
+            self._seq.last = max(self._seq.last, rows[-1][0])
             self.outboxing = True
             self._wake.set()
 
@@ -224,8 +243,7 @@ class Lane:
         deadline = loop.time() + self._settings.delivery_timeout
         entries = []
         for output in outputs:
-            entries.append(_Entry(self._next_seq, output, deadline, loop.create_future()))
-            self._next_seq += 1
+            entries.append(_Entry(self._seq(), output, deadline, loop.create_future()))
         if self._failed is not None:
             for e in entries:
                 e.settled.set_exception(self._failed)
@@ -316,19 +334,19 @@ class Lanes:
     send: SendBatch
     settings: DeliverySettings
     outbox: OutboxWriter | None
-    owner: str
     by_partition: dict[tuple[str, int], Lane] = field(default_factory=dict)
+    seq: SeqClock = field(default_factory=SeqClock)
 
     def lane(self, topic: str, partition: int) -> Lane:
         lane = self.by_partition.get((topic, partition))
         if lane is None:
-            lane = Lane(topic, partition, lane_name(self.owner, topic, partition), self.send,
-                        self.settings, self.outbox)
+            lane = Lane(topic, partition, lane_name(topic, partition), self.send,
+                        self.settings, self.outbox, self.seq)
             self.by_partition[topic, partition] = lane
         return lane
 
     async def restore(self) -> int:
-        """Load this owner's outbox into lanes that re-send it before anything new."""
+        """Load the outbox into lanes that re-send it before anything new."""
         if self.outbox is None:
             return 0
         loaded = await self.outbox.load()

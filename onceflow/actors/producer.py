@@ -38,7 +38,6 @@ class ProducerActor(ReportingActor):
         max_block: float,
         outbox: StateStore | None,
         tally: OutboxTally,
-        owner: str,
         io: EventLoopThread,
         start_timeout: float,
         on_fatal: FatalHandler,
@@ -49,7 +48,6 @@ class ProducerActor(ReportingActor):
         self._max_block = max_block
         self._outbox_store = outbox
         self._tally = tally
-        self._owner = owner
         self._start_timeout = start_timeout
         self._io = io
         self._producer: AIOKafkaProducer | None = None
@@ -67,8 +65,8 @@ class ProducerActor(ReportingActor):
         self._producer = AIOKafkaProducer(**self._options)
         self._order = asyncio.Lock()
         outbox = None if self._outbox_store is None else \
-            OutboxWriter(self._outbox_store, self._owner, self._tally)
-        self._lanes = Lanes(self._send_batch, self._delivery, outbox, self._owner)
+            OutboxWriter(self._outbox_store, self._tally)
+        self._lanes = Lanes(self._send_batch, self._delivery, outbox)
         await self._producer.start()
         await self._lanes.restore()
 

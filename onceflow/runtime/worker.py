@@ -224,7 +224,7 @@ class PipelineActors:
         self._producer = ProducerActor.start(
             options=producer_options(s), delivery=delivery_settings(s),
             max_block=s.kafka.producer.max_block, outbox=self._outbox, tally=tally,
-            owner=s.kafka.client_id, io=self._io, start_timeout=start_timeout,
+            io=self._io, start_timeout=start_timeout,
             on_fatal=on_fatal,
         )
         self._commit = CommitActor.start(on_fatal=on_fatal, outboxed=lambda: tally.value)

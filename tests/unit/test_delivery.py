@@ -13,6 +13,7 @@ from onceflow.actors.delivery import (
     Lanes,
     OutboxTally,
     OutboxWriter,
+    SeqClock,
     decode_record,
     encode_record,
 )
@@ -100,7 +101,7 @@ def test_an_outbox_row_decodes_to_the_record_it_encodes() -> None:
 def test_a_lane_sends_in_order_one_batch_at_a_time() -> None:
     async def scenario() -> Broker:
         broker = Broker()
-        lanes = Lanes(broker.send, FAST, None, "w")
+        lanes = Lanes(broker.send, FAST, None)
         settled = [f for i in range(0, 30, 5) for f in lanes.lane("t", 0).add(records(i, i + 5))]
         await asyncio.gather(*settled)
         return broker
@@ -113,7 +114,7 @@ def test_a_lane_sends_in_order_one_batch_at_a_time() -> None:
 def test_an_outage_outboxes_the_lane_then_delivers_it_in_order_and_empties_it() -> None:
     async def scenario() -> tuple[Broker, MemoryOutbox, OutboxTally]:
         broker, store, tally = Broker(), MemoryOutbox(), OutboxTally()
-        lanes = Lanes(broker.send, FAST, OutboxWriter(store, "w", tally), "w")
+        lanes = Lanes(broker.send, FAST, OutboxWriter(store, tally))
         lane = lanes.lane("t", 0)
         await asyncio.gather(*lane.add(records(0, 4)))
         broker.up = False
@@ -137,7 +138,7 @@ def test_without_an_outbox_a_spent_bound_fails_the_lane_and_everything_behind() 
     async def scenario() -> None:
         broker = Broker()
         broker.up = False
-        lane = Lanes(broker.send, FAST, None, "w").lane("t", 0)
+        lane = Lanes(broker.send, FAST, None).lane("t", 0)
         with pytest.raises(DeliveryFailed, match="not delivered"):
             await asyncio.gather(*lane.add(records(0, 3)))
         later = lane.add(records(3, 4))
@@ -150,21 +151,29 @@ def test_without_an_outbox_a_spent_bound_fails_the_lane_and_everything_behind() 
     asyncio.run(scenario())
 
 
-def test_a_restarted_producer_sends_its_outbox_before_anything_new() -> None:
+def test_a_restarted_producer_sends_the_outbox_before_anything_new() -> None:
+    """Rows of every worker of the pipeline (one that died too), merged in seq order."""
     async def scenario() -> tuple[Broker, MemoryOutbox]:
         store = MemoryOutbox()
-        store.outbox_append({("w|t|0", seq): encode_record(o)
-                             for seq, o in enumerate(records(0, 5))})
-        store.outbox_append({("other|t|0", 0): encode_record(records(99, 100)[0])})
+        mine, other = records(0, 5), records(5, 7)
+        store.outbox_append({("t|0", 100 + 2 * i): encode_record(o) for i, o in enumerate(mine)})
+        store.outbox_append({("t|0", 111 + i): encode_record(o) for i, o in enumerate(other)})
         broker, tally = Broker(), OutboxTally()
-        lanes = Lanes(broker.send, FAST, OutboxWriter(store, "w", tally), "w")
-        assert await lanes.restore() == 5 and tally.value == 5
+        lanes = Lanes(broker.send, FAST, OutboxWriter(store, tally))
+        assert await lanes.restore() == 7 and tally.value == 7
         lane = lanes.lane("t", 0)
-        await asyncio.gather(*lane.add(records(5, 8)))  # settled: behind the outbox, in it
+        await asyncio.gather(*lane.add(records(7, 10)))  # settled: behind the outbox, in it
+        assert all(seq > 112 for _, seq in store.rows if seq not in range(100, 113))
         while len(lane) or tally.value:
             await asyncio.sleep(0.01)
         return broker, store
 
     broker, store = asyncio.run(scenario())
-    assert broker.log == [str(i).encode() for i in range(8)]
-    assert list(store.rows) == [("other|t|0", 0)]  # another worker's outbox is left alone
+    assert broker.log == [str(i).encode() for i in range(10)]
+    assert store.rows == {}
+
+
+def test_outbox_sequence_numbers_increase_even_when_the_clock_does_not() -> None:
+    clock = SeqClock()
+    clock.last = 2**62  # a row written by a worker whose clock ran ahead
+    assert [clock() for _ in range(3)] == [2**62 + 1, 2**62 + 2, 2**62 + 3]
