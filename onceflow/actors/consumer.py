@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,8 +64,10 @@ class ConsumerActor(ReportingActor):
         commit: pykka.ActorRef[Any],
         on_fatal: FatalHandler,
         connection_check: ConnectionCheck | None = None,
+        on_assigned: Callable[[], Awaitable[int]] | None = None,
     ):
         super().__init__(on_fatal)
+        self._on_assigned = on_assigned
         self._check = connection_check
         self._checker: asyncio.Task[None] | None = None
         self._options = dict(options)
@@ -215,3 +217,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("partitions assigned: %s", sorted((tp.topic, tp.partition) for tp in assigned))
+        if self._actor._on_assigned is not None:  # before anything of them is fetched
+            adopted = await self._actor._on_assigned()
+            if adopted:
+                log.info("took over %d outbox records of a worker that left", adopted)

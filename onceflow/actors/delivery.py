@@ -164,12 +164,10 @@ class OutboxWriter:
         self._pending = []
 
     async def load(self) -> dict[str, list[tuple[int, Output]]]:
-        """The pipeline's rows, lane -> [(seq, record)] in order; they count as outboxed."""
+        """The pipeline's rows, lane -> [(seq, record)] in order."""
         rows = await asyncio.to_thread(retrying, "outbox load", self._store.outbox_load)
-        loaded = {lane: [(seq, decode_record(row)) for seq, row in entries]
-                  for lane, entries in rows.items()}
-        self.tally.add(sum(map(len, loaded.values())))
-        return loaded
+        return {lane: [(seq, decode_record(row)) for seq, row in entries]
+                for lane, entries in rows.items()}
 
     async def remove(self, lane: str, entries: Sequence[_Entry]) -> None:
         keys = [(lane, e.seq) for e in entries]
@@ -226,8 +224,11 @@ class Lane:
     def __len__(self) -> int:
         return len(self._queue)
 
+    def known(self) -> set[int]:
+        return {e.seq for e in self._queue}
+
     def restore(self, rows: Sequence[tuple[int, Output]]) -> None:
-        """Records found in the outbox at start: they go first, already settled."""
+        """Records found in the outbox: queued already settled, sent before anything newer."""
         loop = asyncio.get_running_loop()
         for seq, output in rows:
             done = loop.create_future()
@@ -290,13 +291,14 @@ class Lane:
                 if not self.outboxing:
                     attempts += 1
                     if attempts <= s.retries and loop.time() + s.retry_backoff < head[0].deadline:
-                        log.info("%s: delivery failed (%r), retry %d of %d",
-                                 self.name, error, attempts, s.retries)
+                        log.log(logging.WARNING if attempts == 1 else logging.DEBUG,
+                                "%s: delivery failed (%r), retry %d", self.name, error, attempts)
                         await asyncio.sleep(s.retry_backoff)
                         continue
                     self._give_up(error, attempts)
                     if self._failed is not None:
                         return
+                log.debug("%s: outbox re-send failed (%r)", self.name, error)
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
                 backoff = min(backoff * 2, s.reconnect_backoff_max)
                 continue
@@ -327,6 +329,17 @@ class Lane:
         self._outbox.put(self.name, pending)
 
 
+class Adoption:
+    """The consumer's hook into the producer's lanes: on a partition assignment
+    it awaits ``Lanes.adopt`` (both live on the same event loop)."""
+
+    def __init__(self) -> None:
+        self.lanes: Lanes | None = None
+
+    async def __call__(self) -> int:
+        return 0 if self.lanes is None else await self.lanes.adopt()
+
+
 @dataclass
 class Lanes:
     """Every lane of one producer, created on first use."""
@@ -345,15 +358,25 @@ class Lanes:
             self.by_partition[topic, partition] = lane
         return lane
 
-    async def restore(self) -> int:
-        """Load the outbox into lanes that re-send it before anything new."""
+    async def adopt(self) -> int:
+        """Queue the outbox rows these lanes do not hold yet; answers how many.
+
+        At start that is the whole outbox; on a partition assignment, the
+        rows of a worker that left, taken over before any record of those
+        partitions is fetched (so nothing newer of theirs can go first).
+        """
         if self.outbox is None:
             return 0
-        loaded = await self.outbox.load()
-        for name, rows in loaded.items():
+        adopted = 0
+        for name, rows in (await self.outbox.load()).items():
             partition = int(name.rsplit("|", 1)[1])
-            self.lane(rows[0][1].topic, partition).restore(rows)
-        return sum(map(len, loaded.values()))
+            lane = self.lane(rows[0][1].topic, partition)
+            known = lane.known()
+            new = [(seq, output) for seq, output in rows if seq not in known]
+            lane.restore(new)
+            adopted += len(new)
+        self.outbox.tally.add(adopted)
+        return adopted
 
     def undelivered(self) -> int:
         return sum(map(len, self.by_partition.values()))

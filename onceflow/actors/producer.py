@@ -14,19 +14,29 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner
 
 from onceflow.actors import faults
 from onceflow.actors.base import FatalHandler, ReportingActor
-from onceflow.actors.delivery import DeliverySettings, Lanes, OutboxTally, OutboxWriter
+from onceflow.actors.delivery import (
+    Adoption,
+    DeliverySettings,
+    Lanes,
+    OutboxTally,
+    OutboxWriter,
+)
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Barrier, Send
 from onceflow.stages.runner import Output
 from onceflow.stores.base import StateStore
+
+log = logging.getLogger(__name__)
 
 
 class ProducerActor(ReportingActor):
@@ -38,6 +48,7 @@ class ProducerActor(ReportingActor):
         max_block: float,
         outbox: StateStore | None,
         tally: OutboxTally,
+        adoption: Adoption,
         io: EventLoopThread,
         start_timeout: float,
         on_fatal: FatalHandler,
@@ -48,6 +59,7 @@ class ProducerActor(ReportingActor):
         self._max_block = max_block
         self._outbox_store = outbox
         self._tally = tally
+        self._adoption = adoption
         self._start_timeout = start_timeout
         self._io = io
         self._producer: AIOKafkaProducer | None = None
@@ -68,7 +80,9 @@ class ProducerActor(ReportingActor):
             OutboxWriter(self._outbox_store, self._tally)
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
         await self._producer.start()
-        await self._lanes.restore()
+        if await self._lanes.adopt():
+            log.info("outbox: %d records to send before anything new", self._tally.value)
+        self._adoption.lanes = self._lanes
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Send):
@@ -120,6 +134,8 @@ class ProducerActor(ReportingActor):
     async def _send_batch(self, topic: str, partition: int, outputs: Sequence[Output]) -> int:
         """Send as many of ``outputs`` as fit one batch; wait for the broker's ack."""
         assert self._producer is not None
+        if topic == faults.PRODUCE_FAILS:
+            raise KafkaConnectionError(f"fault injected: {topic} unreachable")
         batch = self._producer.create_batch()
         taken = 0
         for o in outputs:

@@ -24,7 +24,7 @@ from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConnectionCheck, ConsumerActor
-from onceflow.actors.delivery import DeliverySettings, OutboxTally
+from onceflow.actors.delivery import Adoption, DeliverySettings, OutboxTally
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     CommitNow,
@@ -220,10 +220,11 @@ class PipelineActors:
         start_timeout = s.kafka.request_timeout + 10
         outbox_kind = outbox_store(s, pipeline)
         self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
-        tally = OutboxTally()
+        tally, adoption = OutboxTally(), Adoption()
         self._producer = ProducerActor.start(
             options=producer_options(s), delivery=delivery_settings(s),
             max_block=s.kafka.producer.max_block, outbox=self._outbox, tally=tally,
+            adoption=adoption,
             io=self._io, start_timeout=start_timeout,
             on_fatal=on_fatal,
         )
@@ -262,6 +263,7 @@ class PipelineActors:
             commit=self._commit,
             on_fatal=on_fatal,
             connection_check=connection_check(s),
+            on_assigned=adoption,
         )
         self._commit.proxy().use_consumer(self._consumer).get()
         # Stop order: consumer first (no new batches), producer last (flushes sends).

@@ -6,6 +6,7 @@ compares the stored aggregates with the ground truth from the input.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -38,9 +39,9 @@ class Setup:
         self.unique_name = unique_name
         self.env = {**os.environ, "ONCEFLOW_ROBOTS_STORE": "redis"}
 
-    def worker(self, name: str, pipeline: str, group: str, faults: Mapping[str, str] = {}
-               ) -> harness.WorkerProcess:
-        settings = {
+    def worker(self, name: str, pipeline: str, group: str, faults: Mapping[str, str] = {},
+               extra: Mapping[str, str] = {}) -> harness.WorkerProcess:
+        settings = {**extra,
             "onceflow.pipeline": pipeline,
             "onceflow.kafka.bootstrap-servers": self.bootstrap,
             "onceflow.kafka.group-id": group,
@@ -207,3 +208,64 @@ def test_an_aggregate_feeding_a_republish_is_killed_right_after_writing_its_stat
     for stage in ("per_robot_minute", "per_robot_day"):
         found, overlaps = stored_windows(s.store("robots-windows"), stage)
         assert overlaps == 0 and found == truth[stage], stage
+
+
+def test_a_worker_dies_with_records_in_the_outbox_and_its_successor_delivers_them(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    """Worker A cannot reach the output topic: its records go to the outbox, its
+    states are written, none of its offsets is committed. A is SIGKILLed; worker
+    B, running all along, takes A's partitions and, before fetching from them,
+    A's outbox rows: every window downstream is exact."""
+    s = Setup(kafka_service, redis_service, tmp_path, unique_name)
+    raw, normalized = unique_name("raw"), unique_name("norm")
+    s.env |= {"ONCEFLOW_CHAIN_RAW_TOPIC": raw, "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": normalized}
+    stream = generate(6_000, robots=100, seed=13)
+    for topic in (raw, normalized):
+        asyncio.run(harness.create_topic(s.bootstrap, topic, 4))
+    pipeline = "onceflow.examples.robot_chain:counting_normalize"
+    group, agg_group = unique_name("rep"), unique_name("agg")
+    cut_off = s.worker("cut-off", pipeline, group, {"ONCEFLOW_FAULT_PRODUCE_FAILS": normalized},
+                       {"onceflow.kafka.producer.delivery-timeout": "1s"})
+    asyncio.run(cut_off.assigned())
+    survivor = s.worker("survivor", pipeline, group)
+    asyncio.run(survivor.assigned())
+    time.sleep(3)  # the group settles: two partitions each
+    raw_ends = asyncio.run(harness.produce(s.bootstrap, raw, stream.messages))
+    outbox = s.store("robots-counting-normalize")
+    held, deadline = 0, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        previous, held = held, sum(map(len, outbox.outbox_load().values()))
+        if held and held == previous:  # the cut-off worker processed all it had
+            break
+        time.sleep(2)
+    mine = _last_assignment(cut_off, raw)
+    assert held > 0 and mine, f"nothing in the outbox; see {cut_off.logs[-1]}"
+    offsets = asyncio.run(_committed(s.bootstrap, group, raw))
+    assert all(offsets[p] == 0 for p in mine), (mine, offsets)  # nothing behind the outbox
+    cut_off.kill()
+    asyncio.run(drained(s.bootstrap, group, raw, raw_ends, survivor))
+    assert f"took over {held} outbox records" in survivor.logs[-1].read_text()
+    assert outbox.outbox_load() == {}
+    aggregator = s.worker("aggregator", "onceflow.examples.robot_chain:windows", agg_group)
+    norm_ends = asyncio.run(harness.read_ends(s.bootstrap, normalized, 4))
+    asyncio.run(drained(s.bootstrap, agg_group, normalized, norm_ends, aggregator))
+    assert survivor.terminate(10) == 0 and aggregator.terminate(10) == 0
+    truth, _ = expected_windows(stream)
+    for stage in ("per_robot_minute", "per_robot_day"):
+        found, overlaps = stored_windows(s.store("robots-windows"), stage)
+        assert overlaps == 0 and found == truth[stage], stage
+
+
+def _last_assignment(worker: harness.WorkerProcess, topic: str) -> list[int]:
+    """The partitions of ``topic`` in the worker's last "partitions assigned" log line."""
+    lines = [line for line in worker.logs[-1].read_text().splitlines()
+             if "partitions assigned:" in line]
+    pairs = ast.literal_eval(lines[-1].split("partitions assigned:", 1)[1].strip())
+    return [p for t, p in pairs if t == topic]
+
+
+async def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    async with harness.CommittedOffsets(bootstrap, group) as offsets:
+        return await offsets.read(topic, range(4))

@@ -160,7 +160,7 @@ def test_a_restarted_producer_sends_the_outbox_before_anything_new() -> None:
         store.outbox_append({("t|0", 111 + i): encode_record(o) for i, o in enumerate(other)})
         broker, tally = Broker(), OutboxTally()
         lanes = Lanes(broker.send, FAST, OutboxWriter(store, tally))
-        assert await lanes.restore() == 7 and tally.value == 7
+        assert await lanes.adopt() == 7 and tally.value == 7
         lane = lanes.lane("t", 0)
         await asyncio.gather(*lane.add(records(7, 10)))  # settled: behind the outbox, in it
         assert all(seq > 112 for _, seq in store.rows if seq not in range(100, 113))
@@ -177,3 +177,24 @@ def test_outbox_sequence_numbers_increase_even_when_the_clock_does_not() -> None
     clock = SeqClock()
     clock.last = 2**62  # a row written by a worker whose clock ran ahead
     assert [clock() for _ in range(3)] == [2**62 + 1, 2**62 + 2, 2**62 + 3]
+
+
+def test_adopting_on_assignment_queues_only_rows_the_lanes_do_not_hold() -> None:
+    """A worker that left leaves rows behind; taking over its partitions takes them too."""
+    async def scenario() -> tuple[Broker, MemoryOutbox, list[int]]:
+        store, tally, broker = MemoryOutbox(), OutboxTally(), Broker()
+        broker.up = False
+        lanes = Lanes(broker.send, FAST, OutboxWriter(store, tally))
+        await asyncio.gather(*lanes.lane("t", 0).add(records(0, 3)))  # ours, outboxed
+        assert tally.value == 3
+        store.outbox_append({("t|1", 5): encode_record(records(3, 4)[0])})  # the leaver's
+        adopted = [await lanes.adopt(), await lanes.adopt()]
+        assert tally.value == 4
+        broker.up = True
+        while lanes.undelivered() or tally.value:
+            await asyncio.sleep(0.01)
+        return broker, store, adopted
+
+    broker, store, adopted = asyncio.run(scenario())
+    assert adopted == [1, 0]
+    assert sorted(broker.log) == [b"0", b"1", b"2", b"3"] and store.rows == {}
