@@ -237,7 +237,7 @@ def test_a_worker_dies_with_records_in_the_outbox_and_its_successor_delivers_the
     held, deadline = 0, time.monotonic() + 60
     while time.monotonic() < deadline:
         previous, held = held, sum(map(len, outbox.outbox_load().values()))
-        if held and held == previous:  # the cut-off worker processed all it had
+        if held and held == previous:  # the cut-off worker has outboxed what it had
             break
         time.sleep(2)
     mine = _last_assignment(cut_off, raw)
@@ -245,6 +245,7 @@ def test_a_worker_dies_with_records_in_the_outbox_and_its_successor_delivers_the
     offsets = asyncio.run(_committed(s.bootstrap, group, raw))
     assert all(offsets[p] == 0 for p in mine), (mine, offsets)  # nothing behind the outbox
     cut_off.kill()
+    held = sum(map(len, outbox.outbox_load().values()))  # all it left behind
     asyncio.run(drained(s.bootstrap, group, raw, raw_ends, survivor))
     assert f"took over {held} outbox records" in survivor.logs[-1].read_text()
     assert outbox.outbox_load() == {}
