@@ -220,4 +220,4 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
         if self._actor._on_assigned is not None:  # before anything of them is fetched
             adopted = await self._actor._on_assigned()
             if adopted:
-                log.info("took over %d outbox records of a worker that left", adopted)
+                log.info("adopted %d outbox records, sent before anything new", adopted)

@@ -50,14 +50,14 @@ SendBatch = Callable[[str, int, Sequence[Output]], Awaitable[int]]
 
 @dataclass(frozen=True)
 class DeliverySettings:
-    """``onceflow.kafka.producer``: bounds and backoffs, in seconds."""
+    """What the lanes need of ``onceflow.kafka.producer`` (defaults: reference.conf), seconds."""
 
-    delivery_timeout: float = 120.0
-    request_timeout: float = 30.0
-    retries: int = 2_147_483_647
-    retry_backoff: float = 0.1
-    reconnect_backoff: float = 0.05
-    reconnect_backoff_max: float = 1.0
+    delivery_timeout: float
+    request_timeout: float
+    retries: int
+    retry_backoff: float
+    reconnect_backoff: float
+    reconnect_backoff_max: float
 
 
 class DeliveryFailed(Exception):
@@ -361,9 +361,10 @@ class Lanes:
     async def adopt(self) -> int:
         """Queue the outbox rows these lanes do not hold yet; answers how many.
 
-        At start that is the whole outbox; on a partition assignment, the
-        rows of a worker that left, taken over before any record of those
-        partitions is fetched (so nothing newer of theirs can go first).
+        Called on every partition assignment, before anything of those
+        partitions is fetched (so nothing newer of theirs can go first): the
+        first one takes the whole outbox, later ones the rows of a worker
+        that left.
         """
         if self.outbox is None:
             return 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,8 +34,6 @@ from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Barrier, Send
 from onceflow.stages.runner import Output
 from onceflow.stores.base import StateStore
-
-log = logging.getLogger(__name__)
 
 
 class ProducerActor(ReportingActor):
@@ -80,9 +77,7 @@ class ProducerActor(ReportingActor):
             OutboxWriter(self._outbox_store, self._tally)
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
         await self._producer.start()
-        if await self._lanes.adopt():
-            log.info("outbox: %d records to send before anything new", self._tally.value)
-        self._adoption.lanes = self._lanes
+        self._adoption.lanes = self._lanes  # the consumer's assignments load the outbox
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Send):
@@ -108,9 +103,11 @@ class ProducerActor(ReportingActor):
         if dying:
             outputs = outputs[:cut]
         async with self._order:
+            partitions = {topic: await self._partitions_of(topic)
+                          for topic in {o.topic for o in outputs}}
             by_lane: dict[tuple[str, int], list[Output]] = {}
-            for o in outputs:
-                partition = await self._partition(o)
+            for o in outputs:  # Kafka's default partitioner: murmur2 of the key
+                partition = int(self._partitioner(o.key, partitions[o.topic], partitions[o.topic]))
                 by_lane.setdefault((o.topic, partition), []).append(o)
             settled = [f for (topic, partition), outs in by_lane.items()
                        for f in self._lanes.lane(topic, partition).add(outs)]
@@ -119,17 +116,14 @@ class ProducerActor(ReportingActor):
         if dying:
             faults.die()
 
-    async def _partition(self, output: Output) -> int:
-        """Kafka's default partitioner (murmur2 of the key).
-
-        ``max-block`` bounds the wait for the topic's metadata."""
-        partitions = self._partitions.get(output.topic)
+    async def _partitions_of(self, topic: str) -> list[int]:
+        """The topic's partitions, sorted; ``max-block`` bounds the first metadata wait."""
+        partitions = self._partitions.get(topic)
         if partitions is None:
             assert self._producer is not None
-            found = await asyncio.wait_for(
-                self._producer.partitions_for(output.topic), self._max_block)
-            partitions = self._partitions[output.topic] = sorted(found)
-        return int(self._partitioner(output.key, partitions, partitions))
+            found = await asyncio.wait_for(self._producer.partitions_for(topic), self._max_block)
+            partitions = self._partitions[topic] = sorted(found)
+        return partitions
 
     async def _send_batch(self, topic: str, partition: int, outputs: Sequence[Output]) -> int:
         """Send as many of ``outputs`` as fit one batch; wait for the broker's ack."""

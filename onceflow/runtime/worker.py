@@ -179,8 +179,10 @@ def outbox_store(settings: Settings, pipeline: Pipeline) -> str | None:
 
 def delivery_settings(settings: Settings) -> DeliverySettings:
     p = settings.kafka.producer
-    return DeliverySettings(p.delivery_timeout, p.request_timeout, p.retries, p.retry_backoff,
-                            p.reconnect_backoff, p.reconnect_backoff_max)
+    return DeliverySettings(
+        delivery_timeout=p.delivery_timeout, request_timeout=p.request_timeout,
+        retries=p.retries, retry_backoff=p.retry_backoff,
+        reconnect_backoff=p.reconnect_backoff, reconnect_backoff_max=p.reconnect_backoff_max)
 
 
 def connection_check(settings: Settings) -> ConnectionCheck | None:

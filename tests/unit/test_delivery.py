@@ -88,6 +88,16 @@ class Broker:
             self.in_flight -= 1
 
 
+async def settled_down(lanes: Lanes, tally: OutboxTally, store: MemoryOutbox) -> None:
+    """Wait (at most 5 s) until every lane is empty and the outbox deleted what was delivered:
+    the tally drops when a record is acknowledged, its row goes a moment later."""
+    deadline = asyncio.get_running_loop().time() + 5
+    while lanes.undelivered() or tally.value or store.rows:
+        if asyncio.get_running_loop().time() > deadline:
+            return
+        await asyncio.sleep(0.01)
+
+
 def records(start: int, stop: int) -> list[Output]:
     return [Output("t", b"k", str(i).encode(), (("h", b"x"),)) for i in range(start, stop)]
 
@@ -123,8 +133,7 @@ def test_an_outage_outboxes_the_lane_then_delivers_it_in_order_and_empties_it() 
         await asyncio.gather(*lane.add(records(10, 12)))  # behind the outbox, into it too
         assert tally.value == 8 and len(store.rows) == 8
         broker.up = True
-        while len(lane) or tally.value:
-            await asyncio.sleep(0.01)
+        await settled_down(lanes, tally, store)
         await asyncio.gather(*lane.add(records(12, 14)))
         assert not lane.outboxing
         return broker, store, tally
@@ -164,8 +173,7 @@ def test_a_restarted_producer_sends_the_outbox_before_anything_new() -> None:
         lane = lanes.lane("t", 0)
         await asyncio.gather(*lane.add(records(7, 10)))  # settled: behind the outbox, in it
         assert all(seq > 112 for _, seq in store.rows if seq not in range(100, 113))
-        while len(lane) or tally.value:
-            await asyncio.sleep(0.01)
+        await settled_down(lanes, tally, store)
         return broker, store
 
     broker, store = asyncio.run(scenario())
@@ -191,8 +199,7 @@ def test_adopting_on_assignment_queues_only_rows_the_lanes_do_not_hold() -> None
         adopted = [await lanes.adopt(), await lanes.adopt()]
         assert tally.value == 4
         broker.up = True
-        while lanes.undelivered() or tally.value:
-            await asyncio.sleep(0.01)
+        await settled_down(lanes, tally, store)
         return broker, store, adopted
 
     broker, store, adopted = asyncio.run(scenario())
