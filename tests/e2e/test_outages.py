@@ -9,18 +9,16 @@ import re
 import threading
 import time
 import urllib.request
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers import committed, create_topic
+from helpers import committed, create_topic, expected_counts, stored_states
 from proxy import CuttableProxy
 
 from onceflow.runtime import harness, services
 from onceflow.runtime.chaos import expected_windows, stored_windows
 from onceflow.runtime.robot_stream import generate
 from onceflow.runtime.services import ServiceInfo
-from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
 
@@ -78,9 +76,7 @@ def test_redis_down_for_20s_commits_nothing_meanwhile_then_catches_up_exactly(
         asyncio.run(_drained(kafka_service.address, group, topic, ends, worker))
         assert worker.terminate(10) == 0
         store = RedisStore(redis_url, prefix, "robots")
-        got = {k: decode_state(v).value for k, v in store.scan("per_robot")}
-        assert got == {r: {"ok": c["ok"], "failed": c["failed"]}
-                       for r, c in stream.truth.items()}
+        assert stored_states(store, "per_robot") == expected_counts(stream.truth)
     finally:
         if worker.exited() is None:
             worker.kill()
@@ -125,10 +121,7 @@ def test_broker_frozen_longer_than_every_timeout_recovers_without_process_restar
         assert starts >= 2, text  # the stream was re-created
         assert worker.terminate(10) == 0
         store = RedisStore(redis_url, prefix, "robots")
-        got = {k: decode_state(v).value for k, v in store.scan("per_robot")}
-        truth = {r: first.truth.get(r, Counter()) + second.truth.get(r, Counter())
-                 for r in set(first.truth) | set(second.truth)}
-        assert got == {r: {"ok": c["ok"], "failed": c["failed"]} for r, c in truth.items()}
+        assert stored_states(store, "per_robot") == expected_counts(first.truth, second.truth)
     finally:
         services.thaw(kafka)
         if worker.exited() is None:
@@ -175,9 +168,7 @@ def test_proxy_cutting_every_connection_ten_times_keeps_totals_exact(
         assert worker.exited() is None
         assert worker.terminate(10) == 0
         store = RedisStore(redis_url, prefix, "robots")
-        got = {k: decode_state(v).value for k, v in store.scan("per_robot")}
-        assert got == {r: {"ok": c["ok"], "failed": c["failed"]}
-                       for r, c in stream.truth.items()}
+        assert stored_states(store, "per_robot") == expected_counts(stream.truth)
     finally:
         proxy.close()
         services.stop(kafka)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+from helpers import expected_counts, stored_states
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.runtime import harness
@@ -200,10 +201,8 @@ def test_an_aggregate_feeding_a_republish_is_killed_right_after_writing_its_stat
     norm_ends = asyncio.run(harness.read_ends(s.bootstrap, normalized, 2))
     asyncio.run(drained(s.bootstrap, agg_group, normalized, norm_ends, aggregator))
     assert republisher.terminate(10) == 0 and aggregator.terminate(10) == 0
-    seen = {robot: decode_state(value).value
-            for robot, value in s.store("robots-counting-normalize").scan("per_robot_seen")}
-    assert seen == {robot: dict(c) | {k: 0 for k in ("ok", "failed") if k not in c}
-                    for robot, c in stream.truth.items()}
+    seen = stored_states(s.store("robots-counting-normalize"), "per_robot_seen")
+    assert seen == expected_counts(stream.truth)
     truth, _ = expected_windows(stream)
     for stage in ("per_robot_minute", "per_robot_day"):
         found, overlaps = stored_windows(s.store("robots-windows"), stage)
@@ -247,7 +246,7 @@ def test_a_worker_dies_with_records_in_the_outbox_and_its_successor_delivers_the
     cut_off.kill()
     held = sum(map(len, outbox.outbox_load().values()))  # all it left behind
     asyncio.run(drained(s.bootstrap, group, raw, raw_ends, survivor))
-    assert f"took over {held} outbox records" in survivor.logs[-1].read_text()
+    assert f"adopted {held} outbox records" in survivor.logs[-1].read_text()
     assert outbox.outbox_load() == {}
     aggregator = s.worker("aggregator", "onceflow.examples.robot_chain:windows", agg_group)
     norm_ends = asyncio.run(harness.read_ends(s.bootstrap, normalized, 4))

@@ -11,15 +11,21 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers import committed, create_topic, produce, start_worker, wait_for_log
+from helpers import (
+    committed,
+    create_topic,
+    expected_counts,
+    produce,
+    start_worker,
+    stored_states,
+    wait_for_log,
+)
 
 from onceflow.runtime.robot_stream import generate
 from onceflow.runtime.services import ServiceInfo, free_port
-from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
 RESTART = re.compile(r"restarting \['pipeline'\] in ([\d.]+)s")
@@ -102,10 +108,7 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
         if healthy.poll() is None:
             healthy.kill()
     store = RedisStore(redis_url, prefix, "robots")
-    got = {k: decode_state(v).value for k, v in store.scan("per_robot")}
-    truth = {r: first.truth.get(r, Counter()) + second.truth.get(r, Counter())
-             for r in set(first.truth) | set(second.truth)}
-    assert got == {r: {"ok": c["ok"], "failed": c["failed"]} for r, c in truth.items()}
+    assert stored_states(store, "per_robot") == expected_counts(first.truth, second.truth)
 
 
 def get(port: int, path: str) -> tuple[int, str]:

@@ -6,13 +6,31 @@ import asyncio
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
 from onceflow.runtime import harness
 from onceflow.runtime.demo import redis_settings
+from onceflow.stages.state import decode_state
+from onceflow.stores.base import StateStore
+
+
+def stored_states(store: StateStore, stage: str) -> dict[str, Any]:
+    """Every state of an aggregate stage, decoded: key -> value."""
+    return {key: decode_state(value).value for key, value in store.scan(stage)}
+
+
+def expected_counts(*truths: Mapping[str, Counter[str]]) -> dict[str, dict[str, int]]:
+    """The per-robot ``{"ok", "failed"}`` states the ground truth implies (streams add up)."""
+    total: dict[str, Counter[str]] = {}
+    for truth in truths:
+        for robot, counts in truth.items():
+            total[robot] = total.get(robot, Counter()) + counts
+    return {robot: {"ok": c["ok"], "failed": c["failed"]} for robot, c in total.items()}
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:

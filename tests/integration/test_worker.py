@@ -11,15 +11,16 @@ from helpers import (
     committed,
     consume_all,
     create_topic,
+    expected_counts,
     produce,
     start_worker,
+    stored_states,
     wait_for_log,
 )
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.runtime.robot_stream import generate
 from onceflow.runtime.services import ServiceInfo
-from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
 NEVER = ["--set", "onceflow.persistence.interval=1h", "--set", "onceflow.commit.interval=1h"]
@@ -29,7 +30,7 @@ FAST_STATS = ["--set", "onceflow.metrics.stats-interval=200ms"]
 def robot_totals(redis_url: str, prefix: str) -> dict[str, dict[str, int]]:
     store = RedisStore(redis_url, prefix, "robots")
     try:
-        return {k: decode_state(v).value for k, v in store.scan("per_robot")}
+        return stored_states(store, "per_robot")
     finally:
         store.close()
 
@@ -63,8 +64,7 @@ def test_sigterm_flushes_commits_and_exits_zero_within_10s(
     assert took < 10
     assert committed(kafka_service.address, group, topic, 4) == {p: ends.get(p, 0)
                                                                  for p in range(4)}
-    expected = {robot: {"ok": c["ok"], "failed": c["failed"]} for robot, c in stream.truth.items()}
-    assert robot_totals(redis_url, prefix) == expected
+    assert robot_totals(redis_url, prefix) == expected_counts(stream.truth)
 
 
 def test_undecodable_records_go_to_dead_letters_with_reason_and_nothing_is_lost(
@@ -98,7 +98,5 @@ def test_undecodable_records_go_to_dead_letters_with_reason_and_nothing_is_lost(
     assert reasons[1].startswith("stage 'decode': JSONDecodeError")
     assert dict(letters[0].headers)["onceflow.source"] == f"{topic}/0/100".encode()
     truth = generate(200, robots=10, seed=5).truth
-    assert robot_totals(redis_url, prefix) == {
-        r: {"ok": c["ok"], "failed": c["failed"]} for r, c in truth.items()
-    }
+    assert robot_totals(redis_url, prefix) == expected_counts(truth)
     assert committed(kafka_service.address, group, topic, 1) == {0: ends[0]}

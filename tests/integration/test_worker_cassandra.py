@@ -14,11 +14,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from helpers import committed, create_topic, produce, start_worker, wait_for_log
+from helpers import (
+    committed,
+    create_topic,
+    expected_counts,
+    produce,
+    start_worker,
+    stored_states,
+    wait_for_log,
+)
 
 from onceflow.runtime.robot_stream import RobotStream, generate
 from onceflow.runtime.services import ServiceInfo, free_port
-from onceflow.stages.state import decode_state
 from onceflow.stores.cassandra_store import CassandraStore
 
 PIPELINE_ID, STAGE_ID = "robots", "per_robot"  # fixed by onceflow.examples.robots
@@ -45,13 +52,13 @@ def open_store(cassandra: ServiceInfo, keyspace: str) -> CassandraStore:
 def robot_totals(cassandra: ServiceInfo, keyspace: str) -> dict[str, dict[str, int]]:
     store = open_store(cassandra, keyspace)
     try:
-        return {k: decode_state(v).value for k, v in store.scan(STAGE_ID)}
+        return stored_states(store, STAGE_ID)
     finally:
         store.close()
 
 
 def truth(stream: RobotStream) -> dict[str, dict[str, int]]:
-    return {robot: {"ok": c["ok"], "failed": c["failed"]} for robot, c in stream.truth.items()}
+    return expected_counts(stream.truth)
 
 
 class Run:
