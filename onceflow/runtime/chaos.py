@@ -45,6 +45,7 @@ from onceflow.runtime.harness import (
 )
 from onceflow.runtime.robot_stream import RobotStream, generate
 from onceflow.runtime.services import ServiceInfo
+from onceflow.runtime.tables import measures
 from onceflow.stages.state import decode_state
 from onceflow.stores.base import StateStore
 
@@ -267,10 +268,7 @@ def run_chaos(options: ChaosOptions, *, bootstrap: str, store_settings: Mapping[
 
 
 def report_table(report: ChaosReport) -> Table:
-    table = Table(title="onceflow chaos: republisher + windowed aggregator under SIGKILL")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    rows = [
+    return measures("onceflow chaos: republisher + windowed aggregator under SIGKILL", [
         ("messages produced", f"{report.messages:,}"),
         ("fastening events", f"{report.events:,}"),
         *[(f"SIGKILLs: {name}", str(n)) for name, n in report.kills.items()],
@@ -282,10 +280,7 @@ def report_table(report: ChaosReport) -> Table:
         ("double", f"{report.double:,}"),
         ("exit codes after SIGTERM", str(report.exit_codes)),
         ("elapsed", f"{report.elapsed:.1f} s"),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    return table
+    ])
 
 
 def start_store(kind: str, state: Path, namespace: str) -> tuple[ServiceInfo, dict[str, str]]:

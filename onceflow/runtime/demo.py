@@ -42,6 +42,7 @@ from onceflow.runtime.harness import (
     worker_command,
 )
 from onceflow.runtime.robot_stream import RobotStream, generate
+from onceflow.runtime.tables import measures
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
@@ -198,10 +199,7 @@ class _Demo:
 
 
 def report_table(report: DemoReport) -> Table:
-    table = Table(title="onceflow demo: robot screw fastening, exactly once")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    rows = [
+    return measures("onceflow demo: robot screw fastening, exactly once", [
         ("messages produced", f"{report.messages:,}"),
         ("fastening events (after flat-map)", f"{report.events:,}"),
         ("worker SIGKILLs / restarts", f"{report.kills} / {report.restarts}"),
@@ -212,10 +210,7 @@ def report_table(report: DemoReport) -> Table:
         ("double", f"{report.double:,}"),
         ("final SIGTERM exit code", str(report.final_exit_code)),
         ("elapsed", f"{report.elapsed:.1f} s"),
-    ]
-    for name, value in rows:
-        table.add_row(name, value)
-    return table
+    ])
 
 
 def cli(argv: list[str]) -> int:
