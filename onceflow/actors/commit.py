@@ -21,7 +21,7 @@ from aiokafka.errors import KafkaError
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.messages import Commit, CommitNow, CommitTick, Durable, Forget
-from onceflow.stages.runner import TopicPartition
+from onceflow.stages.state import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceflow.stages.runner import Output, TopicPartition
+from onceflow.stages.runner import Output
+from onceflow.stages.state import TopicPartition
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,9 @@ LATE = Counter("onceflow_late_events", "Values too late for their window", ["sta
                registry=REGISTRY)
 DEAD_LETTERS = Counter("onceflow_dead_letters", "Records sent to the dead-letter topic",
                        registry=REGISTRY)
+MISALIGNED = Counter("onceflow_misaligned_records", "Records dead-lettered because a key they "
+                     "feed has its home on another input partition (repartition needed)",
+                     ["stage"], registry=REGISTRY)
 PERSISTED = Counter("onceflow_persisted_states", "State rows written", ["stage"],
                     registry=REGISTRY)
 STORE_SECONDS = Histogram("onceflow_store_write_seconds", "Time to write one stage's rows",

@@ -30,8 +30,8 @@ from onceflow.actors.messages import (
 )
 from onceflow.actors.retry import retrying
 from onceflow.stages.pipeline import Aggregate, Pipeline
-from onceflow.stages.runner import PipelineRunner, TopicPartition
-from onceflow.stages.state import AggregateState, decode_state, encode_state
+from onceflow.stages.runner import PipelineRunner
+from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
 from onceflow.stores.base import StateStore
 
 log = logging.getLogger(__name__)
@@ -51,10 +51,13 @@ class StageActor(ReportingActor):
         producer: pykka.ActorRef[Any],
         persistence: pykka.ActorRef[Any],
         on_fatal: FatalHandler,
+        single_worker: bool = False,
     ):
         super().__init__(on_fatal)
         self._stores = stores
-        self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic, late_events_topic)
+        self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic, late_events_topic,
+                                      claim=None if single_worker else self._claim_homes)
+        self._warned_misaligned: set[str] = set()
         self._producer = producer
         self._persistence = persistence
         self._processed: dict[TopicPartition, int] = {}
@@ -66,6 +69,13 @@ class StageActor(ReportingActor):
     def _load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
         rows = retrying(f"load {spec.id}", lambda: self._stores[spec.store].load(spec.id, keys))
         return {key: decode_state(value) for key, value in rows.items()}
+
+    def _claim_homes(self, spec: Aggregate, feeders: Mapping[str, TopicPartition]
+                     ) -> dict[str, TopicPartition]:
+        proposals = {key: f"{topic}|{partition}" for key, (topic, partition) in feeders.items()}
+        homes = retrying(f"claim homes {spec.id}",
+                         lambda: self._stores[spec.store].claim_homes(spec.id, proposals))
+        return {key: _partition_of(home) for key, home in homes.items()}
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Batch):
@@ -122,6 +132,7 @@ class StageActor(ReportingActor):
         batch.update({f"{stage_id}.duplicates": n for stage_id, n in outcome.duplicates.items()})
         batch.update({f"{stage_id}.folded": n for stage_id, n in outcome.folded.items()})
         batch.update({f"{stage_id}.late": n for stage_id, n in outcome.late.items()})
+        batch.update({f"{stage}.misaligned": len(r) for stage, r in outcome.misaligned.items()})
         self._stats.update(batch)
         metrics.RECORDS.inc(len(records))
         metrics.DEAD_LETTERS.inc(outcome.dead_letters)
@@ -132,6 +143,12 @@ class StageActor(ReportingActor):
                 family.labels(stage_id).inc(n)
         metrics.progressed()
         self._totals.update(batch)
+        for stage_id, reasons in outcome.misaligned.items():
+            metrics.MISALIGNED.labels(stage_id).inc(len(reasons))
+            if stage_id not in self._warned_misaligned:  # once per stage, then the counters
+                self._warned_misaligned.add(stage_id)
+                log.warning("dead-lettered a record fed from the wrong partition (%d in this "
+                            "batch; see onceflow_misaligned_records): %s", len(reasons), reasons[0])
 
     def _snapshot(self) -> Snapshot | None:
         """Encode dirty states now: later folds cannot change what gets written."""
@@ -152,6 +169,11 @@ class StageActor(ReportingActor):
         stats = dict(self._stats)
         self._stats.clear()
         return Snapshot(rows, dict(self._processed), stats)
+
+
+def _partition_of(home: str) -> TopicPartition:
+    topic, _, partition = home.rpartition("|")
+    return topic, int(partition)
 
 
 def _written(snapshot: pykka.Future[Any]) -> bool:

@@ -99,6 +99,7 @@ class KafkaSettings:
     fetch_max_wait: float
     dead_letter_topic: str
     late_events_topic: str
+    repartition_replication_factor: int = 1
     connection_checker: ConnectionCheckerSettings = field(
         default_factory=lambda: ConnectionCheckerSettings())
     producer: ProducerSettings = field(default_factory=lambda: ProducerSettings())
@@ -255,6 +256,7 @@ class Settings:
     landing: LandingSettings = LandingSettings()
     analytics: AnalyticsSettings = AnalyticsSettings()
     supervision: SupervisionSettings = SupervisionSettings()
+    single_worker: bool = False
 
 
 class ConfigError(Exception):
@@ -398,6 +400,8 @@ def _build(read: _Reader, source: str) -> Settings:
         fetch_max_wait=read.duration(k + "fetch-max-wait", 0, 60),
         dead_letter_topic=read.text(k + "dead-letter-topic", r"[\w.-]{1,249}", "a topic name"),
         late_events_topic=read.text(k + "late-events-topic", r"[\w.-]{1,249}", "a topic name"),
+        repartition_replication_factor=read.integer(k + "repartition-replication-factor", 1,
+                                                    32767),
         connection_checker=ConnectionCheckerSettings(
             enable=read.boolean(k + "connection-checker.enable"),
             max_retries=read.integer(k + "connection-checker.max-retries", 0, 1000),
@@ -435,6 +439,7 @@ def _build(read: _Reader, source: str) -> Settings:
                                 else read.text("onceflow.landing.dir")),
         analytics=_analytics(read),
         supervision=_supervision(read),
+        single_worker=read.boolean("onceflow.single-worker"),
     )
 
 

@@ -47,6 +47,7 @@ from onceflow.actors.supervisor import (
 from onceflow.actors.ticker import Ticker
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.runtime.health import HealthServer
+from onceflow.runtime.topics import ensure_repartition_topics
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stores.base import StateStore
 from onceflow.stores.redis_store import RedisStore
@@ -215,11 +216,18 @@ class PipelineActors:
         s = self.settings = settings
         self.on_fatal = on_fatal
         self._io = EventLoopThread()
+        start_timeout = s.kafka.request_timeout + 10
+        try:
+            self._io.run(ensure_repartition_topics(
+                s.kafka.bootstrap_servers, pipeline, s.kafka.repartition_replication_factor),
+                timeout=start_timeout)
+        except BaseException:
+            self._io.stop()
+            raise
         self._stores = [open_stores(s, pipeline), open_stores(s, pipeline)]
         stage_stores, write_stores = self._stores
         # Stats go to the first store the pipeline uses; a stateless republisher has none.
         stats_store = next(iter(write_stores.values()), None)
-        start_timeout = s.kafka.request_timeout + 10
         outbox_kind = outbox_store(s, pipeline)
         self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
         tally, adoption = OutboxTally(), Adoption()
@@ -252,10 +260,11 @@ class PipelineActors:
             producer=self._producer,
             persistence=self._persistence,
             on_fatal=on_fatal,
+            single_worker=s.single_worker,
         )
         self._consumer = ConsumerActor.start(
             options=consumer_options(s),
-            topics=pipeline.topics,
+            topics=pipeline.consumed_topics,
             max_in_flight=s.consumer.max_in_flight_batches,
             max_records=s.kafka.max_poll_records,
             poll_timeout=s.kafka.fetch_max_wait + 0.1,

@@ -5,7 +5,15 @@ that line); the runtime interprets what is declared here.
 """
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
-from onceflow.stages.pipeline import Aggregate, FlatMap, Map, Pipeline, Republish, Step
+from onceflow.stages.pipeline import (
+    Aggregate,
+    FlatMap,
+    Map,
+    Pipeline,
+    Repartition,
+    Republish,
+    Step,
+)
 from onceflow.stages.windows import Tumbling
 
 __all__ = [
@@ -14,6 +22,7 @@ __all__ = [
     "FlatMap",
     "Map",
     "Pipeline",
+    "Repartition",
     "Republish",
     "SourceRef",
     "Step",

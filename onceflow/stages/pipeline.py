@@ -7,6 +7,7 @@ unique and must not change between deployments of the same pipeline.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -76,7 +77,34 @@ class Republish:
     payload_type: str = ""
 
 
-Step = Map | FlatMap | Aggregate | Republish
+def json_bytes(value: Any) -> bytes:
+    """Default encoding of values crossing a repartition topic."""
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class Repartition:
+    """Re-key the values through ``topic`` so every key is fed from one partition.
+
+    An aggregate's state lives in one worker at a time only if all of its
+    key's values arrive through one input partition. When the aggregate key
+    is not the input's partitioning key, this step produces the values to
+    ``topic`` keyed by ``key`` (so Kafka puts each key in one partition) and
+    the pipeline goes on from that topic, in the same workers and consumer
+    group, exactly once through the hop (source chains and per-root
+    watermarks, as for ``republish``). Values cross the hop as ``encode``
+    (JSON by default) and come back through ``decode``.
+    """
+
+    id: str
+    key: Callable[[Any], str]
+    topic: str
+    partitions: int | None = None  # None: as many as the source topic with the most
+    encode: Callable[[Any], bytes] = json_bytes
+    decode: Callable[[bytes], Any] = json.loads
+
+
+Step = Map | FlatMap | Aggregate | Republish | Repartition
 
 
 @dataclass(frozen=True)
@@ -106,6 +134,14 @@ class Pipeline:
             if step.id in seen:
                 raise ValueError(f"pipeline {self.id!r}: duplicate stage id {step.id!r}")
             seen.add(step.id)
+        hops = [step.topic for step in self.repartitions]
+        for hop in self.repartitions:
+            if hop.topic in self.topics or hops.count(hop.topic) > 1:
+                raise ValueError(f"pipeline {self.id!r}: repartition topic {hop.topic!r} must "
+                                 "differ from the source topics and every other repartition topic")
+            if hop.partitions is not None and hop.partitions < 1:
+                raise ValueError(f"pipeline {self.id!r}: repartition {hop.id!r}: partitions "
+                                 f"must be at least 1, got {hop.partitions}")
 
     def map(self, id: str, fn: Callable[[Any], Any]) -> Pipeline:
         return self._then(Map(id, fn))
@@ -137,9 +173,39 @@ class Pipeline:
     ) -> Pipeline:
         return self._then(Republish(id, topic, encode, key, event_time_ms, payload_type))
 
+    def repartition(
+        self,
+        id: str,
+        *,
+        key: Callable[[Any], str],
+        partitions: int | None = None,
+        topic: str | None = None,
+        encode: Callable[[Any], bytes] = json_bytes,
+        decode: Callable[[bytes], Any] = json.loads,
+    ) -> Pipeline:
+        """Re-key by ``key`` through a topic before an aggregate keyed differently from the input.
+
+        The topic is ``<pipeline>-<id>-repartition`` unless ``topic`` names
+        one; a worker creates it at start when missing, with ``partitions``
+        (default: as many as the source topic with the most). Keep ``key``
+        consistent with the next aggregate's key, and values JSON-friendly or
+        give ``encode``/``decode``.
+        """
+        name = topic if topic is not None else f"{self.id}-{id}-repartition"
+        return self._then(Repartition(id, key, name, partitions, encode, decode))
+
     @property
     def aggregates(self) -> tuple[Aggregate, ...]:
         return tuple(s for s in self.steps if isinstance(s, Aggregate))
+
+    @property
+    def repartitions(self) -> tuple[Repartition, ...]:
+        return tuple(s for s in self.steps if isinstance(s, Repartition))
+
+    @property
+    def consumed_topics(self) -> tuple[str, ...]:
+        """The source topics, then every repartition topic: what a worker subscribes to."""
+        return (*self.topics, *(step.topic for step in self.repartitions))
 
     def _then(self, step: Step) -> Pipeline:
         return replace(self, steps=(*self.steps, step))

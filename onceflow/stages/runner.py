@@ -5,6 +5,18 @@ yet in memory, and gets back what to produce, what to dead-letter and which
 offsets the batch covered. Each record is one unit: every value it fans out
 to is folded into every aggregate, or none is (its new states are staged
 and only then installed).
+
+A pipeline with repartition steps runs as segments: the source topics feed
+the first, each repartition topic the next; the runner picks a record's
+segment by the topic it was consumed from.
+
+Key homes: when several workers may share the pipeline's consumer group,
+each aggregate state may be fed from one input partition only (its *home*,
+claimed atomically in the store when the key is first seen). Two workers
+folding one key from two partitions would each write their own copy of the
+state and the last write would win, losing the other's folds; a record
+whose key is homed on another partition is dead-lettered instead, with a
+reason that says to repartition.
 """
 
 from __future__ import annotations
@@ -18,12 +30,21 @@ from google.protobuf.message import DecodeError
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.lineage import Position, RootPartition, event_id, extended_chain, root_of
-from onceflow.stages.pipeline import Aggregate, FlatMap, Map, Pipeline, Republish
-from onceflow.stages.state import AggregateState
+from onceflow.stages.pipeline import (
+    Aggregate,
+    FlatMap,
+    Map,
+    Pipeline,
+    Repartition,
+    Republish,
+    Step,
+)
+from onceflow.stages.state import AggregateState, TopicPartition
 from onceflow.stages.windows import empty_windows, fold_windowed
 
-TopicPartition = tuple[str, int]
 StateLoader = Callable[[Aggregate, Sequence[str]], Mapping[str, AggregateState]]
+#: Claims each key's home partition if it has none yet; answers every key's home.
+HomeClaimer = Callable[[Aggregate, Mapping[str, TopicPartition]], Mapping[str, TopicPartition]]
 
 
 class ConsumedRecord(Protocol):
@@ -57,6 +78,7 @@ class BatchOutcome:
     folded: Counter[str] = field(default_factory=Counter)
     late: Counter[str] = field(default_factory=Counter)
     next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    misaligned: dict[str, list[str]] = field(default_factory=dict)  # stage -> dead-letter reasons
 
 
 class StageFailure(Exception):
@@ -65,6 +87,18 @@ class StageFailure(Exception):
     def __init__(self, stage_id: str, error: BaseException):
         super().__init__(f"stage {stage_id!r}: {type(error).__name__}: {error}")
         self.stage_id = stage_id
+        self.error = error
+
+
+class KeyHomedElsewhere(Exception):
+    """A value for a key whose state is fed from another input partition."""
+
+    def __init__(self, key: str, fed_from: TopicPartition, home: TopicPartition):
+        super().__init__(
+            f"key {key!r} is fed from {fed_from[0]}/{fed_from[1]} but its state is fed from "
+            f"{home[0]}/{home[1]}; with more than one worker both would write the state and "
+            "lose each other's folds: add .repartition(...) with this key before the aggregate "
+            "(or set onceflow.single-worker = true if one worker runs this pipeline)")
 
 
 @dataclass(slots=True)
@@ -94,6 +128,14 @@ class _Emit:
 
     positions: list[Position]
     outputs: list[Output]
+
+
+@dataclass(frozen=True, slots=True)
+class _Segment:
+    """The steps run over records of some consumed topics, and how their values decode."""
+
+    decode: Callable[[Envelope], Any]
+    steps: list[tuple[Step, StateTable | None]]
 
 
 class StateTable:
@@ -130,17 +172,31 @@ class PipelineRunner:
         load: StateLoader,
         dead_letter_topic: str,
         late_topic: str = "onceflow-late-events",
+        claim: HomeClaimer | None = None,
     ):
         self.pipeline = pipeline
         self.tables = [StateTable(spec) for spec in pipeline.aggregates]
-        tables = iter(self.tables)
-        self._steps = [
-            (step, next(tables) if isinstance(step, Aggregate) else None)
-            for step in pipeline.steps
-        ]
+        self._segments = self._split(pipeline)
+        self._first = self._segments[pipeline.topics[0]]
         self._load = load
+        self._claim = claim
         self._dead_letter_topic = dead_letter_topic
         self._late_topic = late_topic
+
+    def _split(self, pipeline: Pipeline) -> dict[str, _Segment]:
+        """Consumed topic -> segment: a repartition step ends one segment and starts the next."""
+        tables = iter(self.tables)
+        segment = _Segment(pipeline.decode, [])
+        segments = dict.fromkeys(pipeline.topics, segment)
+        for step in pipeline.steps:
+            if isinstance(step, Repartition):
+                hop = Republish(step.id, step.topic, step.encode, step.key)
+                segment.steps.append((hop, None))
+                segment = _Segment(_payload_decoder(step.decode), [])
+                segments[step.topic] = segment
+            else:
+                segment.steps.append((step, next(tables) if isinstance(step, Aggregate) else None))
+        return segments
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.
@@ -152,7 +208,7 @@ class PipelineRunner:
         """
         outcome = BatchOutcome()
         held: list[_Plan] = []
-        missing: dict[StateTable, set[str]] = {}
+        missing: dict[StateTable, dict[str, TopicPartition]] = {}  # key -> first feeder
         next_offsets = outcome.next_offsets
         for record in records:
             next_offsets[(record.topic, record.partition)] = record.offset + 1
@@ -165,13 +221,14 @@ class PipelineRunner:
                 states = share.table.states
                 for key in share.keys:
                     if key not in states:
-                        missing.setdefault(share.table, set()).add(key)
+                        missing.setdefault(share.table, {}).setdefault(
+                            key, (record.topic, record.partition))
             if held or missing:
                 held.append(plan)
             else:
                 self._apply_or_dead_letter(plan, outcome)
-        for table, keys in missing.items():
-            self._load_into(table, sorted(keys))
+        for table, feeders in missing.items():
+            self._load_into(table, dict(sorted(feeders.items())))
         for plan in held:
             self._apply_or_dead_letter(plan, outcome)
         return outcome
@@ -180,6 +237,8 @@ class PipelineRunner:
         try:
             self._apply(plan, outcome)
         except StageFailure as failure:
+            if isinstance(failure.error, KeyHomedElsewhere):
+                outcome.misaligned.setdefault(failure.stage_id, []).append(str(failure))
             self._dead_letter(outcome, plan.record, failure)
 
     def forget(self) -> None:
@@ -196,12 +255,13 @@ class PipelineRunner:
             raise _Undecodable(f"undecodable envelope: {error}") from error
         root, position = root_of(envelope, record.topic, record.partition, record.offset)
         plan = _Plan(record, root, [], [], [])
+        segment = self._segments.get(record.topic, self._first)
         stage = "decode"
         try:
             # Parallel lists: values and their positions, one entry per value.
-            values: list[Any] = [self.pipeline.decode(envelope)]
+            values: list[Any] = [segment.decode(envelope)]
             positions: list[Position] = [position]
-            for step, table in self._steps:
+            for step, table in segment.steps:
                 stage = step.id
                 if isinstance(step, Map):
                     values = list(map(step.fn, values))
@@ -215,7 +275,7 @@ class PipelineRunner:
                     share = _Fold(table, list(map(step.key, values)), positions, values)
                     plan.folds.append(share)
                     plan.order.append(share)
-                else:
+                elif isinstance(step, Republish):
                     pairs = list(zip(positions, values, strict=True))
                     emit = _Emit(positions, self._republish(step, envelope, record, root, pairs))
                     plan.emits.append(emit)
@@ -248,9 +308,10 @@ class PipelineRunner:
             outputs.append(Output(step.topic, out.key.encode() or None, out.SerializeToString()))
         return outputs
 
-    def _load_into(self, table: StateTable, keys: list[str]) -> None:
-        loaded = self._load(table.spec, keys)
-        for key in keys:
+    def _load_into(self, table: StateTable, feeders: dict[str, TopicPartition]) -> None:
+        """Load states (new keys start from ``init``); claim a home for those without one."""
+        loaded = self._load(table.spec, list(feeders))
+        for key in feeders:
             state = loaded.get(key)
             if state is None:
                 try:
@@ -259,6 +320,13 @@ class PipelineRunner:
                 except Exception as error:
                     raise StageFailure(table.spec.id, error) from error
             table.states[key] = state
+        if self._claim is None:
+            return
+        homeless = {key: fed for key, fed in feeders.items() if table.states[key].home is None}
+        if homeless:
+            homes = self._claim(table.spec, homeless)
+            for key in homeless:
+                table.states[key].home = homes[key]
 
     def _apply(self, plan: _Plan, outcome: BatchOutcome) -> None:
         """Fold one record's values into new states, then install them all at once.
@@ -266,12 +334,14 @@ class PipelineRunner:
         A value an aggregate finds already folded (a replay), or too late for
         its window, travels no further: later aggregates and republish steps
         never see it. That is why states are persisted downstream first
-        (DESIGN.md invariant 6).
+        (README, "Guarantees": downstream first).
         """
         staged: list[tuple[StateTable, dict[str, list[Any]]]] = []
         counts: list[tuple[Counter[str], str, int]] = []
         late_outputs: list[Output] = []
         stopped: list[tuple[int, set[Position]]] = []  # (position length, positions)
+        fed_from = (plan.record.topic, plan.record.partition)
+        check_home = self._claim is not None
         for step in plan.order:
             if isinstance(step, _Emit):
                 outcome.outputs.extend(
@@ -292,6 +362,9 @@ class PipelineRunner:
                     if type(key) is not str:
                         raise StageFailure(spec.id, TypeError(f"key must be str, got {key!r}"))
                     state = step.table.states[key]
+                    if check_home and state.home != fed_from:
+                        raise StageFailure(spec.id, KeyHomedElsewhere(
+                            key, fed_from, state.home or fed_from))
                     mark = state.watermarks.get(plan.root)
                     if mark is not None and pos <= mark:
                         replayed.add(pos)
@@ -368,6 +441,11 @@ class PipelineRunner:
                 ),
             )
         )
+
+
+def _payload_decoder(decode: Callable[[bytes], Any]) -> Callable[[Envelope], Any]:
+    """A repartition topic's envelopes carry the encoded value as their payload."""
+    return lambda envelope: decode(envelope.payload)
 
 
 def _is_stopped(position: Position, stopped: list[tuple[int, set[Position]]]) -> bool:

@@ -1,7 +1,9 @@
 """Aggregate state with its watermarks, and its one-value encoding.
 
 A state and the watermarks of everything folded into it are encoded into
-one value, so a store writes both in one atomic write (DESIGN.md inv. 7).
+one value, so a store writes both in one atomic write. The value also names
+the state's *home*: the one input partition allowed to feed it when the
+pipeline may run on several workers (``onceflow.stages.runner``).
 """
 
 from __future__ import annotations
@@ -11,15 +13,19 @@ from typing import Any
 
 from onceflow.stages.lineage import Position, RootPartition
 
+TopicPartition = tuple[str, int]
+
 
 class AggregateState:
     """The folded value of one key plus, per root partition, the highest position folded."""
 
-    __slots__ = ("value", "watermarks")
+    __slots__ = ("home", "value", "watermarks")
 
-    def __init__(self, value: Any, watermarks: dict[RootPartition, Position] | None = None):
+    def __init__(self, value: Any, watermarks: dict[RootPartition, Position] | None = None,
+                 home: TopicPartition | None = None):
         self.value = value
         self.watermarks: dict[RootPartition, Position] = watermarks or {}
+        self.home = home
 
     def is_duplicate(self, root: RootPartition, position: Position) -> bool:
         """True when an event at ``position`` of ``root`` is already folded in.
@@ -31,15 +37,19 @@ class AggregateState:
         return mark is not None and position <= mark
 
     def __repr__(self) -> str:
-        return f"AggregateState({self.value!r}, {self.watermarks!r})"
+        return f"AggregateState({self.value!r}, {self.watermarks!r}, home={self.home!r})"
 
 
 def encode_state(state: AggregateState) -> bytes:
     marks = [[topic, partition, list(pos)] for (topic, partition), pos in state.watermarks.items()]
-    return json.dumps({"v": state.value, "w": marks}, separators=(",", ":")).encode()
+    doc: dict[str, Any] = {"v": state.value, "w": marks}
+    if state.home is not None:
+        doc["h"] = list(state.home)
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
 def decode_state(data: bytes) -> AggregateState:
     doc = json.loads(data)
     marks = {(topic, partition): tuple(pos) for topic, partition, pos in doc["w"]}
-    return AggregateState(doc["v"], marks)
+    home = doc.get("h")
+    return AggregateState(doc["v"], marks, None if home is None else (home[0], home[1]))

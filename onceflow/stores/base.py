@@ -50,6 +50,15 @@ class StateStore(ABC):
             yield key, int(start), value
 
     @abstractmethod
+    def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:
+        """Set each key's home to the proposed one unless it has one; answer every key's home.
+
+        Atomic per key across workers: of two workers proposing different
+        homes for a new key, exactly one wins and both are told the winner.
+        A home, once set, never changes.
+        """
+
+    @abstractmethod
     def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
         """Durably keep records not yet delivered (opaque bytes), so a crash cannot lose them.
 

@@ -19,6 +19,13 @@ needs). Only CQL that Cassandra 2.1 and 4/5 share is used::
         pipeline text, lane text, seq bigint, value blob,
         PRIMARY KEY ((pipeline), lane, seq))
         WITH gc_grace_seconds = 3600;
+    CREATE TABLE IF NOT EXISTS "<keyspace>".homes (
+        pipeline text, stage text, key text, home text,
+        PRIMARY KEY ((pipeline, stage, key)));
+
+A key's home (the one input partition allowed to feed its state) is claimed
+with a lightweight transaction (``INSERT ... IF NOT EXISTS``), once per key
+in its lifetime.
 
 The outbox (records not yet delivered to Kafka) is one partition per
 pipeline, so loading it is one paged read that comes back already ordered
@@ -78,7 +85,8 @@ log = logging.getLogger(__name__)
 STATES_TABLE = "states"
 STATS_TABLE = "stats"
 OUTBOX_TABLE = "outbox"
-TABLES = (STATES_TABLE, STATS_TABLE, OUTBOX_TABLE)
+HOMES_TABLE = "homes"
+TABLES = (STATES_TABLE, STATS_TABLE, OUTBOX_TABLE, HOMES_TABLE)
 #: Levels usable for both reads and writes in 2.1 and 4/5 (ANY cannot read,
 #: SERIAL/LOCAL_SERIAL are for lightweight transactions, EACH_QUORUM reads
 #: need 3.0+).
@@ -206,6 +214,18 @@ class CassandraStore(StateStore):
             if pipeline == self._pipeline and stage == stage_id:
                 yield key, value
 
+    def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:
+        """One lightweight transaction per key; a claim that lost answers the winner's home."""
+        if not proposals:
+            return {}
+        results = self._run_all(self._ready().home_claim,
+                                [(self._pipeline, stage_id, k, h) for k, h in proposals.items()])
+        homes: dict[str, str] = {}
+        for (key, proposed), result in zip(proposals.items(), results, strict=True):
+            row = dict(zip(result.column_names, result.one(), strict=True))
+            homes[key] = proposed if row["[applied]"] else row["home"]
+        return homes
+
     def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
         if rows:
             self._run_all(self._ready().outbox_insert,
@@ -326,6 +346,12 @@ class _Statements:
         )
         self.outbox_select.fetch_size = _SCAN_PAGE
         self.outbox_select.is_idempotent = True
+        self.home_claim = session.prepare(
+            f'INSERT INTO "{keyspace}".{HOMES_TABLE} (pipeline, stage, key, home) '
+            "VALUES (?, ?, ?, ?) IF NOT EXISTS"
+        )
+        # A retry after a timeout that did apply finds our own claim: the same answer.
+        self.home_claim.is_idempotent = True
 
 
 def schema_statements(keyspace: str, replication: Mapping[str, str | int]) -> list[str]:
@@ -340,6 +366,8 @@ def schema_statements(keyspace: str, replication: Mapping[str, str | int]) -> li
         f'CREATE TABLE IF NOT EXISTS "{keyspace}".{OUTBOX_TABLE} (pipeline text, lane text, '
         "seq bigint, value blob, PRIMARY KEY ((pipeline), lane, seq)) "
         "WITH gc_grace_seconds = 3600",
+        f'CREATE TABLE IF NOT EXISTS "{keyspace}".{HOMES_TABLE} (pipeline text, stage text, '
+        "key text, home text, PRIMARY KEY ((pipeline, stage, key)))",
     ]
 
 

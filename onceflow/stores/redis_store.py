@@ -3,7 +3,8 @@
 A key holds the state and its watermarks in one value, so every write is
 atomic per key; a batch of writes is one MSET (atomic as a whole on one
 node; on a cluster each key stays self-consistent, DESIGN.md inv. 7).
-Layout: ``<prefix>:<pipeline>:s:<stage>:<key>``, ``<prefix>:<pipeline>:stats``
+Layout: ``<prefix>:<pipeline>:s:<stage>:<key>``, ``<prefix>:<pipeline>:stats``,
+key homes in one hash per stage ``<prefix>:<pipeline>:home:<stage>`` (HSETNX),
 and the outbox, one hash ``<prefix>:<pipeline>:outbox`` of field ``<lane>|<seq>``
 (split from the right: a lane is ``<topic>|<partition>``) -> record.
 """
@@ -60,6 +61,18 @@ class RedisStore(StateStore):
         for name, value in zip(names, values, strict=True):
             if value is not None:
                 yield name.decode()[cut:], value
+
+    def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:
+        """HSETNX each key, then HMGET them all: one round trip, atomic per key."""
+        if not proposals:
+            return {}
+        homes = f"{self._base}:home:{stage_id}"
+        pipe = self._client.pipeline(transaction=False)
+        for key, home in proposals.items():
+            pipe.hsetnx(homes, key, home)
+        pipe.hmget(homes, list(proposals))
+        winners = cast(list[bytes], pipe.execute()[-1])
+        return {key: won.decode() for key, won in zip(proposals, winners, strict=True)}
 
     def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
         if rows:

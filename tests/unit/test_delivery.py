@@ -54,6 +54,9 @@ class MemoryOutbox(StateStore):
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         raise NotImplementedError
 
+    def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:
+        raise NotImplementedError
+
     def add_stats(self, counters: Mapping[str, int]) -> None:
         raise NotImplementedError
 
