@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 ASSIGNED = re.compile(r"partitions assigned: \[\(")
@@ -83,10 +83,11 @@ def packaged_config(name: str) -> Path:
 
 
 def worker_command(config: Path, settings: Mapping[str, str]) -> list[str]:
-    """``python -m onceflow run -c config --set key="value" ...`` (numbers unquoted)."""
+    """``python -m onceflow run -c config --set key="value" ...`` (numbers, booleans unquoted)."""
     argv = [sys.executable, "-m", "onceflow", "run", "-c", str(config)]
     for key, value in settings.items():
-        argv += ["--set", f"{key}={value}" if value.isdigit() else f'{key}="{value}"']
+        bare = value.isdigit() or value in ("true", "false")
+        argv += ["--set", f"{key}={value}" if bare else f'{key}="{value}"']
     return argv
 
 
@@ -165,6 +166,15 @@ class CommittedOffsets:
 async def read_ends(bootstrap: str, topic: str, partitions: int, quiet: float = 2.0
                     ) -> dict[int, int]:
     """True end offsets by reading the whole topic until it stays quiet (not ListOffsets)."""
+    ends = {p: 0 for p in range(partitions)}
+    for record in await read_all(bootstrap, topic, partitions, quiet):
+        ends[record.partition] = record.offset + 1
+    return ends
+
+
+async def read_all(bootstrap: str, topic: str, partitions: int, quiet: float = 2.0
+                   ) -> list[ConsumerRecord[bytes, bytes]]:
+    """Every record of ``topic``, read from the start until nothing came for ``quiet`` s."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 auto_offset_reset="earliest")
     await consumer.start()
@@ -172,13 +182,13 @@ async def read_ends(bootstrap: str, topic: str, partitions: int, quiet: float = 
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
-        ends = {p: 0 for p in range(partitions)}
+        found: list[ConsumerRecord[bytes, bytes]] = []
         last_seen = time.monotonic()
         while time.monotonic() - last_seen < quiet:
-            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
+            for records in (await consumer.getmany(timeout_ms=200)).values():
                 if records:
-                    ends[tp.partition] = records[-1].offset + 1
+                    found.extend(records)
                     last_seen = time.monotonic()
-        return ends
+        return found
     finally:
         await consumer.stop()

@@ -151,7 +151,9 @@ def test_one_key_fed_by_every_partition_stays_exact_under_replay(
     s.env["ONCEFLOW_ROBOTS_TOPIC"] = topic
     stream = generate(20_000, seed=random.SystemRandom().randrange(10**6))
     asyncio.run(harness.create_topic(s.bootstrap, topic, 4))
-    worker = s.worker("fleet", "onceflow.examples.robots:fleet", group)
+    # One worker owns every partition, so a key may draw from all of them.
+    worker = s.worker("fleet", "onceflow.examples.robots:fleet", group,
+                      extra={"onceflow.single-worker": "true"})
 
     async def produce_while_killing() -> dict[int, int]:
         producing = asyncio.create_task(harness.produce(s.bootstrap, topic, stream.messages, 12))
