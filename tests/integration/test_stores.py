@@ -279,3 +279,19 @@ def test_a_store_first_used_during_an_outage_works_once_it_is_over(
     retrying("outbox_append", lambda: store.outbox_append(rows), give_up_after=60)
 
     assert store.outbox_load() == {LANE_A: [(1, b"a1")], LANE_B: [(1, b"b1")]}
+
+
+def test_key_homes_are_claimed_once_and_the_winner_is_told_to_every_claimer(
+    open_store: OpenStore, unique_name: Callable[..., str]
+) -> None:
+    """Two workers (two clients) claim overlapping keys: the first claim of a key wins."""
+    pipeline = unique_name("p")
+    first, second = open_store(pipeline), open_store(pipeline)
+    assert first.claim_homes(STAGE, {"c1": "orders|0", "c:2 é": "orders|0"}) == {
+        "c1": "orders|0", "c:2 é": "orders|0"}
+    assert second.claim_homes(STAGE, {"c1": "orders|1", "c3": "orders|1"}) == {
+        "c1": "orders|0", "c3": "orders|1"}
+    assert first.claim_homes(STAGE, {"c3": "orders|0"}) == {"c3": "orders|1"}
+    assert first.claim_homes("other_stage", {"c1": "orders|2"}) == {"c1": "orders|2"}
+    assert first.claim_homes(STAGE, {}) == {}
+    assert open_store(unique_name("p")).claim_homes(STAGE, {"c1": "x|5"}) == {"c1": "x|5"}
