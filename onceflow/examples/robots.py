@@ -59,7 +59,11 @@ def tally(total: int, fastening: Fastening) -> int:
 
 
 def build_fleet(topic: str, store: str = "redis") -> Pipeline:
-    """Fleet-wide ok/failed counts: each key is fed by every root partition."""
+    """Fleet-wide ok/failed counts: each key is fed by every root partition.
+
+    Exact with one worker (``onceflow.single-worker = true``); to scale it out,
+    add ``.repartition("by_outcome", key=outcome_of)`` before the aggregate.
+    """
     return (
         Pipeline("fleet", topics=(topic,), decode=decode_report)
         .flat_map("fastenings", fastenings)
