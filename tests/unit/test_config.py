@@ -124,7 +124,9 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
             session-timeout = 2m
             heartbeat-interval = "1.5s"
             max-poll-records = 10
+            repartition-replication-factor = 3
           }
+          single-worker = true
           consumer.max-in-flight-batches = 16
           persistence.interval = 500ms
           stores.redis { url = "rediss://cache:6380/2", key-prefix = "shop" }
@@ -139,6 +141,8 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
     assert settings.kafka.session_timeout == 120.0
     assert settings.kafka.heartbeat_interval == 1.5
     assert settings.kafka.max_poll_records == 10
+    assert settings.kafka.repartition_replication_factor == 3
+    assert settings.single_worker is True
     # Untouched keys keep their defaults, even a `${?VAR}` one beside the app's
     # own kafka keys (pyhocon alone turns it into None: chimpler/pyhocon#331).
     assert settings.kafka.group_id == "onceflow"
@@ -434,6 +438,16 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
 @pytest.mark.parametrize(
     ("line", "key", "expected"),
     [
+        (
+            'single-worker = "yes"',
+            "onceflow.single-worker",
+            "expected true or false, got 'yes'",
+        ),
+        (
+            "kafka.repartition-replication-factor = 0",
+            "onceflow.kafka.repartition-replication-factor",
+            "expected an integer in 1..32767, got 0",
+        ),
         (
             "consumer.max-in-flight-batches = 0",
             "onceflow.consumer.max-in-flight-batches",
