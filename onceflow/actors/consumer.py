@@ -176,7 +176,7 @@ class ConsumerActor(ReportingActor):
                         first, last, tp.topic, tp.partition)
             metrics.GAPS_ACCEPTED.labels(*labels).inc()
         if verdict.refetch_from is not None:
-            log.debug("hole at %s[%d] offset %d: re-fetching",
+            log.info("hole at %s[%d] offset %d: re-fetching",
                       tp.topic, tp.partition, verdict.refetch_from)
             try:
                 self._consumer.seek(tp, verdict.refetch_from)  # drops what was prefetched
