@@ -4,7 +4,10 @@ Threads: the actor's own thread handles messages (batch done, commit, stop);
 the aiokafka consumer lives on the shared ``EventLoopThread`` loop, where
 the fetch task and the rebalance callbacks run. Backpressure: at most
 ``max_in_flight`` batches are with the stage; beyond that the assigned
-partitions are paused instead of buffering records.
+partitions are paused instead of buffering records. Continuity: with a
+``GapCheck``, a fetch that skips offsets is cut before the hole and the
+partition re-fetched from it (see ``continuity``), so a broker that answers
+before an earlier batch is written cannot make the stream skip it.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from typing import Any
 
 import pykka
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.continuity import Continuity
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     Batch,
@@ -45,6 +49,14 @@ class ConnectionCheck:
     backoff_factor: float
 
 
+@dataclass(frozen=True)
+class GapCheck:
+    """``onceflow.consumer.gap-*``: re-fetches of a hole before it is accepted, and the pause."""
+
+    refetches: int
+    backoff: float
+
+
 class ConnectionLost(ConnectionError):
     """The broker did not answer ``max_retries + 1`` checks in a row."""
 
@@ -65,8 +77,12 @@ class ConsumerActor(ReportingActor):
         on_fatal: FatalHandler,
         connection_check: ConnectionCheck | None = None,
         on_assigned: Callable[[], Awaitable[int]] | None = None,
+        gap_check: GapCheck | None = None,
     ):
         super().__init__(on_fatal)
+        self._gap_backoff = gap_check.backoff if gap_check else 0.0
+        self._continuity = Continuity(gap_check.refetches) if gap_check else None
+        self._held: dict[TopicPartition, asyncio.TimerHandle] = {}  # paused before a re-fetch
         self._on_assigned = on_assigned
         self._check = connection_check
         self._checker: asyncio.Task[None] | None = None
@@ -124,17 +140,18 @@ class ConsumerActor(ReportingActor):
             if self._in_flight >= self._max_in_flight:
                 consumer.pause(*consumer.assignment())
                 await self._room.wait()
-                consumer.resume(*consumer.assignment())
+                consumer.resume(*(consumer.assignment() - set(self._held)))
             batches = await consumer.getmany(
                 timeout_ms=self._poll_timeout_ms, max_records=self._max_records
             )
-            records = [r for recs in batches.values() for r in recs]
+            records: list[Any] = []
             for tp, recs in batches.items():
                 if recs:
                     high = consumer.highwater(tp)  # from the fetch, not ListOffsets
                     if high is not None:
                         metrics.LAG.labels(tp.topic, str(tp.partition)).set(
                             high - recs[-1].offset - 1)
+                    records += recs if self._continuity is None else self._continuous(tp, recs)
             if records:
                 self._in_flight += 1
                 if self._in_flight >= self._max_in_flight:
@@ -144,6 +161,72 @@ class ConsumerActor(ReportingActor):
                 except pykka.ActorDeadError:
                     log.warning("stage is gone (its failure is being handled): fetch stops")
                     return
+
+    def _continuous(self, tp: TopicPartition, recs: list[Any]) -> list[Any]:
+        """The records of ``tp`` before any hole; a hole makes ``tp`` re-fetch from it."""
+        assert self._continuity is not None and self._consumer is not None
+        verdict = self._continuity.check(tp, recs)
+        if verdict.deliver == len(recs) and verdict.accepted is None:
+            return recs
+        labels = tp.topic, str(tp.partition)
+        if verdict.accepted is not None:
+            first, last = verdict.accepted
+            log.warning("offsets %d..%d of %s[%d] missing after every re-fetch: moving on "
+                        "(compacted, a transaction marker, or lost by the broker)",
+                        first, last, tp.topic, tp.partition)
+            metrics.GAPS_ACCEPTED.labels(*labels).inc()
+        if verdict.refetch_from is not None:
+            log.info("hole at %s[%d] offset %d: re-fetching",
+                      tp.topic, tp.partition, verdict.refetch_from)
+            try:
+                self._consumer.seek(tp, verdict.refetch_from)  # drops what was prefetched
+            except IllegalStateError:  # no longer ours: the next owner starts at the commit
+                self._continuity.forget([tp])
+            else:
+                self._hold(tp)
+                metrics.REFETCHES.labels(*labels).inc()
+        return recs[:verdict.deliver]
+
+    def _hold(self, tp: TopicPartition) -> None:
+        """Pause ``tp`` for the backoff, so the broker has time to write the missing batch."""
+        assert self._consumer is not None
+        self._consumer.pause(tp)
+        if (timer := self._held.pop(tp, None)) is not None:
+            timer.cancel()
+        self._held[tp] = asyncio.get_running_loop().call_later(
+            self._gap_backoff, self._release, tp)
+
+    def _release(self, tp: TopicPartition) -> None:
+        self._held.pop(tp, None)
+        room = self._room is None or self._room.is_set()  # else the fetch loop resumes it
+        if self._consumer is not None and room and tp in self._consumer.assignment():
+            self._consumer.resume(tp)
+
+    def _release_all(self) -> None:
+        for timer in self._held.values():
+            timer.cancel()
+        self._held.clear()
+
+    async def learn_positions(self, assigned: set[TopicPartition]) -> None:
+        """Learn where each assigned partition starts, so a hole right there is seen too.
+
+        Runs first in the assignment callback: a fresh assignment has no position
+        until its committed offset is read, so nothing of it can be consumed yet.
+        """
+        if self._continuity is None or self._consumer is None:
+            return
+        consumer, continuity = self._consumer, self._continuity
+
+        async def learn(tp: TopicPartition) -> None:
+            try:
+                offset = await asyncio.wait_for(consumer.position(tp), self._start_timeout)
+            except (TimeoutError, IllegalStateError, KafkaError) as error:
+                log.warning("no position for %s[%d] (%r): tracked from its first record",
+                            tp.topic, tp.partition, error)
+            else:
+                continuity.expect(tp, offset)
+
+        await asyncio.gather(*(learn(tp) for tp in assigned))
 
     def _fetch_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -175,6 +258,7 @@ class ConsumerActor(ReportingActor):
         return owned
 
     async def _stop_fetching(self) -> None:
+        self._release_all()
         if self._checker is not None:
             self._checker.cancel()
         if self._fetch_task is not None:
@@ -193,6 +277,9 @@ class ConsumerActor(ReportingActor):
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Flush and commit before another member takes the partitions."""
+        self._release_all()  # a new assignment starts unpaused
+        if self._continuity is not None:
+            self._continuity.forget(revoked)
         if not revoked:
             return
         loop = asyncio.get_running_loop()
@@ -217,6 +304,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("partitions assigned: %s", sorted((tp.topic, tp.partition) for tp in assigned))
+        await self._actor.learn_positions(assigned)  # before anything of them is consumed
         if self._actor._on_assigned is not None:  # before anything of them is fetched
             adopted = await self._actor._on_assigned()
             if adopted:

@@ -42,6 +42,11 @@ OUTBOXED = Counter("onceflow_outboxed", "Records written to the outbox after a f
                    registry=REGISTRY)
 PRODUCE_FAILURES = Counter("onceflow_produce_failures", "Failed batch deliveries (each is "
                            "retried or outboxed)", ["topic"], registry=REGISTRY)
+REFETCHES = Counter("onceflow_offset_refetches", "Re-fetches of a partition from the first "
+                    "offset a fetch skipped", ["topic", "partition"], registry=REGISTRY)
+GAPS_ACCEPTED = Counter("onceflow_offset_gaps_accepted", "Holes in a partition's offsets still "
+                        "there after every re-fetch, moved past", ["topic", "partition"],
+                        registry=REGISTRY)
 RESTARTS = Counter("onceflow_restarts", "Supervised restarts", ["child"], registry=REGISTRY)
 
 _last_progress = time.monotonic()

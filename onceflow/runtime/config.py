@@ -107,9 +107,11 @@ class KafkaSettings:
 
 @dataclass(frozen=True)
 class ConsumerSettings:
-    """``onceflow.consumer``: backpressure between fetching and persisting."""
+    """``onceflow.consumer``: backpressure, and re-fetching holes in a partition's offsets."""
 
     max_in_flight_batches: int
+    gap_refetches: int = 5
+    gap_refetch_backoff: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -421,7 +423,11 @@ def _build(read: _Reader, source: str) -> Settings:
         pipeline=pipeline,
         source=source,
         kafka=kafka,
-        consumer=ConsumerSettings(read.integer("onceflow.consumer.max-in-flight-batches", 1, 1000)),
+        consumer=ConsumerSettings(
+            read.integer("onceflow.consumer.max-in-flight-batches", 1, 1000),
+            gap_refetches=read.integer("onceflow.consumer.gap-refetches", 0, 100),
+            gap_refetch_backoff=read.duration("onceflow.consumer.gap-refetch-backoff", 0, 10),
+        ),
         persistence=PersistenceSettings(read.duration("onceflow.persistence.interval", 0.01, 3600)),
         commit=CommitSettings(read.duration("onceflow.commit.interval", 0.01, 3600)),
         stores=StoresSettings(

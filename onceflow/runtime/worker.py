@@ -23,7 +23,7 @@ import pykka
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
-from onceflow.actors.consumer import ConnectionCheck, ConsumerActor
+from onceflow.actors.consumer import ConnectionCheck, ConsumerActor, GapCheck
 from onceflow.actors.delivery import Adoption, DeliverySettings, OutboxTally
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
@@ -275,6 +275,8 @@ class PipelineActors:
             on_fatal=on_fatal,
             connection_check=connection_check(s),
             on_assigned=adoption,
+            gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff)
+            if s.consumer.gap_refetches else None,
         )
         self._commit.proxy().use_consumer(self._consumer).get()
         # Stop order: consumer first (no new batches), producer last (flushes sends).

@@ -90,7 +90,7 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
             dead_letter_topic="onceflow-dead-letters",
             late_events_topic="onceflow-late-events",
         ),
-        consumer=ConsumerSettings(max_in_flight_batches=4),
+        consumer=ConsumerSettings(4, gap_refetches=5, gap_refetch_backoff=0.1),
         persistence=PersistenceSettings(interval=1.0),
         commit=CommitSettings(interval=5.0),
         stores=StoresSettings(
@@ -127,7 +127,7 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
             repartition-replication-factor = 3
           }
           single-worker = true
-          consumer.max-in-flight-batches = 16
+          consumer { max-in-flight-batches = 16, gap-refetches = 0, gap-refetch-backoff = 20ms }
           persistence.interval = 500ms
           stores.redis { url = "rediss://cache:6380/2", key-prefix = "shop" }
         }
@@ -146,7 +146,7 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
     # Untouched keys keep their defaults, even a `${?VAR}` one beside the app's
     # own kafka keys (pyhocon alone turns it into None: chimpler/pyhocon#331).
     assert settings.kafka.group_id == "onceflow"
-    assert settings.consumer.max_in_flight_batches == 16
+    assert settings.consumer == ConsumerSettings(16, gap_refetches=0, gap_refetch_backoff=0.02)
     assert settings.persistence.interval == 0.5
     assert settings.stores.redis == RedisSettings("rediss://cache:6380/2", "shop")
 
@@ -452,6 +452,16 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "consumer.max-in-flight-batches = 0",
             "onceflow.consumer.max-in-flight-batches",
             "expected an integer in 1..1000, got 0",
+        ),
+        (
+            "consumer.gap-refetches = -1",
+            "onceflow.consumer.gap-refetches",
+            "expected an integer in 0..100, got -1",
+        ),
+        (
+            "consumer.gap-refetch-backoff = 1m",
+            "onceflow.consumer.gap-refetch-backoff",
+            "expected a duration in 0ms..10s, got 1m",
         ),
         (
             'kafka.max-poll-records = "many"',
