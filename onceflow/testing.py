@@ -1,0 +1,392 @@
+"""Run a pipeline in memory, with the worker's own runner: states, outputs, dead letters, replays.
+
+``TestRun`` feeds records through ``onceflow.stages.runner.PipelineRunner``
+(the code a worker runs) with a dict for a store: states go through the same
+encoding as in Redis or Cassandra, closed windows become history rows, and
+key homes are claimed set-if-absent when ``single_worker=False``. Crashes,
+replays from the last commit and re-delivered records are applied by that
+same runner, so a test shows whether a pipeline is exact under them without
+Kafka. Repartition outputs are fed back to the run, so a whole pipeline runs
+end to end.
+
+Example:
+    >>> import json
+    >>> from onceflow import Pipeline
+    >>> from onceflow.testing import Record, TestRun
+    >>> words = (Pipeline("words", topics=("lines",), decode=lambda e: json.loads(e.payload))
+    ...          .flat_map("split", str.split)
+    ...          .aggregate("count", key=str, init=lambda: 0, fold=lambda n, _: n + 1))
+    >>> run = TestRun(words)
+    >>> first, second = run.feed([Record("a b a"), Record("b")])
+    >>> run.states("count")
+    {'a': 2, 'b': 2}
+    >>> run.duplicate(first)                 # Kafka delivers offset 0 again
+    >>> run.states("count"), run.counters["count.duplicates"]
+    ({'a': 2, 'b': 2}, 3)
+    >>> run.commit()                         # states written, offsets committed
+    >>> _ = run.feed([Record("c a")])
+    >>> run.persist()                        # written, not committed...
+    >>> run.crash()                          # ...so offset 2 is replayed, and discarded
+    >>> run.states("count"), run.counters["count.duplicates"]
+    ({'a': 3, 'b': 2, 'c': 1}, 5)
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from onceflow.protos.envelope_pb2 import Envelope, SourceRef
+from onceflow.stages.pipeline import Aggregate, Pipeline
+from onceflow.stages.runner import BatchOutcome, PipelineRunner, StateTable
+from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
+
+DEAD_LETTER_TOPIC = "onceflow-dead-letters"  # the defaults of reference.conf
+LATE_EVENTS_TOPIC = "onceflow-late-events"
+
+#: A source chain entry: (topic, partition, offset, fan-out index).
+Hop = tuple[str, int, int, int]
+
+
+def envelope(value: Any = None, *, payload: bytes | None = None, key: str = "",
+             event_time_ms: int = 0, chain: Sequence[Hop | SourceRef] = (),
+             payload_type: str = "") -> Envelope:
+    """An envelope with ``value`` as its JSON payload (or raw ``payload`` bytes).
+
+    ``chain`` makes it a republished record: its first entry is the root the
+    aggregates deduplicate on, e.g. ``chain=[("raw", 0, 40, 1)]`` is output 1
+    of offset 40 of ``raw/0``.
+    """
+    env = Envelope(payload=json.dumps(value).encode() if payload is None else payload, key=key,
+                   event_time_ms=event_time_ms, payload_type=payload_type)
+    for hop in chain:
+        env.source_chain.append(hop if isinstance(hop, SourceRef) else SourceRef(
+            topic=hop[0], partition=hop[1], offset=hop[2], index=hop[3]))
+    return env
+
+
+@dataclass(frozen=True)
+class Record:
+    """One input record, before it has an offset.
+
+    ``value`` is a JSON-able object (sent as the payload of an envelope with
+    ``key``), an ``Envelope``, or bytes sent as they are (a serialized
+    envelope, or garbage to test dead letters). ``topic`` defaults to the
+    pipeline's first topic; ``offset`` to the partition's next one.
+    """
+
+    value: Any
+    topic: str | None = None
+    partition: int = 0
+    offset: int | None = None
+    key: str | None = None
+
+    def to_bytes(self) -> bytes:
+        if isinstance(self.value, bytes):
+            return self.value
+        if isinstance(self.value, Envelope):
+            return self.value.SerializeToString()
+        return envelope(self.value, key=self.key or "").SerializeToString()
+
+
+@dataclass(frozen=True)
+class Consumed:
+    """A record at its place in a partition, as the worker's consumer hands it over."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+    key: bytes | None = None
+
+    @property
+    def envelope(self) -> Envelope:
+        return Envelope.FromString(self.value)
+
+
+@dataclass(frozen=True)
+class Produced:
+    """A record the pipeline produced (republish, repartition, dead letter, late event)."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def envelope(self) -> Envelope:
+        return Envelope.FromString(self.value)
+
+    @property
+    def json(self) -> Any:
+        """The envelope's payload parsed as JSON (how repartition steps encode by default)."""
+        return json.loads(self.envelope.payload)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record a user function (or the envelope decoder) failed on, and why."""
+
+    record: Consumed
+    reason: str
+
+
+@dataclass(frozen=True)
+class LateEvent:
+    """A value too late for its window: not folded, routed to the late-events topic."""
+
+    record: Consumed
+    stage: str
+    key: str
+    position: str  # the value's position in its root partition, e.g. "4.0"
+    reason: str
+
+
+def partition_for(key: bytes | None, partitions: int) -> int:
+    """Kafka's default partitioner (murmur2 of the key); no key goes to partition 0."""
+    return 0 if key is None else (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
+def murmur2(data: bytes) -> int:
+    """The Java client's murmur2, so in-memory repartitions place keys as Kafka would."""
+    m, mask = 0x5BD1E995, 0xFFFFFFFF
+    whole = len(data) - len(data) % 4
+    h = 0x9747B28C ^ len(data)
+    for i in range(0, whole, 4):
+        k = int.from_bytes(data[i:i + 4], "little") * m & mask
+        k = (k ^ k >> 24) * m & mask
+        h = (h * m & mask) ^ k
+    if whole < len(data):
+        h = (h ^ int.from_bytes(data[whole:], "little")) * m & mask
+    h = (h ^ h >> 13) * m & mask
+    return h ^ h >> 15
+
+
+class TestRun:
+    """One simulated worker (restarted by ``crash``) over an in-memory log and store.
+
+    Records are processed in the order they are fed, in batches of
+    ``batch_size`` (default: all fed at once). ``persist()`` writes the
+    changed states (and closed windows) to the store; ``commit()`` persists,
+    then commits the consumed offsets, as the worker does on SIGTERM;
+    ``persist_every``/``commit_every`` do that after every N records consumed.
+    ``crash()`` loses what was not persisted and replays the log from the
+    committed offsets. A repartition topic gets the step's ``partitions``, or
+    ``partitions`` (standing for the source topics' count) like the worker's.
+    """
+
+    __test__: ClassVar[bool] = False  # not a pytest test class
+
+    def __init__(self, pipeline: Pipeline, *, single_worker: bool = True, partitions: int = 1,
+                 batch_size: int | None = None, persist_every: int | None = None,
+                 commit_every: int | None = None, dead_letter_topic: str = DEAD_LETTER_TOPIC,
+                 late_events_topic: str = LATE_EVENTS_TOPIC):
+        self.pipeline = pipeline
+        self.single_worker = single_worker
+        self.dead_letter_topic, self.late_events_topic = dead_letter_topic, late_events_topic
+        self._hops = {step.topic: step.partitions or partitions for step in pipeline.repartitions}
+        self._batch_size = batch_size
+        self._every = (persist_every, commit_every)
+        self._stored: dict[tuple[str, str], bytes] = {}  # (stage, key) -> encoded state
+        self._history: dict[tuple[str, str, int], bytes] = {}  # (stage, key, start) -> value
+        self._homes: dict[tuple[str, str], TopicPartition] = {}
+        self._log: list[Consumed] = []  # every record consumed once, in order
+        self._at: dict[tuple[str, int, int], Consumed] = {}
+        self._ends: dict[TopicPartition, int] = {}  # next offset per partition
+        self._processed: dict[TopicPartition, int] = {}
+        self._durable: dict[TopicPartition, int] = {}
+        self._committed: dict[TopicPartition, int] = {}
+        self._pending: deque[Consumed] = deque()
+        self._consumed = 0
+        self.produced: list[Produced] = []
+        self.dead_letters: list[DeadLetter] = []
+        self.late: list[LateEvent] = []
+        #: The worker's stats: ``records``, ``dead_letters``, ``<stage>.folded``,
+        #: ``<stage>.duplicates``, ``<stage>.late``, ``<stage>.misaligned``.
+        self.counters: Counter[str] = Counter()
+        self.crashes = 0
+        self.runner = self._new_runner()
+
+    def feed(self, records: Iterable[Record]) -> list[Consumed]:
+        """Append records to their partitions and process them; returns them with offsets."""
+        consumed = []
+        for record in records:
+            topic = record.topic or self.pipeline.topics[0]
+            tp = (topic, record.partition)
+            end = self._ends.get(tp, 0)
+            offset = end if record.offset is None else record.offset
+            if offset < end:
+                raise ValueError(f"{topic}/{record.partition}: offset {offset} is taken (next is "
+                                 f"{end}); use duplicate() to deliver a record again")
+            key = None if record.key is None else record.key.encode()
+            consumed.append(self._append(Consumed(topic, record.partition, offset,
+                                                  record.to_bytes(), key)))
+        self._pending.extend(consumed)
+        self._drain()
+        return consumed
+
+    def duplicate(self, *records: Consumed) -> None:
+        """Deliver records again at their offsets, as Kafka does after a failure."""
+        for record in records:
+            self._at.setdefault((record.topic, record.partition, record.offset), record)
+        self._pending.extend(records)
+        self._drain()
+
+    def replay(self, from_offsets: Mapping[TopicPartition, int] | None = None) -> None:
+        """Deliver the log again from ``from_offsets`` (default: the committed ones).
+
+        A partition not named is replayed from its start; the run keeps its
+        in-memory states (a consumer seeking back, not a crash).
+        """
+        start = self._committed if from_offsets is None else from_offsets
+        self._pending.extend(r for r in self._log if r.offset >= start.get(
+            (r.topic, r.partition), 0))
+        self._drain()
+
+    def crash(self) -> None:
+        """Kill and restart the worker: unpersisted states are lost, the log replays from
+        the committed offsets (states persisted since are reloaded and discard the replay)."""
+        self.crashes += 1
+        self._pending.clear()
+        self._processed, self._durable = {}, {}
+        self.runner = self._new_runner()
+        self.replay()
+
+    def persist(self) -> None:
+        """Write changed states and closed windows, as a persistence interval does."""
+        for table in self.runner.tables:
+            stage = table.spec.id
+            for (key, start), value in table.take_closed().items():
+                self._history[(stage, key, start)] = json.dumps(value).encode()
+            for key, state in table.take_dirty().items():
+                self._stored[(stage, key)] = encode_state(state)
+        self._durable = dict(self._processed)
+
+    def commit(self) -> None:
+        """Persist, then commit every offset processed so far."""
+        self.persist()
+        self._committed.update(self._durable)
+
+    @property
+    def committed(self) -> dict[TopicPartition, int]:
+        """The next offset to consume per partition after a crash."""
+        return dict(self._committed)
+
+    def log(self, topic: str | None = None) -> list[Consumed]:
+        """Records consumed once (fed, or produced to a repartition topic), in order."""
+        return [r for r in self._log if topic is None or r.topic == topic]
+
+    def outputs(self, topic: str | None = None) -> list[Produced]:
+        """Records produced to ``topic``, or to any topic but dead letters and late events."""
+        side = (self.dead_letter_topic, self.late_events_topic)
+        return [p for p in self.produced
+                if p.topic == topic or (topic is None and p.topic not in side)]
+
+    def states(self, stage_id: str, *, persisted: bool = False) -> dict[str, Any]:
+        """Each key's state value as the store holds it after the next ``persist()``
+        (``persisted=True``: as it holds it now), through the store's encoding."""
+        return {key: state.value for key, state in self._view(stage_id, persisted).items()}
+
+    def watermarks(self, stage_id: str, key: str) -> dict[tuple[str, int], tuple[int, ...]]:
+        """Per root partition, the highest position folded into a key's state."""
+        return self._view(stage_id, False)[key].watermarks
+
+    def closed_windows(self, stage_id: str, *, persisted: bool = False
+                       ) -> dict[tuple[str, int], Any]:
+        """(key, window start) -> final value of every closed window: the history rows."""
+        rows = {(key, start): json.loads(value)
+                for (stage, key, start), value in self._history.items() if stage == stage_id}
+        if not persisted:
+            closed = self._table(stage_id).closed.items()
+            rows.update({slot: json.loads(json.dumps(value)) for slot, value in closed})
+        return dict(sorted(rows.items()))
+
+    def windows(self, stage_id: str) -> dict[tuple[str, int], Any]:
+        """Closed windows and the open ones, as the analytics readers return them."""
+        rows = self.closed_windows(stage_id)
+        for key, value in self.states(stage_id).items():
+            rows.update({(key, int(start)): v for start, v in value["open"].items()})
+        return dict(sorted(rows.items()))
+
+    def _view(self, stage_id: str, persisted: bool) -> dict[str, AggregateState]:
+        table = self._table(stage_id)
+        rows = {key: value for (stage, key), value in self._stored.items() if stage == stage_id}
+        if not persisted:
+            rows.update({key: encode_state(table.states[key]) for key in table.dirty})
+        return {key: decode_state(value) for key, value in sorted(rows.items())}
+
+    def _table(self, stage_id: str) -> StateTable:
+        for table in self.runner.tables:
+            if table.spec.id == stage_id:
+                return table
+        names = [table.spec.id for table in self.runner.tables]
+        raise KeyError(f"no aggregate {stage_id!r} in pipeline {self.pipeline.id!r}: {names}")
+
+    def _new_runner(self) -> PipelineRunner:
+        return PipelineRunner(self.pipeline, self._load, self.dead_letter_topic,
+                              self.late_events_topic,
+                              claim=None if self.single_worker else self._claim)
+
+    def _load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
+        found = ((key, self._stored.get((spec.id, key))) for key in keys)
+        return {key: decode_state(value) for key, value in found if value is not None}
+
+    def _claim(self, spec: Aggregate, feeders: Mapping[str, TopicPartition]
+               ) -> dict[str, TopicPartition]:
+        return {key: self._homes.setdefault((spec.id, key), fed) for key, fed in feeders.items()}
+
+    def _append(self, record: Consumed) -> Consumed:
+        self._log.append(record)
+        self._at[(record.topic, record.partition, record.offset)] = record
+        self._ends[(record.topic, record.partition)] = record.offset + 1
+        return record
+
+    def _drain(self) -> None:
+        """Process pending records in batches; repartition outputs join the queue."""
+        while self._pending:
+            n = len(self._pending)
+            if self._batch_size:
+                n = min(n, self._batch_size)
+            for every in self._every:
+                if every:
+                    n = min(n, every - self._consumed % every)
+            self._absorb(self.runner.process([self._pending.popleft() for _ in range(n)]), n)
+            self._consumed += n
+            persist_every, commit_every = self._every
+            if commit_every and self._consumed % commit_every == 0:
+                self.commit()
+            elif persist_every and self._consumed % persist_every == 0:
+                self.persist()
+
+    def _absorb(self, outcome: BatchOutcome, records: int) -> None:
+        for tp, offset in outcome.next_offsets.items():  # a re-delivery does not rewind
+            self._processed[tp] = max(offset, self._processed.get(tp, 0))
+        self.counters.update({"records": records, "dead_letters": outcome.dead_letters})
+        for name, counts in (("folded", outcome.folded), ("duplicates", outcome.duplicates),
+                             ("late", outcome.late)):
+            self.counters.update({f"{stage}.{name}": n for stage, n in counts.items()})
+        self.counters.update({f"{stage}.misaligned": len(reasons)
+                              for stage, reasons in outcome.misaligned.items()})
+        for out in outcome.outputs:
+            headers = {name: value.decode() for name, value in out.headers}
+            produced = Produced(out.topic, out.key, out.value, headers)
+            self.produced.append(produced)
+            if out.topic == self.dead_letter_topic:
+                self.dead_letters.append(DeadLetter(self._source(headers),
+                                                    headers["onceflow.reason"]))
+            elif out.topic == self.late_events_topic:
+                self.late.append(LateEvent(
+                    self._source(headers), headers["onceflow.stage"], (out.key or b"").decode(),
+                    headers["onceflow.position"], headers["onceflow.reason"]))
+            elif out.topic in self._hops:
+                partition = partition_for(out.key, self._hops[out.topic])
+                hop = Consumed(out.topic, partition, self._ends.get((out.topic, partition), 0),
+                               out.value, out.key)
+                self._pending.append(self._append(hop))
+
+    def _source(self, headers: Mapping[str, str]) -> Consumed:
+        topic, partition, offset = headers["onceflow.source"].rsplit("/", 2)
+        return self._at[(topic, int(partition), int(offset))]
