@@ -1,4 +1,9 @@
-"""The fold and watermark rules of DESIGN.md, on the pure runner (no I/O)."""
+"""The fold and watermark rules on the pure runner (no I/O).
+
+Most tests run through ``onceflow.testing``; those about the runner's own
+mechanics (batched loads, persistence order) drive ``PipelineRunner`` with
+the small ``Rec``/``Store`` fakes below, which other unit tests import too.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +14,12 @@ from typing import Any
 
 import pytest
 
+from onceflow import testing
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages import Aggregate, Pipeline
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, decode_state, encode_state
+from onceflow.testing import Record, TestRun
 
 
 @dataclass(frozen=True)
@@ -63,69 +70,63 @@ def make(store: Store | None = None) -> tuple[PipelineRunner, Store]:
     return PipelineRunner(sum_pipeline(), store.load, "dlq"), store
 
 
-def totals(runner: PipelineRunner) -> dict[str, Any]:
-    return {k: s.value for k, s in runner.tables[0].states.items()}
-
-
 def test_duplicate_record_is_discarded_and_counted() -> None:
-    runner, _ = make()
-    rec = Rec("in", 0, 7, envelope({"k": "a", "xs": [1, 2]}))
-    first = runner.process([rec])
-    again = runner.process([rec])
-    assert totals(runner) == {"a": 3}
-    assert first.folded["sum"] == 2 and first.duplicates["sum"] == 0
-    assert again.duplicates["sum"] == 2 and again.folded["sum"] == 0
+    run = TestRun(sum_pipeline())
+    (rec,) = run.feed([Record({"k": "a", "xs": [1, 2]}, offset=7)])
+    assert run.counters == {"records": 1, "sum.folded": 2}
+    run.duplicate(rec)
+    assert run.states("sum") == {"a": 3}
+    assert run.counters == {"records": 2, "sum.folded": 2, "sum.duplicates": 2}
 
 
 def test_replay_after_restart_skips_persisted_offsets_only() -> None:
-    records = [Rec("in", 0, o, envelope({"k": "a", "xs": [o]})) for o in range(10)]
-    runner, store = make()
-    runner.process(records[:6])
-    store.persist(runner)  # offsets 0..5 durable
-    runner.process(records[6:8])  # folded in memory, then the process dies
-    restarted, _ = make(store)
-    outcome = restarted.process(records[3:])  # committed offset was 3: replay from there
-    assert outcome.duplicates["sum"] == 3  # 3, 4, 5 were already in the persisted state
-    assert totals(restarted) == {"a": sum(range(10))}
+    records = [Record({"k": "a", "xs": [o]}) for o in range(10)]
+    run = TestRun(sum_pipeline())
+    run.feed(records[:3])
+    run.commit()  # committed offset 3
+    run.feed(records[3:6])
+    run.persist()  # offsets 3..5 durable, not committed
+    run.feed(records[6:8])  # folded in memory, then the process dies
+    run.crash()  # replays from the committed offset 3
+    assert run.counters["sum.duplicates"] == 3  # 3, 4, 5 were already in the persisted state
+    run.feed(records[8:])
+    assert run.states("sum") == {"a": sum(range(10))}
 
 
 def test_several_root_partitions_feed_one_key_independently() -> None:
-    runner, _ = make()
+    run = TestRun(sum_pipeline())
     # Offset 5 of partition 1 arrives after offset 9 of partition 0: not a duplicate.
-    runner.process([Rec("in", 0, 9, envelope({"k": "a", "xs": [1]}))])
-    runner.process([Rec("in", 1, 5, envelope({"k": "a", "xs": [10]}))])
-    replay = runner.process(
-        [Rec("in", 0, 9, envelope({"k": "a", "xs": [1]})),
-         Rec("in", 1, 5, envelope({"k": "a", "xs": [10]}))]
-    )
-    assert totals(runner) == {"a": 11}
-    assert replay.duplicates["sum"] == 2
-    marks = runner.tables[0].states["a"].watermarks
-    assert marks == {("in", 0): (9, 0), ("in", 1): (5, 0)}
+    fed = run.feed([Record({"k": "a", "xs": [1]}, offset=9)])
+    fed += run.feed([Record({"k": "a", "xs": [10]}, partition=1, offset=5)])
+    run.duplicate(*fed)
+    assert run.states("sum") == {"a": 11}
+    assert run.counters["sum.duplicates"] == 2
+    assert run.watermarks("sum", "a") == {("in", 0): (9, 0), ("in", 1): (5, 0)}
 
 
 def test_root_comes_from_the_source_chain_not_the_consumed_offset() -> None:
-    runner, _ = make()
-    chain = [("raw", 2, 40, 1)]
+    run = TestRun(sum_pipeline())
+    republished = testing.envelope({"k": "a", "xs": [5]}, chain=[("raw", 2, 40, 1)])
     # The same event republished twice lands at two offsets of the middle topic.
-    runner.process([Rec("mid", 0, 100, envelope({"k": "a", "xs": [5]}, chain))])
-    dup = runner.process([Rec("mid", 0, 101, envelope({"k": "a", "xs": [5]}, chain))])
-    assert totals(runner) == {"a": 5}
-    assert dup.duplicates["sum"] == 1
-    assert runner.tables[0].states["a"].watermarks == {("raw", 2): (40, 1, 0)}
+    run.feed([Record(republished, topic="mid", offset=100), Record(republished, topic="mid")])
+    assert run.states("sum") == {"a": 5}
+    assert run.counters == {"records": 2, "sum.folded": 1, "sum.duplicates": 1}
+    assert run.watermarks("sum", "a") == {("raw", 2): (40, 1, 0)}
 
 
 def test_fan_out_index_orders_outputs_of_one_root_offset() -> None:
-    runner, _ = make()
+    run = TestRun(sum_pipeline())
     # Outputs 0 and 1 of raw offset 40 travel separately; both count, once each.
-    out0 = Rec("mid", 0, 1, envelope({"k": "a", "xs": [1]}, [("raw", 0, 40, 0)]))
-    out1 = Rec("mid", 0, 2, envelope({"k": "a", "xs": [2]}, [("raw", 0, 40, 1)]))
-    runner.process([out0, out1])
-    replay = runner.process([out0, out1])
-    assert totals(runner) == {"a": 3}
-    assert replay.duplicates["sum"] == 2
+    out0, out1 = run.feed([
+        Record(testing.envelope({"k": "a", "xs": [1]}, chain=[("raw", 0, 40, 0)]), "mid", 0, 1),
+        Record(testing.envelope({"k": "a", "xs": [2]}, chain=[("raw", 0, 40, 1)]), "mid", 0, 2),
+    ])
+    run.duplicate(out0, out1)
+    assert run.states("sum") == {"a": 3}
+    assert run.counters["sum.duplicates"] == 2
     # Index 0 after index 1 has been folded is a replay, so it is discarded.
-    assert runner.process([out0]).duplicates["sum"] == 1
+    run.duplicate(out0)
+    assert run.counters["sum.duplicates"] == 3
 
 
 def test_flat_mapped_unit_applies_whole_or_not_at_all() -> None:
@@ -139,29 +140,29 @@ def test_flat_mapped_unit_applies_whole_or_not_at_all() -> None:
         .flat_map("explode", lambda r: [(k, x) for k, x in r["xs"]])
         .aggregate("sum", key=lambda kv: kv[0], init=lambda: 0, fold=fold)
     )
-    runner = PipelineRunner(pipeline, lambda spec, keys: {}, "dlq")
-    good = Rec("in", 0, 0, envelope({"xs": [["a", 1], ["b", 2]]}))
-    bad = Rec("in", 0, 1, envelope({"xs": [["a", 10], ["b", 20], ["a", -1]]}))
-    runner.process([good])
-    outcome = runner.process([bad])
+    run = TestRun(pipeline, dead_letter_topic="dlq")
+    run.feed([Record({"xs": [["a", 1], ["b", 2]]})])
+    (bad,) = run.feed([Record({"xs": [["a", 10], ["b", 20], ["a", -1]]})])
     # Neither a's +10 nor b's +20 was kept, and the watermark did not move.
-    assert {k: s.value for k, s in runner.tables[0].states.items()} == {"a": 1, "b": 2}
-    assert runner.tables[0].states["a"].watermarks == {("in", 0): (0, 0)}
-    assert outcome.dead_letters == 1
-    (dead,) = outcome.outputs
+    assert run.states("sum") == {"a": 1, "b": 2}
+    assert run.watermarks("sum", "a") == {("in", 0): (0, 0)}
+    assert run.counters["dead_letters"] == 1
+    (dead,) = run.produced
     assert dead.topic == "dlq" and dead.value == bad.value
-    assert dict(dead.headers)["onceflow.reason"].startswith(b"stage 'sum': ValueError: negative")
-    assert outcome.next_offsets == {("in", 0): 2}  # the dead-lettered record is still covered
+    assert dead.headers["onceflow.reason"].startswith("stage 'sum': ValueError: negative")
+    assert run.dead_letters == [testing.DeadLetter(bad, dead.headers["onceflow.reason"])]
+    run.commit()
+    assert run.committed == {("in", 0): 2}  # the dead-lettered record is still covered
 
 
 def test_undecodable_record_goes_to_dead_letters_with_reason() -> None:
-    runner, _ = make()
-    outcome = runner.process([Rec("in", 3, 8, b"\xff\xff not protobuf")])
-    (dead,) = outcome.outputs
-    headers = dict(dead.headers)
-    assert headers["onceflow.reason"].startswith(b"undecodable envelope")
-    assert headers["onceflow.source"] == b"in/3/8"
-    assert outcome.next_offsets == {("in", 3): 9}
+    run = TestRun(sum_pipeline())
+    run.feed([Record(b"\xff\xff not protobuf", partition=3, offset=8)])
+    (dead,) = run.produced
+    assert dead.headers["onceflow.reason"].startswith("undecodable envelope")
+    assert dead.headers["onceflow.source"] == "in/3/8"
+    run.commit()
+    assert run.committed == {("in", 3): 9}
 
 
 def test_states_load_once_per_batch_for_missing_keys() -> None:
@@ -210,16 +211,15 @@ def test_republish_appends_source_ref_with_fan_out_index() -> None:
         .flat_map("explode", lambda r: r["xs"])
         .republish("out", "mid", encode=lambda x: json.dumps(x).encode(), key=str)
     )
-    runner = PipelineRunner(pipeline, lambda spec, keys: {}, "dlq")
-    outcome = runner.process([Rec("raw", 2, 40, envelope({"xs": [7, 8]}, [("src", 0, 3, 1)]))])
-    envelopes = [Envelope.FromString(o.value) for o in outcome.outputs]
-    chains = [[(r.topic, r.partition, r.offset, r.index) for r in e.source_chain]
-              for e in envelopes]
+    run = TestRun(pipeline)
+    run.feed([Record(testing.envelope({"xs": [7, 8]}, chain=[("src", 0, 3, 1)]), "raw", 2, 40)])
+    chains = [[(r.topic, r.partition, r.offset, r.index) for r in o.envelope.source_chain]
+              for o in run.produced]
     assert chains == [
         [("src", 0, 3, 1), ("raw", 2, 40, 0)],
         [("src", 0, 3, 1), ("raw", 2, 40, 1)],
     ]
-    assert [o.key for o in outcome.outputs] == [b"7", b"8"]
+    assert [o.key for o in run.produced] == [b"7", b"8"]
 
 
 @pytest.mark.parametrize("bad_id", ["", "has space", "x" * 101])
@@ -242,18 +242,17 @@ def two_stage_pipeline() -> Pipeline:
 
 
 def test_a_replay_discarded_upstream_never_reaches_downstream() -> None:
-    store = Store()
-    runner = PipelineRunner(two_stage_pipeline(), store.load, "dlq")
-    rec = Rec("in", 0, 4, envelope({"k": "a", "xs": [1, 2]}))
-    runner.process([rec])
-    outcome = runner.process([rec])
-    assert outcome.duplicates == {"sum": 2}  # stopped at the first stage
-    assert outcome.folded == {}
-    assert [t.states[k].value for t in runner.tables for k in t.states] == [3, 3]
+    run = TestRun(two_stage_pipeline())
+    (rec,) = run.feed([Record({"k": "a", "xs": [1, 2]}, offset=4)])
+    run.duplicate(rec)
+    # The replay stopped at the first stage: "total" saw neither duplicates nor folds.
+    assert run.counters == {"records": 2, "sum.folded": 2, "total.folded": 2,
+                            "sum.duplicates": 2}
+    assert run.states("sum") == {"a": 3} and run.states("total") == {"all": 3}
 
 
 def test_persisting_upstream_first_then_crashing_loses_downstream_events() -> None:
-    """Why DESIGN.md invariant 6 exists, on the pure runner."""
+    """Why states are persisted downstream first (README, "Guarantees" 6), on the pure runner."""
     records = [Rec("in", 0, o, envelope({"k": "a", "xs": [1]})) for o in range(5)]
 
     def crash_after_persisting(order: list[int]) -> int:

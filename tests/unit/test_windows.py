@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from test_runner import Rec, envelope
 
 from onceflow.stages import Pipeline, Tumbling
-from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import decode_state, encode_state
+from onceflow.testing import Record, TestRun
 
 MINUTE = 60_000
 
@@ -26,60 +23,47 @@ def windowed(lateness_ms: int = 0) -> Pipeline:
     )
 
 
-def run(pipeline: Pipeline, batches: list[list[dict[str, Any]]]) -> tuple[PipelineRunner, list]:
-    runner = PipelineRunner(pipeline, lambda spec, keys: {}, "dlq", "late")
-    outcomes, offset = [], 0
-    for batch in batches:
-        records = []
-        for doc in batch:
-            records.append(Rec("in", 0, offset, envelope(doc)))
-            offset += 1
-        outcomes.append(runner.process(records))
-    return runner, outcomes
-
-
 def test_events_fold_into_their_minute_and_windows_close_into_history() -> None:
-    runner, _ = run(windowed(), [[
-        {"k": "a", "ts": [5_000, 30_000]},       # minute 0
-        {"k": "a", "ts": [61_000]},              # minute 1: closes minute 0
-        {"k": "a", "ts": [62_000, 130_000]},     # minute 2 arrives: closes minute 1
-    ]])
-    table = runner.tables[0]
-    assert table.take_closed() == {("a", 0): 2, ("a", MINUTE): 2}
-    assert table.states["a"].value == {"open": {str(2 * MINUTE): 1}, "max_ts": 130_000}
+    run = TestRun(windowed())
+    run.feed([
+        Record({"k": "a", "ts": [5_000, 30_000]}),       # minute 0
+        Record({"k": "a", "ts": [61_000]}),              # minute 1: closes minute 0
+        Record({"k": "a", "ts": [62_000, 130_000]}),     # minute 2 arrives: closes minute 1
+    ])
+    assert run.closed_windows("per_minute") == {("a", 0): 2, ("a", MINUTE): 2}
+    assert run.states("per_minute")["a"] == {"open": {str(2 * MINUTE): 1}, "max_ts": 130_000}
 
 
 def test_allowed_lateness_keeps_a_window_open_then_late_events_are_routed() -> None:
-    runner, outcomes = run(windowed(lateness_ms=10_000), [
-        [{"k": "a", "ts": [50_000]}, {"k": "a", "ts": [65_000]}],  # minute 0 still open
-        [{"k": "a", "ts": [59_000]}],                               # in time (lateness)
-        [{"k": "a", "ts": [71_000]}],                               # closes minute 0
-        [{"k": "a", "ts": [1_000, 72_000]}],                        # 1_000 is late
-    ])
-    table = runner.tables[0]
-    assert table.take_closed() == {("a", 0): 2}
-    assert table.states["a"].value["open"] == {str(MINUTE): 3}
-    last = outcomes[-1]
-    assert last.late == {"per_minute": 1} and last.folded == {"per_minute": 1}
-    (late,) = last.outputs
-    headers = dict(late.headers)
+    run = TestRun(windowed(lateness_ms=10_000), late_events_topic="late")
+    run.feed([Record({"k": "a", "ts": [50_000]}), Record({"k": "a", "ts": [65_000]})])  # minute 0
+    run.feed([Record({"k": "a", "ts": [59_000]})])            # in time (lateness)
+    run.feed([Record({"k": "a", "ts": [71_000]})])            # closes minute 0
+    before = run.counters.copy()
+    run.feed([Record({"k": "a", "ts": [1_000, 72_000]})])     # 1_000 is late
+    assert run.closed_windows("per_minute") == {("a", 0): 2}
+    assert run.states("per_minute")["a"]["open"] == {str(MINUTE): 3}
+    assert run.counters - before == {"records": 1, "per_minute.late": 1, "per_minute.folded": 1}
+    (late,) = run.produced
     assert late.topic == "late" and late.key == b"a"
-    assert headers["onceflow.reason"] == b"late for stage 'per_minute' by 1000 ms"
-    assert headers["onceflow.position"] == b"4.0"
+    assert late.headers["onceflow.reason"] == "late for stage 'per_minute' by 1000 ms"
+    assert late.headers["onceflow.position"] == "4.0"
 
 
 def test_a_late_event_replayed_is_a_duplicate_not_late_again() -> None:
-    runner = PipelineRunner(windowed(), lambda spec, keys: {}, "dlq", "late")
-    runner.process([Rec("in", 0, 0, envelope({"k": "a", "ts": [200_000]}))])
-    late = Rec("in", 0, 1, envelope({"k": "a", "ts": [1_000]}))
-    assert runner.process([late]).late == {"per_minute": 1}
-    again = runner.process([late])
-    assert again.late == {} and again.duplicates == {"per_minute": 1} and again.outputs == []
+    run = TestRun(windowed(), late_events_topic="late")
+    run.feed([Record({"k": "a", "ts": [200_000]})])
+    (late,) = run.feed([Record({"k": "a", "ts": [1_000]})])
+    assert run.counters["per_minute.late"] == 1
+    run.duplicate(late)
+    assert run.counters["per_minute.late"] == 1 and run.counters["per_minute.duplicates"] == 1
+    assert len(run.produced) == 1  # the first late output only
 
 
 def test_windowed_state_survives_encoding() -> None:
-    runner, _ = run(windowed(), [[{"k": "a", "ts": [5_000, 61_000]}]])
-    state = runner.tables[0].states["a"]
+    run = TestRun(windowed())
+    run.feed([Record({"k": "a", "ts": [5_000, 61_000]})])
+    state = run.runner.tables[0].states["a"]
     back = decode_state(encode_state(state))
     assert back.value == state.value and back.watermarks == state.watermarks
 
