@@ -197,7 +197,6 @@ class TestRun:
         self._at: dict[tuple[str, int, int], Consumed] = {}
         self._ends: dict[TopicPartition, int] = {}  # next offset per partition
         self._processed: dict[TopicPartition, int] = {}
-        self._durable: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}
         self._pending: deque[Consumed] = deque()
         self._consumed = 0
@@ -250,8 +249,7 @@ class TestRun:
         """Kill and restart the worker: unpersisted states are lost, the log replays from
         the committed offsets (states persisted since are reloaded and discard the replay)."""
         self.crashes += 1
-        self._pending.clear()
-        self._processed, self._durable = {}, {}
+        self._processed = {}
         self.runner = self._new_runner()
         self.replay()
 
@@ -263,12 +261,11 @@ class TestRun:
                 self._history[(stage, key, start)] = json.dumps(value).encode()
             for key, state in table.take_dirty().items():
                 self._stored[(stage, key)] = encode_state(state)
-        self._durable = dict(self._processed)
 
     def commit(self) -> None:
         """Persist, then commit every offset processed so far."""
         self.persist()
-        self._committed.update(self._durable)
+        self._committed.update(self._processed)
 
     @property
     def committed(self) -> dict[TopicPartition, int]:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import doctest
 import itertools
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.partitioner import murmur2 as kafka_murmur2
 
 import onceflow.testing
@@ -30,6 +33,16 @@ def sums() -> Pipeline:
 def test_the_module_docstring_example_runs() -> None:
     result = doctest.testmod(onceflow.testing)
     assert result.attempted >= 10 and result.failed == 0
+
+
+def test_the_readme_example_runs() -> None:
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    namespace: dict[str, Any] = {}
+    exec(blocks[0], namespace)  # the pipeline of "Writing a pipeline"
+    (example,) = [block for block in blocks if "onceflow.testing" in block]
+    exec(example, namespace)
+    namespace["test_counts_are_exact_under_a_crash"]()
 
 
 def test_states_are_decoded_as_the_store_would_hold_them() -> None:
@@ -74,22 +87,27 @@ def test_a_failing_function_and_an_undecodable_record_become_dead_letters() -> N
             raise ValueError("no numbers")
         return [(r["k"], x) for x in r["xs"]]
 
+    def add(total: int, kv: tuple[str, int]) -> int:
+        if kv[1] < 0:
+            raise ValueError("negative")
+        return total + kv[1]
+
     pipeline = (Pipeline("p", topics=("in",), decode=lambda e: json.loads(e.payload))
                 .flat_map("explode", explode)
-                .aggregate("sum", key=lambda kv: kv[0], init=lambda: 0,
-                           fold=lambda s, kv: s + kv[1]))
+                .aggregate("sum", key=lambda kv: kv[0], init=lambda: 0, fold=add))
     run = TestRun(pipeline)
     fed = run.feed([Record({"k": "a", "xs": [1]}), Record({"k": "a", "xs": "boom"}),
                     Record(b"\xff\xff not protobuf", partition=3, offset=8),
-                    Record({"k": "a", "xs": [2]})])
-    assert run.states("sum") == {"a": 3}
-    boom, garbage = run.dead_letters
+                    Record({"k": "z", "xs": [-1]}), Record({"k": "a", "xs": [2]})])
+    assert run.states("sum") == {"a": 3}  # "z" was never folded: no state to write
+    boom, garbage, negative = run.dead_letters
     assert boom.record == fed[1] and boom.reason == "stage 'explode': ValueError: no numbers"
     assert garbage.record == fed[2] and garbage.reason.startswith("undecodable envelope")
-    assert run.outputs() == [] and len(run.outputs(run.dead_letter_topic)) == 2
-    assert run.counters["dead_letters"] == 2
+    assert negative.record == fed[3] and negative.reason == "stage 'sum': ValueError: negative"
+    assert run.outputs() == [] and len(run.outputs(run.dead_letter_topic)) == 3
+    assert run.counters["dead_letters"] == 3
     run.commit()
-    assert run.committed == {("in", 0): 3, ("in", 3): 9}  # dead letters are consumed too
+    assert run.committed == {("in", 0): 4, ("in", 3): 9}  # dead letters are consumed too
 
 
 def windowed(lateness_ms: int = 0) -> Pipeline:
@@ -185,8 +203,10 @@ def test_a_repartition_round_trip_runs_end_to_end() -> None:
     assert run.states("per_customer") == expected
     hopped = run.log(hop)
     assert len(hopped) == 12 and [o.key for o in run.outputs(hop)] == [r.key for r in hopped]
+    kafka, four = DefaultPartitioner(), [0, 1, 2, 3]
     for record in hopped:  # where Kafka's default partitioner puts the key
-        assert record.partition == partition_for(record.key, 4)
+        assert record.partition == partition_for(record.key, 4) == kafka(record.key, four, four)
+    assert len({record.partition for record in hopped}) > 1
     run.crash()  # nothing committed: every order and every hop record is replayed
     assert run.states("per_customer") == expected
     assert run.counters["per_customer.duplicates"] == 12 * 2  # old hop records + re-sent ones
