@@ -172,7 +172,8 @@ class TestRun:
     ``batch_size`` (default: all fed at once). ``persist()`` writes the
     changed states (and closed windows) to the store; ``commit()`` persists,
     then commits the consumed offsets, as the worker does on SIGTERM;
-    ``persist_every``/``commit_every`` do that after every N records consumed.
+    ``persist_every``/``commit_every`` do that after every N records consumed
+    (replayed and repartition records count: the worker's intervals run on).
     ``crash()`` loses what was not persisted and replays the log from the
     committed offsets. A repartition topic gets the step's ``partitions``, or
     ``partitions`` (standing for the source topics' count) like the worker's.
@@ -207,7 +208,7 @@ class TestRun:
         #: ``<stage>.duplicates``, ``<stage>.late``, ``<stage>.misaligned``.
         self.counters: Counter[str] = Counter()
         self.crashes = 0
-        self.runner = self._new_runner()
+        self.runner = self._new_runner()  # the worker's runner; crash() replaces it
 
     def feed(self, records: Iterable[Record]) -> list[Consumed]:
         """Append records to their partitions and process them; returns them with offsets."""
