@@ -39,6 +39,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from aiokafka.partitioner import murmur2
+
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.runner import BatchOutcome, PipelineRunner, StateTable
@@ -147,22 +149,7 @@ class LateEvent:
 
 def partition_for(key: bytes | None, partitions: int) -> int:
     """Kafka's default partitioner (murmur2 of the key); no key goes to partition 0."""
-    return 0 if key is None else (murmur2(key) & 0x7FFFFFFF) % partitions
-
-
-def murmur2(data: bytes) -> int:
-    """The Java client's murmur2, so in-memory repartitions place keys as Kafka would."""
-    m, mask = 0x5BD1E995, 0xFFFFFFFF
-    whole = len(data) - len(data) % 4
-    h = 0x9747B28C ^ len(data)
-    for i in range(0, whole, 4):
-        k = int.from_bytes(data[i:i + 4], "little") * m & mask
-        k = (k ^ k >> 24) * m & mask
-        h = (h * m & mask) ^ k
-    if whole < len(data):
-        h = (h ^ int.from_bytes(data[whole:], "little")) * m & mask
-    h = (h ^ h >> 13) * m & mask
-    return h ^ h >> 15
+    return 0 if key is None else (int(murmur2(key)) & 0x7FFFFFFF) % partitions
 
 
 class TestRun:

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
-from aiokafka.partitioner import murmur2 as kafka_murmur2
 
 import onceflow.testing
 from onceflow.examples import orders
 from onceflow.stages import Pipeline, Tumbling
-from onceflow.testing import Record, TestRun, envelope, murmur2, partition_for
+from onceflow.testing import Record, TestRun, envelope, partition_for
 
 MINUTE = 60_000
 
@@ -228,7 +227,3 @@ def test_key_homes_refuse_a_key_fed_from_two_partitions_unless_single_worker() -
     alone.feed(fed)
     assert alone.states("per_customer") == {"c1": {"orders": 2, "amount": 12}}
 
-
-@pytest.mark.parametrize("key", [b"", b"a", b"ab", b"abc", b"abcd", b"c-17", bytes(range(37))])
-def test_murmur2_is_kafkas(key: bytes) -> None:
-    assert murmur2(key) == kafka_murmur2(key)
