@@ -2,7 +2,10 @@
 
 Threads: the actor's own thread handles messages (batch done, commit, stop);
 the aiokafka consumer lives on the shared ``EventLoopThread`` loop, where
-the fetch task and the rebalance callbacks run. Backpressure: at most
+the fetch task and the rebalance callbacks run. Start-up does not wait for
+the group join (which takes seconds, and a stuck broker may hold it for
+minutes): the join runs on the loop while the actor can still be told to
+stop, and ``JoinWatch`` bounds it. Backpressure: at most
 ``max_in_flight`` batches are with the stage; beyond that the assigned
 partitions are paused instead of buffering records.
 """
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,7 @@ from aiokafka.errors import KafkaError
 
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     Batch,
@@ -65,8 +69,14 @@ class ConsumerActor(ReportingActor):
         on_fatal: FatalHandler,
         connection_check: ConnectionCheck | None = None,
         on_assigned: Callable[[], Awaitable[int]] | None = None,
+        join_watch: JoinWatch | None = None,
+        stop_timeout: float | None = None,
     ):
         super().__init__(on_fatal)
+        self._join = join_watch
+        self._stop_timeout = start_timeout if stop_timeout is None else stop_timeout
+        self._opening: asyncio.Task[None] | None = None
+        self._join_enforcer: asyncio.Task[None] | None = None
         self._on_assigned = on_assigned
         self._check = connection_check
         self._checker: asyncio.Task[None] | None = None
@@ -85,20 +95,32 @@ class ConsumerActor(ReportingActor):
         self._room: asyncio.Event | None = None
 
     def start_up(self) -> None:
-        self._io.run(self._open(), timeout=self._start_timeout)
+        self._io.run(self._begin(), timeout=self._start_timeout)
 
-    async def _open(self) -> None:
+    async def _begin(self) -> None:
+        """Create the stream and let it join in the background (see the module doc)."""
         self._consumer = AIOKafkaConsumer(**self._options)
         self._consumer.subscribe(self._topics, listener=_Rebalance(self))
-        await self._consumer.start()
+        metrics.STREAM_STARTS.inc()
+        self._join_began()
+        self._opening = self._background(self._open())
+        if self._join is not None:
+            self._join_enforcer = self._background(enforce(self._join))
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task of this stream whose failure fails the stream."""
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(self._fetch_ended)
+        return task
+
+    async def _open(self) -> None:
+        assert self._consumer is not None
+        await self._consumer.start()  # returns once the first join assigned partitions
         self._room = asyncio.Event()
         self._room.set()
-        self._fetch_task = asyncio.get_running_loop().create_task(self._fetch_forever())
-        self._fetch_task.add_done_callback(self._fetch_ended)
+        self._fetch_task = self._background(self._fetch_forever())
         if self._check is not None:
-            self._checker = asyncio.get_running_loop().create_task(self._check_connection())
-            self._checker.add_done_callback(self._fetch_ended)
-        metrics.STREAM_STARTS.inc()
+            self._checker = self._background(self._check_connection())
 
     async def _check_connection(self) -> None:
         """Ask for metadata every interval; too many silent failures fail the stream."""
@@ -175,8 +197,9 @@ class ConsumerActor(ReportingActor):
         return owned
 
     async def _stop_fetching(self) -> None:
-        if self._checker is not None:
-            self._checker.cancel()
+        for task in (self._opening, self._join_enforcer, self._checker):
+            if task is not None:
+                task.cancel()
         if self._fetch_task is not None:
             self._fetch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -184,12 +207,26 @@ class ConsumerActor(ReportingActor):
 
     def on_stop(self) -> None:
         if self._consumer is not None:
-            self._io.run(self._close(), timeout=self._start_timeout)
+            self._io.run(self._close(), timeout=self._stop_timeout + 1)
 
     async def _close(self) -> None:
         await self._stop_fetching()
         assert self._consumer is not None
-        await self._consumer.stop()
+        try:  # leaving waits for a join under way to finish: bounded
+            await asyncio.wait_for(self._consumer.stop(), self._stop_timeout)
+        except TimeoutError:
+            log.warning("consumer did not leave its group within %.1fs (a join was under "
+                        "way); the broker drops it after the session timeout",
+                        self._stop_timeout)
+            await _close_parts(self._consumer)
+
+    def _join_began(self) -> None:
+        if self._join is not None:
+            self._join.joining()
+
+    def _join_ended(self) -> None:
+        if self._join is not None:
+            self._join.joined()
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Flush and commit before another member takes the partitions."""
@@ -208,14 +245,31 @@ class ConsumerActor(ReportingActor):
         log.info("partitions revoked, flushed and committed: %s", sorted(lost))
 
 
+async def _close_parts(consumer: AIOKafkaConsumer) -> None:
+    """Close the fetcher and connections an interrupted ``stop()`` left open.
+
+    aiokafka's ``stop()`` closes them only after the group coordinator has
+    finished (a join under way included); these attributes are private, so
+    this is best effort.
+    """
+    for part in (getattr(consumer, "_fetcher", None), getattr(consumer, "_client", None)):
+        if part is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(part.close(), 1.0)
+
+
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, actor: ConsumerActor):
         self._actor = actor
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._actor.on_revoked(revoked)
+        try:
+            await self._actor.on_revoked(revoked)
+        finally:  # aiokafka sends JoinGroup next; the flush above is not join time
+            self._actor._join_began()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._actor._join_ended()
         log.info("partitions assigned: %s", sorted((tp.topic, tp.partition) for tp in assigned))
         if self._actor._on_assigned is not None:  # before anything of them is fetched
             adopted = await self._actor._on_assigned()

@@ -39,6 +39,8 @@ OUTBOXED = Counter("onceflow_outboxed", "Records written to the outbox after a f
                    registry=REGISTRY)
 PRODUCE_FAILURES = Counter("onceflow_produce_failures", "Failed batch deliveries (each is "
                            "retried or outboxed)", ["topic"], registry=REGISTRY)
+JOIN_TIMEOUTS = Counter("onceflow_join_timeouts", "Consumers re-created because a group join "
+                        "did not complete within join-timeout", registry=REGISTRY)
 RESTARTS = Counter("onceflow_restarts", "Supervised restarts", ["child"], registry=REGISTRY)
 
 _last_progress = time.monotonic()

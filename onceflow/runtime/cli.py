@@ -68,10 +68,38 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+class StopSignals:
+    """Records SIGTERM/SIGINT; the worker's main thread looks at ``received``.
+
+    The handler only assigns an attribute. Python runs it in the main thread
+    between two bytecodes, possibly inside ``Event.wait`` while that holds
+    the event's lock (``Event.set`` there would deadlock) or inside a write
+    to stderr (logging there raises "reentrant call"). And a signal the
+    kernel hands to another thread does not wake a main thread blocked in a
+    lock, so the worker waits with a timeout and checks this between waits.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def install(self) -> StopSignals:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+
+    def name(self) -> str | None:
+        return None if self.received is None else signal.Signals(self.received).name
+
+
 def _run(config: str, assignments: list[str]) -> int:
+    # Handlers first: loading the worker's modules takes about a second, and
+    # a SIGTERM meanwhile would take the default action (killed, exit -15).
+    signals = StopSignals().install()
     from onceflow.runtime.worker import Worker, check_stores, load_pipeline
 
-    log = logging.getLogger("onceflow")
     try:
         overrides = dict(_split(a) for a in assignments)
         settings = load_settings(config, overrides)
@@ -80,14 +108,7 @@ def _run(config: str, assignments: list[str]) -> int:
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    worker = Worker(settings, pipeline)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s: stopping", signal.Signals(signum).name)
-        worker.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    worker = Worker(settings, pipeline, signals.name)
     worker.start()
     return worker.run()
 

@@ -16,6 +16,7 @@ import importlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -25,6 +26,7 @@ from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConnectionCheck, ConsumerActor
 from onceflow.actors.delivery import Adoption, DeliverySettings, OutboxTally
+from onceflow.actors.join_watch import JoinWatch
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     CommitNow,
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+SIGNAL_POLL = 0.2  # seconds between looks at the signal flag (see cli.StopSignals)
 
 
 def load_pipeline(settings: Settings) -> Pipeline:
@@ -223,6 +226,7 @@ class PipelineActors:
         outbox_kind = outbox_store(s, pipeline)
         self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
         tally, adoption = OutboxTally(), Adoption()
+        self.join = JoinWatch(s.kafka.join_timeout)
         self._producer = ProducerActor.start(
             options=producer_options(s), delivery=delivery_settings(s),
             max_block=s.kafka.producer.max_block, outbox=self._outbox, tally=tally,
@@ -266,6 +270,8 @@ class PipelineActors:
             on_fatal=on_fatal,
             connection_check=connection_check(s),
             on_assigned=adoption,
+            join_watch=self.join,
+            stop_timeout=s.shutdown.timeout / 2,  # leaving the group: half the budget
         )
         self._commit.proxy().use_consumer(self._consumer).get()
         # Stop order: consumer first (no new batches), producer last (flushes sends).
@@ -314,9 +320,12 @@ class PipelineActors:
 class Worker:
     """One pipeline in one process, its actors under a supervisor."""
 
-    def __init__(self, settings: Settings, pipeline: Pipeline):
+    def __init__(self, settings: Settings, pipeline: Pipeline,
+                 signalled: Callable[[], str | None] = lambda: None):
+        """``signalled`` names a stop signal received, if any (maybe before the worker existed)."""
         self.settings = settings
         self.pipeline = pipeline
+        self._signalled = signalled
         self._stop = threading.Event()
         self._failure: tuple[str, BaseException] | None = None
         self._current: PipelineActors | None = None
@@ -330,14 +339,24 @@ class Worker:
         self._stop.set()
 
     def request_stop(self) -> None:
-        """Ask for a graceful stop (safe from a signal handler)."""
+        """Ask for a graceful stop, from any thread (not from a signal handler)."""
         self._stop.set()
+
+    def _stop_requested(self) -> bool:
+        name = self._signalled()
+        if name is not None and not self._stop.is_set():
+            log.info("received %s: stopping", name)
+            self._stop.set()
+        return self._stop.is_set()
 
     def _start_pipeline(self, report: FatalHandler) -> PipelineActors:
         self._current = PipelineActors(self.settings, self.pipeline, report)
         return self._current
 
     def start(self) -> None:
+        if self._stop_requested():
+            log.info("stop requested before the worker started: nothing to start")
+            return
         tune_gc()
         sv = self.settings.supervision
         restart = RestartSettings(Policy(sv.policy), sv.max_restarts, sv.within,
@@ -363,11 +382,14 @@ class Worker:
         idle = metrics.seconds_since_progress()
         lag = metrics.total_lag()
         stalled = lag > 0 and idle > self.settings.metrics.stall_timeout
+        current = self._current
+        consumer = None if current is None else current.join.report()
         return {
             "healthy": self._failure is None and states.get("pipeline") == "running"
-            and not stalled,
+            and not stalled and not (consumer and consumer["join_overdue"]),
             "pipeline": self.pipeline.id,
             "children": states,
+            "consumer": consumer,
             "escalated": None if self._failure is None else
             f"{self._failure[0]}: {self._failure[1]!r}",
             "seconds_since_progress": round(idle, 3),
@@ -377,11 +399,13 @@ class Worker:
 
     def run(self) -> int:
         """Block until a stop is requested or the supervisor escalates; return the exit code."""
-        self._stop.wait()
+        while not self._stop_requested():
+            self._stop.wait(SIGNAL_POLL)
         return self.shutdown()
 
     def shutdown(self) -> int:
-        assert self._supervisor is not None
+        if self._supervisor is None:  # stopped before it started: nothing to undo
+            return EXIT_OK
         supervisor = self._supervisor.proxy()
         running = supervisor.states().get().get("pipeline") == ChildState.RUNNING
         if self._failure is None and running and self._current is not None:
