@@ -355,7 +355,7 @@ class Worker:
 
     def start(self) -> None:
         if self._stop_requested():
-            log.info("stop requested before the worker started: nothing to start")
+            log.info("stop requested while loading: no actor was built")
             return
         tune_gc()
         sv = self.settings.supervision
