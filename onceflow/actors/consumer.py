@@ -106,6 +106,8 @@ class ConsumerActor(ReportingActor):
         self._opening = self._background(self._open())
         if self._join is not None:
             self._join_enforcer = self._background(enforce(self._join))
+        if self._check is not None:  # a broker that goes silent during the join too
+            self._checker = self._background(self._check_connection())
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A task of this stream whose failure fails the stream."""
@@ -119,8 +121,6 @@ class ConsumerActor(ReportingActor):
         self._room = asyncio.Event()
         self._room.set()
         self._fetch_task = self._background(self._fetch_forever())
-        if self._check is not None:
-            self._checker = self._background(self._check_connection())
 
     async def _check_connection(self) -> None:
         """Ask for metadata every interval; too many silent failures fail the stream."""
