@@ -14,7 +14,9 @@ from types import FrameType
 
 from onceflow.runtime.config import ConfigError, load_settings
 
+EXIT_OK = 0
 EXIT_CONFIG = 2
+log = logging.getLogger("onceflow")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -81,6 +83,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        self._logged = False
 
     def install(self) -> StopSignals:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -90,8 +93,12 @@ class StopSignals:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
 
-    def name(self) -> str | None:
-        return None if self.received is None else signal.Signals(self.received).name
+    def stopping(self) -> bool:
+        """Whether a stop signal came (logged once, from the calling thread)."""
+        if self.received is not None and not self._logged:
+            self._logged = True
+            log.info("received %s: stopping", signal.Signals(self.received).name)
+        return self.received is not None
 
 
 def _run(config: str, assignments: list[str]) -> int:
@@ -108,9 +115,12 @@ def _run(config: str, assignments: list[str]) -> int:
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    worker = Worker(settings, pipeline, signals.name)
+    if signals.stopping():
+        log.info("stop requested while loading: no actor was built")
+        return EXIT_OK
+    worker = Worker(settings, pipeline)
     worker.start()
-    return worker.run()
+    return worker.run(signals.stopping)
 
 
 def _status(argv: list[str]) -> int:

@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-SIGNAL_POLL = 0.2  # seconds between looks at the signal flag (see cli.StopSignals)
+SIGNAL_POLL = 0.2  # s; a signal handler must not set an Event (see cli.StopSignals)
 
 
 def load_pipeline(settings: Settings) -> Pipeline:
@@ -320,12 +320,9 @@ class PipelineActors:
 class Worker:
     """One pipeline in one process, its actors under a supervisor."""
 
-    def __init__(self, settings: Settings, pipeline: Pipeline,
-                 signalled: Callable[[], str | None] = lambda: None):
-        """``signalled`` names a stop signal received, if any (maybe before the worker existed)."""
+    def __init__(self, settings: Settings, pipeline: Pipeline):
         self.settings = settings
         self.pipeline = pipeline
-        self._signalled = signalled
         self._stop = threading.Event()
         self._failure: tuple[str, BaseException] | None = None
         self._current: PipelineActors | None = None
@@ -342,21 +339,11 @@ class Worker:
         """Ask for a graceful stop, from any thread (not from a signal handler)."""
         self._stop.set()
 
-    def _stop_requested(self) -> bool:
-        name = self._signalled()
-        if name is not None and not self._stop.is_set():
-            log.info("received %s: stopping", name)
-            self._stop.set()
-        return self._stop.is_set()
-
     def _start_pipeline(self, report: FatalHandler) -> PipelineActors:
         self._current = PipelineActors(self.settings, self.pipeline, report)
         return self._current
 
     def start(self) -> None:
-        if self._stop_requested():
-            log.info("stop requested while loading: no actor was built")
-            return
         tune_gc()
         sv = self.settings.supervision
         restart = RestartSettings(Policy(sv.policy), sv.max_restarts, sv.within,
@@ -382,8 +369,7 @@ class Worker:
         idle = metrics.seconds_since_progress()
         lag = metrics.total_lag()
         stalled = lag > 0 and idle > self.settings.metrics.stall_timeout
-        current = self._current
-        consumer = None if current is None else current.join.report()
+        consumer = None if self._current is None else self._current.join.report()
         return {
             "healthy": self._failure is None and states.get("pipeline") == "running"
             and not stalled and not (consumer and consumer["join_overdue"]),
@@ -397,15 +383,14 @@ class Worker:
             "stalled": stalled,
         }
 
-    def run(self) -> int:
-        """Block until a stop is requested or the supervisor escalates; return the exit code."""
-        while not self._stop_requested():
-            self._stop.wait(SIGNAL_POLL)
+    def run(self, signalled: Callable[[], bool] = lambda: False) -> int:
+        """Wait for a stop (``request_stop``, ``signalled()``) or an escalation; the exit code."""
+        while not (self._stop.wait(SIGNAL_POLL) or signalled()):
+            pass
         return self.shutdown()
 
     def shutdown(self) -> int:
-        if self._supervisor is None:  # stopped before it started: nothing to undo
-            return EXIT_OK
+        assert self._supervisor is not None
         supervisor = self._supervisor.proxy()
         running = supervisor.states().get().get("pipeline") == ChildState.RUNNING
         if self._failure is None and running and self._current is not None:
