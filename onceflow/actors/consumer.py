@@ -2,7 +2,10 @@
 
 Threads: the actor's own thread handles messages (batch done, commit, stop);
 the aiokafka consumer lives on the shared ``EventLoopThread`` loop, where
-the fetch task and the rebalance callbacks run. Backpressure: at most
+the fetch task and the rebalance callbacks run. Start-up does not wait for
+the group join (which takes seconds, and a stuck broker may hold it for
+minutes): the join runs on the loop while the actor can still be told to
+stop, and ``JoinWatch`` bounds it. Backpressure: at most
 ``max_in_flight`` batches are with the stage; beyond that the assigned
 partitions are paused instead of buffering records. Continuity: with a
 ``GapCheck``, a fetch that skips offsets is cut before the hole and the
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +29,7 @@ from aiokafka.errors import IllegalStateError, KafkaError
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.continuity import Continuity
+from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     Batch,
@@ -78,11 +82,20 @@ class ConsumerActor(ReportingActor):
         connection_check: ConnectionCheck | None = None,
         on_assigned: Callable[[], Awaitable[int]] | None = None,
         gap_check: GapCheck | None = None,
+        join_watch: JoinWatch | None = None,
+        stop_timeout: float | None = None,
+        single_worker: bool = False,
     ):
         super().__init__(on_fatal)
+        self._single_worker = single_worker
+        self._settling: set[TopicPartition] = set()  # assigned, paused until adoption is done
         self._gap_backoff = gap_check.backoff if gap_check else 0.0
         self._continuity = Continuity(gap_check.refetches) if gap_check else None
         self._held: dict[TopicPartition, asyncio.TimerHandle] = {}  # paused before a re-fetch
+        self._join = join_watch
+        self._stop_timeout = start_timeout if stop_timeout is None else stop_timeout
+        self._opening: asyncio.Task[None] | None = None
+        self._join_enforcer: asyncio.Task[None] | None = None
         self._on_assigned = on_assigned
         self._check = connection_check
         self._checker: asyncio.Task[None] | None = None
@@ -101,20 +114,32 @@ class ConsumerActor(ReportingActor):
         self._room: asyncio.Event | None = None
 
     def start_up(self) -> None:
-        self._io.run(self._open(), timeout=self._start_timeout)
+        self._io.run(self._begin(), timeout=self._start_timeout)
 
-    async def _open(self) -> None:
+    async def _begin(self) -> None:
+        """Create the stream and let it join in the background (see the module doc)."""
         self._consumer = AIOKafkaConsumer(**self._options)
         self._consumer.subscribe(self._topics, listener=_Rebalance(self))
-        await self._consumer.start()
+        metrics.STREAM_STARTS.inc()
+        self._join_began()
+        self._opening = self._background(self._open())
+        if self._join is not None:
+            self._join_enforcer = self._background(enforce(self._join))
+        if self._check is not None:  # a broker that goes silent during the join too
+            self._checker = self._background(self._check_connection())
+
+    def _background(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """A task of this stream whose failure fails the stream."""
+        task = asyncio.get_running_loop().create_task(coro)
+        task.add_done_callback(self._fetch_ended)
+        return task
+
+    async def _open(self) -> None:
+        assert self._consumer is not None
+        await self._consumer.start()  # returns once the first join assigned partitions
         self._room = asyncio.Event()
         self._room.set()
-        self._fetch_task = asyncio.get_running_loop().create_task(self._fetch_forever())
-        self._fetch_task.add_done_callback(self._fetch_ended)
-        if self._check is not None:
-            self._checker = asyncio.get_running_loop().create_task(self._check_connection())
-            self._checker.add_done_callback(self._fetch_ended)
-        metrics.STREAM_STARTS.inc()
+        self._fetch_task = self._background(self._fetch_forever())
 
     async def _check_connection(self) -> None:
         """Ask for metadata every interval; too many silent failures fail the stream."""
@@ -140,7 +165,7 @@ class ConsumerActor(ReportingActor):
             if self._in_flight >= self._max_in_flight:
                 consumer.pause(*consumer.assignment())
                 await self._room.wait()
-                consumer.resume(*(consumer.assignment() - set(self._held)))
+                consumer.resume(*(consumer.assignment() - set(self._held) - self._settling))
             batches = await consumer.getmany(
                 timeout_ms=self._poll_timeout_ms, max_records=self._max_records
             )
@@ -199,8 +224,41 @@ class ConsumerActor(ReportingActor):
     def _release(self, tp: TopicPartition) -> None:
         self._held.pop(tp, None)
         room = self._room is None or self._room.is_set()  # else the fetch loop resumes it
-        if self._consumer is not None and room and tp in self._consumer.assignment():
+        if (self._consumer is not None and room and tp in self._consumer.assignment()
+                and tp not in self._settling):
             self._consumer.resume(tp)
+
+    def settle(self, assigned: set[TopicPartition]) -> None:
+        """Pause newly assigned partitions until their outbox rows are adopted.
+
+        Called first thing in the assignment callback, before any await: their
+        committed offsets are being read meanwhile, and a record of theirs
+        processed before the adoption would send outputs ahead of the adopted
+        rows, which downstream would then discard as replays.
+        """
+        assert self._consumer is not None
+        self._settling = set(assigned)
+        self._consumer.pause(*assigned)
+
+    def settled(self) -> None:
+        """Resume what ``settle`` paused (unless backpressure or a re-fetch holds it)."""
+        assert self._consumer is not None
+        settled, self._settling = self._settling, set()
+        if self._room is None or self._room.is_set():  # else the fetch loop resumes them
+            self._consumer.resume(*(settled & self._consumer.assignment() - set(self._held)))
+
+    def check_single_worker(self, assigned: set[TopicPartition]) -> None:
+        """With ``single-worker``, warn when the group gave this worker only some partitions."""
+        if not self._single_worker or self._consumer is None:
+            return
+        every = {(topic, p) for topic in self._topics
+                 for p in self._consumer.partitions_for_topic(topic) or ()}
+        missing = every - {(tp.topic, tp.partition) for tp in assigned}
+        if missing:
+            log.warning("onceflow.single-worker is set, but this worker was assigned %d of %d "
+                        "partitions (not %s): another member is in the group; while it is "
+                        "alive, keys fed from several partitions lose events", len(assigned),
+                        len(every), sorted(missing)[:5])
 
     def _release_all(self) -> None:
         for timer in self._held.values():
@@ -259,8 +317,9 @@ class ConsumerActor(ReportingActor):
 
     async def _stop_fetching(self) -> None:
         self._release_all()
-        if self._checker is not None:
-            self._checker.cancel()
+        for task in (self._opening, self._join_enforcer, self._checker):
+            if task is not None:
+                task.cancel()
         if self._fetch_task is not None:
             self._fetch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -268,12 +327,26 @@ class ConsumerActor(ReportingActor):
 
     def on_stop(self) -> None:
         if self._consumer is not None:
-            self._io.run(self._close(), timeout=self._start_timeout)
+            self._io.run(self._close(), timeout=self._stop_timeout + 1)
 
     async def _close(self) -> None:
         await self._stop_fetching()
         assert self._consumer is not None
-        await self._consumer.stop()
+        try:  # leaving waits for a join under way to finish: bounded
+            await asyncio.wait_for(self._consumer.stop(), self._stop_timeout)
+        except TimeoutError:
+            log.warning("consumer did not leave its group within %.1fs (a join was under "
+                        "way); the broker drops it after the session timeout",
+                        self._stop_timeout)
+            await _close_parts(self._consumer)
+
+    def _join_began(self) -> None:
+        if self._join is not None:
+            self._join.joining()
+
+    def _join_ended(self) -> None:
+        if self._join is not None:
+            self._join.joined()
 
     async def on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Flush and commit before another member takes the partitions."""
@@ -295,17 +368,40 @@ class ConsumerActor(ReportingActor):
         log.info("partitions revoked, flushed and committed: %s", sorted(lost))
 
 
+async def _close_parts(consumer: AIOKafkaConsumer) -> None:
+    """Close the fetcher and connections an interrupted ``stop()`` left open.
+
+    aiokafka's ``stop()`` closes them only after the group coordinator has
+    finished (a join under way included); these attributes are private, so
+    this is best effort.
+    """
+    for part in (getattr(consumer, "_fetcher", None), getattr(consumer, "_client", None)):
+        if part is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(part.close(), 1.0)
+
+
 class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, actor: ConsumerActor):
         self._actor = actor
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._actor.on_revoked(revoked)
+        try:
+            await self._actor.on_revoked(revoked)
+        finally:  # aiokafka sends JoinGroup next; the flush above is not join time
+            self._actor._join_began()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        log.info("partitions assigned: %s", sorted((tp.topic, tp.partition) for tp in assigned))
-        await self._actor.learn_positions(assigned)  # before anything of them is consumed
-        if self._actor._on_assigned is not None:  # before anything of them is fetched
-            adopted = await self._actor._on_assigned()
-            if adopted:
-                log.info("adopted %d outbox records, sent before anything new", adopted)
+        self._actor.settle(assigned)  # nothing of them reaches the stage until settled()
+        try:
+            self._actor._join_ended()
+            log.info("partitions assigned: %s",
+                     sorted((tp.topic, tp.partition) for tp in assigned))
+            self._actor.check_single_worker(assigned)
+            await self._actor.learn_positions(assigned)
+            if self._actor._on_assigned is not None:
+                adopted = await self._actor._on_assigned()
+                if adopted:
+                    log.info("adopted %d outbox records, sent before anything new", adopted)
+        finally:
+            self._actor.settled()

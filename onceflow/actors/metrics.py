@@ -47,6 +47,8 @@ REFETCHES = Counter("onceflow_offset_refetches", "Re-fetches of a partition from
 GAPS_ACCEPTED = Counter("onceflow_offset_gaps_accepted", "Holes in a partition's offsets still "
                         "there after every re-fetch, moved past", ["topic", "partition"],
                         registry=REGISTRY)
+JOIN_TIMEOUTS = Counter("onceflow_join_timeouts", "Consumers re-created because a group join "
+                        "did not complete within join-timeout", registry=REGISTRY)
 RESTARTS = Counter("onceflow_restarts", "Supervised restarts", ["child"], registry=REGISTRY)
 
 _last_progress = time.monotonic()

@@ -140,7 +140,7 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key (repeatable)")
     args = parser.parse_args(argv)
-    from onceflow.runtime.worker import load_pipeline
+    from onceflow.runtime.wiring import load_pipeline
 
     try:
         overrides = dict(_split(a) for a in args.set)

@@ -14,7 +14,9 @@ from types import FrameType
 
 from onceflow.runtime.config import ConfigError, load_settings
 
+EXIT_OK = 0
 EXIT_CONFIG = 2
+log = logging.getLogger("onceflow")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,10 +70,44 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(config: str, assignments: list[str]) -> int:
-    from onceflow.runtime.worker import Worker, check_stores, load_pipeline
+class StopSignals:
+    """Records SIGTERM/SIGINT; the worker's main thread looks at ``received``.
 
-    log = logging.getLogger("onceflow")
+    The handler only assigns an attribute. Python runs it in the main thread
+    between two bytecodes, possibly inside ``Event.wait`` while that holds
+    the event's lock (``Event.set`` there would deadlock) or inside a write
+    to stderr (logging there raises "reentrant call"). And a signal the
+    kernel hands to another thread does not wake a main thread blocked in a
+    lock, so the worker waits with a timeout and checks this between waits.
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._logged = False
+
+    def install(self) -> StopSignals:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+
+    def stopping(self) -> bool:
+        """Whether a stop signal came (logged once, from the calling thread)."""
+        if self.received is not None and not self._logged:
+            self._logged = True
+            log.info("received %s: stopping", signal.Signals(self.received).name)
+        return self.received is not None
+
+
+def _run(config: str, assignments: list[str]) -> int:
+    # Handlers first: loading the worker's modules takes about a second, and
+    # a SIGTERM meanwhile would take the default action (killed, exit -15).
+    signals = StopSignals().install()
+    from onceflow.runtime.wiring import check_stores, load_pipeline
+    from onceflow.runtime.worker import Worker
+
     try:
         overrides = dict(_split(a) for a in assignments)
         settings = load_settings(config, overrides)
@@ -80,16 +116,12 @@ def _run(config: str, assignments: list[str]) -> int:
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    if signals.stopping():
+        log.info("stop requested while loading: no actor was built")
+        return EXIT_OK
     worker = Worker(settings, pipeline)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received %s: stopping", signal.Signals(signum).name)
-        worker.request_stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     worker.start()
-    return worker.run()
+    return worker.run(signals.stopping)
 
 
 def _status(argv: list[str]) -> int:

@@ -103,6 +103,7 @@ class KafkaSettings:
     connection_checker: ConnectionCheckerSettings = field(
         default_factory=lambda: ConnectionCheckerSettings())
     producer: ProducerSettings = field(default_factory=lambda: ProducerSettings())
+    join_timeout: float = 120.0
 
 
 @dataclass(frozen=True)
@@ -411,12 +412,19 @@ def _build(read: _Reader, source: str) -> Settings:
             backoff_factor=read.number(k + "connection-checker.backoff-factor", 1.0, 100.0),
         ),
         producer=_producer(read),
+        join_timeout=read.duration(k + "join-timeout", 1, 3600),
     )
     if kafka.heartbeat_interval >= kafka.session_timeout:
         raise read.error(
             k + "heartbeat-interval",
             f"expected a duration below session-timeout ({_fmt(kafka.session_timeout)}), "
             f"got {_fmt(kafka.heartbeat_interval)}",
+        )
+    if kafka.join_timeout < kafka.session_timeout:
+        raise read.error(
+            k + "join-timeout",
+            f"expected a duration at least session-timeout ({_fmt(kafka.session_timeout)}), "
+            f"got {_fmt(kafka.join_timeout)}",
         )
     redis_url = read.text("onceflow.stores.redis.url", r"(rediss?|unix)://\S+", _REDIS_HINT)
     return Settings(

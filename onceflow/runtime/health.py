@@ -2,8 +2,9 @@
 
 ``/health`` answers 200 while the supervisor runs the pipeline and progress
 is being made, 503 when the supervisor has escalated, the pipeline is not
-running (restarting or stopped), or records wait (lag > 0) while nothing
-was processed or committed for ``stall_timeout`` seconds.
+running (restarting or stopped), its consumer's group join has taken longer
+than ``join_timeout``, or records wait (lag > 0) while nothing was processed
+or committed for ``stall_timeout`` seconds.
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ processed, commits it, leaves the group and exits 0.
 from __future__ import annotations
 
 import gc
-import importlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pykka
@@ -23,8 +23,9 @@ import pykka
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
-from onceflow.actors.consumer import ConnectionCheck, ConsumerActor, GapCheck
-from onceflow.actors.delivery import Adoption, DeliverySettings, OutboxTally
+from onceflow.actors.consumer import ConsumerActor, GapCheck
+from onceflow.actors.delivery import Adoption, OutboxTally
+from onceflow.actors.join_watch import JoinWatch
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     CommitNow,
@@ -45,150 +46,25 @@ from onceflow.actors.supervisor import (
     Supervisor,
 )
 from onceflow.actors.ticker import Ticker
-from onceflow.runtime.config import ConfigError, Settings
+from onceflow.runtime.config import Settings
 from onceflow.runtime.health import HealthServer
 from onceflow.runtime.topics import ensure_repartition_topics
+from onceflow.runtime.wiring import (
+    connection_check,
+    consumer_options,
+    delivery_settings,
+    open_store,
+    open_stores,
+    outbox_store,
+    producer_options,
+)
 from onceflow.stages.pipeline import Pipeline
-from onceflow.stores.base import StateStore
-from onceflow.stores.redis_store import RedisStore
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-
-
-def load_pipeline(settings: Settings) -> Pipeline:
-    """Import the ``module:attribute`` named by ``onceflow.pipeline``."""
-    module_name, _, attribute = settings.pipeline.partition(":")
-    try:
-        target: Any = importlib.import_module(module_name)
-        for part in attribute.split("."):
-            target = getattr(target, part)
-    except Exception as error:
-        raise ConfigError(
-            settings.source,
-            "onceflow.pipeline",
-            f"expected 'module:attribute' naming a Pipeline; cannot load "
-            f"{settings.pipeline!r}: {type(error).__name__}: {error}",
-        ) from None
-    if not isinstance(target, Pipeline):
-        raise ConfigError(
-            settings.source,
-            "onceflow.pipeline",
-            f"expected a onceflow.stages.Pipeline, {settings.pipeline!r} is a "
-            f"{type(target).__name__}",
-        )
-    return target
-
-
-STORES = ("redis", "cassandra")
-
-
-def check_stores(settings: Settings, pipeline: Pipeline) -> None:
-    """Every aggregate names a store kind this build supports."""
-    for spec in pipeline.aggregates:
-        if spec.store not in STORES:
-            raise ConfigError(
-                settings.source,
-                f"onceflow.stores.{spec.store}",
-                f"aggregate {spec.id!r} uses store {spec.store!r}; supported: {', '.join(STORES)}",
-            )
-
-
-def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]:
-    """One client per store the pipeline's aggregates use, by store name.
-
-    A store no aggregate names is never opened (a Redis-only pipeline does
-    not even load the Cassandra driver). Clients connect lazily, at their
-    first call. Names are in the order the aggregates first use them.
-    """
-    names = dict.fromkeys(spec.store for spec in pipeline.aggregates)
-    return {name: open_store(settings, name, pipeline.id) for name in names}
-
-
-def open_store(settings: Settings, name: str, pipeline_id: str) -> StateStore:
-    if name == "redis":
-        redis = settings.stores.redis
-        return RedisStore(redis.url, redis.key_prefix, pipeline_id)
-    if name == "cassandra":
-        from onceflow.stores.cassandra_store import CassandraStore
-
-        c = settings.stores.cassandra
-        return CassandraStore(
-            c.contact_points,
-            pipeline_id,
-            port=c.port,
-            keyspace=c.keyspace,
-            replication=c.replication.cql_options(),
-            protocol_version=c.protocol_version,
-            local_datacenter=c.local_datacenter,
-            consistency=c.consistency,
-            connect_timeout=c.connect_timeout,
-            request_timeout=c.request_timeout,
-            concurrency=c.concurrency,
-        )
-    raise ConfigError(settings.source, f"onceflow.stores.{name}",
-                      f"unknown store {name!r}; supported: {', '.join(STORES)}")
-
-
-def consumer_options(settings: Settings) -> dict[str, Any]:
-    """aiokafka consumer settings: manual commits only, everything else from config."""
-    k = settings.kafka
-    return {
-        "bootstrap_servers": k.bootstrap_servers,
-        "group_id": k.group_id,
-        "client_id": k.client_id,
-        "enable_auto_commit": False,
-        "auto_offset_reset": k.auto_offset_reset,
-        "session_timeout_ms": int(k.session_timeout * 1000),
-        "heartbeat_interval_ms": int(k.heartbeat_interval * 1000),
-        "request_timeout_ms": int(k.request_timeout * 1000),
-        "max_poll_records": k.max_poll_records,
-        "fetch_max_wait_ms": int(k.fetch_max_wait * 1000),
-    }
-
-
-def producer_options(settings: Settings) -> dict[str, Any]:
-    """aiokafka producer settings: acks from all replicas; no idempotence (see SERVICES.md).
-
-    Delivery bounds, retries and the outbox are onceflow's (``delivery_settings``):
-    aiokafka has no delivery timeout and would let a batch that expired be
-    overtaken by the next one of its partition.
-    """
-    k, p = settings.kafka, settings.kafka.producer
-    return {
-        "bootstrap_servers": k.bootstrap_servers,
-        "client_id": k.client_id,
-        "acks": "all",
-        "enable_idempotence": False,
-        "request_timeout_ms": int(p.request_timeout * 1000),
-        "retry_backoff_ms": int(p.retry_backoff * 1000),
-        "linger_ms": int(p.linger * 1000),
-        "max_batch_size": p.batch_size,
-        "max_request_size": max(p.batch_size, 1_048_576),
-    }
-
-
-def outbox_store(settings: Settings, pipeline: Pipeline) -> str | None:
-    """The store kind that keeps the producer's outbox, None for no outbox."""
-    kind = settings.kafka.producer.outbox_store
-    if kind == "auto":
-        return next((spec.store for spec in pipeline.aggregates), "redis")
-    return None if kind == "none" else kind
-
-
-def delivery_settings(settings: Settings) -> DeliverySettings:
-    p = settings.kafka.producer
-    return DeliverySettings(
-        delivery_timeout=p.delivery_timeout, request_timeout=p.request_timeout,
-        retries=p.retries, retry_backoff=p.retry_backoff,
-        reconnect_backoff=p.reconnect_backoff, reconnect_backoff_max=p.reconnect_backoff_max)
-
-
-def connection_check(settings: Settings) -> ConnectionCheck | None:
-    c = settings.kafka.connection_checker
-    return ConnectionCheck(c.max_retries, c.check_interval, c.backoff_factor) if c.enable else None
+SIGNAL_POLL = 0.2  # s; a signal handler must not set an Event (see cli.StopSignals)
 
 
 def tune_gc() -> None:
@@ -231,6 +107,7 @@ class PipelineActors:
         outbox_kind = outbox_store(s, pipeline)
         self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
         tally, adoption = OutboxTally(), Adoption()
+        self.join = JoinWatch(s.kafka.join_timeout)
         self._producer = ProducerActor.start(
             options=producer_options(s), delivery=delivery_settings(s),
             max_block=s.kafka.producer.max_block, outbox=self._outbox, tally=tally,
@@ -277,6 +154,9 @@ class PipelineActors:
             on_assigned=adoption,
             gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff)
             if s.consumer.gap_refetches else None,
+            join_watch=self.join,
+            single_worker=s.single_worker,
+            stop_timeout=s.shutdown.timeout / 2,  # leaving the group: half the budget
         )
         self._commit.proxy().use_consumer(self._consumer).get()
         # Stop order: consumer first (no new batches), producer last (flushes sends).
@@ -341,7 +221,7 @@ class Worker:
         self._stop.set()
 
     def request_stop(self) -> None:
-        """Ask for a graceful stop (safe from a signal handler)."""
+        """Ask for a graceful stop, from any thread (not from a signal handler)."""
         self._stop.set()
 
     def _start_pipeline(self, report: FatalHandler) -> PipelineActors:
@@ -374,11 +254,13 @@ class Worker:
         idle = metrics.seconds_since_progress()
         lag = metrics.total_lag()
         stalled = lag > 0 and idle > self.settings.metrics.stall_timeout
+        consumer = None if self._current is None else self._current.join.report()
         return {
             "healthy": self._failure is None and states.get("pipeline") == "running"
-            and not stalled,
+            and not stalled and not (consumer and consumer["join_overdue"]),
             "pipeline": self.pipeline.id,
             "children": states,
+            "consumer": consumer,
             "escalated": None if self._failure is None else
             f"{self._failure[0]}: {self._failure[1]!r}",
             "seconds_since_progress": round(idle, 3),
@@ -386,9 +268,10 @@ class Worker:
             "stalled": stalled,
         }
 
-    def run(self) -> int:
-        """Block until a stop is requested or the supervisor escalates; return the exit code."""
-        self._stop.wait()
+    def run(self, signalled: Callable[[], bool] = lambda: False) -> int:
+        """Wait for a stop (``request_stop``, ``signalled()``) or an escalation; the exit code."""
+        while not (self._stop.wait(SIGNAL_POLL) or signalled()):
+            pass
         return self.shutdown()
 
     def shutdown(self) -> int:

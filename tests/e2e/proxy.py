@@ -1,9 +1,16 @@
-"""A TCP proxy the tests control: forward to a target, cut every connection on demand."""
+"""A TCP proxy the tests control: forward to a target, cut every connection on demand.
+
+It can also drop Kafka requests by API key (``drop``): requests are framed
+(a 4-byte size, then the API key as the first two bytes of the body), so a
+dropped one is never answered while the rest of its connection works, e.g.
+every JoinGroup (key 11) so that no group join can complete.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 import threading
 
 from onceflow.actors.loop import EventLoopThread
@@ -18,6 +25,8 @@ class CuttableProxy:
         self._writers: set[asyncio.StreamWriter] = set()
         self._lock = threading.Lock()
         self.cuts = 0
+        self.drop: frozenset[int] = frozenset()  # Kafka API keys never forwarded
+        self.dropped = 0
         self._server = self._io.run(asyncio.start_server(self._link, host, port))
 
     async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -27,7 +36,21 @@ class CuttableProxy:
             writer.close()
             return
         self._writers |= {writer, up_writer}
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        await asyncio.gather(self._requests(reader, up_writer), self._pipe(up_reader, writer))
+
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Client to broker, one request at a time; those with a key in ``drop`` vanish."""
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while True:
+                size = await reader.readexactly(4)
+                body = await reader.readexactly(struct.unpack(">i", size)[0])
+                if struct.unpack(">h", body[:2])[0] in self.drop:
+                    self.dropped += 1
+                    continue
+                writer.write(size + body)
+                await writer.drain()
+        writer.close()
+        self._writers.discard(writer)
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):

@@ -701,6 +701,26 @@ def test_heartbeat_must_be_shorter_than_session_timeout(app_file: AppFile, heart
     )
 
 
+def test_join_timeout_defaults_to_two_minutes_and_is_read(app_file: AppFile) -> None:
+    assert load_settings(app_file(PIPELINE)).kafka.join_timeout == 120.0
+    path = app_file(PIPELINE + "onceflow.kafka.join-timeout = 30s\n")
+    assert load_settings(path).kafka.join_timeout == 30.0
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("5s", "expected a duration at least session-timeout (10s), got 5s"),
+        ("2h", "expected a duration in 1s..1h, got 2h"),
+        ("120", "expected a duration like 10s or 500ms, got 120"),
+    ],
+)
+def test_join_timeout_range(app_file: AppFile, value: str, expected: str) -> None:
+    path = app_file(PIPELINE + f"onceflow.kafka.join-timeout = {value}\n")
+
+    assert str(error_for(path)) == f"{path}: onceflow.kafka.join-timeout: {expected}"
+
+
 def test_unresolvable_substitution_names_the_application_line(app_file: AppFile) -> None:
     path = app_file(PIPELINE + "onceflow.kafka.group-id = ${nowhere}\n")
 

@@ -1,0 +1,151 @@
+"""From settings to clients: the pipeline, its stores, and the Kafka clients' options.
+
+Everything here is read once per pipeline incarnation by
+``onceflow.runtime.worker``; a problem the settings can be blamed for is a
+``ConfigError`` naming the file and key.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from onceflow.actors.consumer import ConnectionCheck
+from onceflow.actors.delivery import DeliverySettings
+from onceflow.runtime.config import ConfigError, Settings
+from onceflow.stages.pipeline import Pipeline
+from onceflow.stores.base import StateStore
+from onceflow.stores.redis_store import RedisStore
+
+
+def load_pipeline(settings: Settings) -> Pipeline:
+    """Import the ``module:attribute`` named by ``onceflow.pipeline``."""
+    module_name, _, attribute = settings.pipeline.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attribute.split("."):
+            target = getattr(target, part)
+    except Exception as error:
+        raise ConfigError(
+            settings.source,
+            "onceflow.pipeline",
+            f"expected 'module:attribute' naming a Pipeline; cannot load "
+            f"{settings.pipeline!r}: {type(error).__name__}: {error}",
+        ) from None
+    if not isinstance(target, Pipeline):
+        raise ConfigError(
+            settings.source,
+            "onceflow.pipeline",
+            f"expected a onceflow.stages.Pipeline, {settings.pipeline!r} is a "
+            f"{type(target).__name__}",
+        )
+    return target
+
+
+STORES = ("redis", "cassandra")
+
+
+def check_stores(settings: Settings, pipeline: Pipeline) -> None:
+    """Every aggregate names a store kind this build supports."""
+    for spec in pipeline.aggregates:
+        if spec.store not in STORES:
+            raise ConfigError(
+                settings.source,
+                f"onceflow.stores.{spec.store}",
+                f"aggregate {spec.id!r} uses store {spec.store!r}; supported: {', '.join(STORES)}",
+            )
+
+
+def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]:
+    """One client per store the pipeline's aggregates use, by store name.
+
+    A store no aggregate names is never opened (a Redis-only pipeline does
+    not even load the Cassandra driver). Clients connect lazily, at their
+    first call. Names are in the order the aggregates first use them.
+    """
+    names = dict.fromkeys(spec.store for spec in pipeline.aggregates)
+    return {name: open_store(settings, name, pipeline.id) for name in names}
+
+
+def open_store(settings: Settings, name: str, pipeline_id: str) -> StateStore:
+    if name == "redis":
+        redis = settings.stores.redis
+        return RedisStore(redis.url, redis.key_prefix, pipeline_id)
+    if name == "cassandra":
+        from onceflow.stores.cassandra_store import CassandraStore
+
+        c = settings.stores.cassandra
+        return CassandraStore(
+            c.contact_points,
+            pipeline_id,
+            port=c.port,
+            keyspace=c.keyspace,
+            replication=c.replication.cql_options(),
+            protocol_version=c.protocol_version,
+            local_datacenter=c.local_datacenter,
+            consistency=c.consistency,
+            connect_timeout=c.connect_timeout,
+            request_timeout=c.request_timeout,
+            concurrency=c.concurrency,
+        )
+    raise ConfigError(settings.source, f"onceflow.stores.{name}",
+                      f"unknown store {name!r}; supported: {', '.join(STORES)}")
+
+
+def consumer_options(settings: Settings) -> dict[str, Any]:
+    """aiokafka consumer settings: manual commits only, everything else from config."""
+    k = settings.kafka
+    return {
+        "bootstrap_servers": k.bootstrap_servers,
+        "group_id": k.group_id,
+        "client_id": k.client_id,
+        "enable_auto_commit": False,
+        "auto_offset_reset": k.auto_offset_reset,
+        "session_timeout_ms": int(k.session_timeout * 1000),
+        "heartbeat_interval_ms": int(k.heartbeat_interval * 1000),
+        "request_timeout_ms": int(k.request_timeout * 1000),
+        "max_poll_records": k.max_poll_records,
+        "fetch_max_wait_ms": int(k.fetch_max_wait * 1000),
+    }
+
+
+def producer_options(settings: Settings) -> dict[str, Any]:
+    """aiokafka producer settings: acks from all replicas; no idempotence (see SERVICES.md).
+
+    Delivery bounds, retries and the outbox are onceflow's (``delivery_settings``):
+    aiokafka has no delivery timeout and would let a batch that expired be
+    overtaken by the next one of its partition.
+    """
+    k, p = settings.kafka, settings.kafka.producer
+    return {
+        "bootstrap_servers": k.bootstrap_servers,
+        "client_id": k.client_id,
+        "acks": "all",
+        "enable_idempotence": False,
+        "request_timeout_ms": int(p.request_timeout * 1000),
+        "retry_backoff_ms": int(p.retry_backoff * 1000),
+        "linger_ms": int(p.linger * 1000),
+        "max_batch_size": p.batch_size,
+        "max_request_size": max(p.batch_size, 1_048_576),
+    }
+
+
+def outbox_store(settings: Settings, pipeline: Pipeline) -> str | None:
+    """The store kind that keeps the producer's outbox, None for no outbox."""
+    kind = settings.kafka.producer.outbox_store
+    if kind == "auto":
+        return next((spec.store for spec in pipeline.aggregates), "redis")
+    return None if kind == "none" else kind
+
+
+def delivery_settings(settings: Settings) -> DeliverySettings:
+    p = settings.kafka.producer
+    return DeliverySettings(
+        delivery_timeout=p.delivery_timeout, request_timeout=p.request_timeout,
+        retries=p.retries, retry_backoff=p.retry_backoff,
+        reconnect_backoff=p.reconnect_backoff, reconnect_backoff_max=p.reconnect_backoff_max)
+
+
+def connection_check(settings: Settings) -> ConnectionCheck | None:
+    c = settings.kafka.connection_checker
+    return ConnectionCheck(c.max_retries, c.check_interval, c.backoff_factor) if c.enable else None
