@@ -3,8 +3,8 @@
 Thread: the actor's own; store calls block it, retried with backoff. A
 snapshot's offsets become durable only after every record produced before
 it is settled (acknowledged, or in the outbox) and then every state in it is
-written; then, and only then, the commit actor hears of them (DESIGN.md
-invariants 5 and 6).
+written; then, and only then, the commit actor hears of them
+(docs/architecture.md, invariants 5 and 6).
 
 With a landing zone, each stage's closed windows are also written as one
 Parquet file, after its history rows and before its states (which no longer
@@ -57,7 +57,8 @@ class PersistenceActor(ReportingActor):
             raise TypeError(f"PersistenceActor: unexpected message {message!r}")
         # Records produced from these inputs first: an aggregate that
         # forwards to a republish step discards replays once its state is
-        # written, so its outputs must be settled before (DESIGN.md inv. 5).
+        # written, so its outputs must be settled before (docs/architecture.md,
+        # invariant 5).
         self._producer.ask(Barrier())
         order = message.rows if faults.UPSTREAM_FIRST else reversed(message.rows)
         landed = False

@@ -95,7 +95,8 @@ class ProducerActor(ReportingActor):
         """Hand each record to its partition's lane, in order; wait until all are settled.
 
         Finding a partition may wait for topic metadata; the lock keeps the
-        next ``Send`` from overtaking this one meanwhile (DESIGN.md inv. 8).
+        next ``Send`` from overtaking this one meanwhile (docs/architecture.md,
+        invariant 8).
         """
         assert self._lanes is not None and self._order is not None
         cut = faults.KILL_AFTER_SENDS - self._sent

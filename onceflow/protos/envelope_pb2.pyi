@@ -6,7 +6,8 @@ The envelope every onceflow record travels in.
 source_chain records the path of an event through republish stages: each
 republisher appends the SourceRef of the record it consumed, with `index`
 numbering the outputs that one input produced. The first entry is the root
-cause of the event; aggregations dedup on it (see DESIGN.md).
+cause of the event; aggregations dedup on it (docs/architecture.md,
+invariant 1).
 """
 
 from collections import abc as _abc

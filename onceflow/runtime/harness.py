@@ -2,9 +2,9 @@
 
 Worker processes are started, SIGKILLed and restarted; topics are created
 and filled with producer acknowledgements as the source of truth for end
-offsets (never ListOffsets, see SERVICES.md); committed offsets are read
-back through one long-lived consumer. Used by ``onceflow demo``,
-``onceflow chaos``, the tests and the benchmarks.
+offsets (never ListOffsets: docs/architecture.md, "The local broker");
+committed offsets are read back through one long-lived consumer. Used by
+``onceflow demo``, ``onceflow chaos``, the tests and the benchmarks.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def consumer_options(settings: Settings) -> dict[str, Any]:
 
 
 def producer_options(settings: Settings) -> dict[str, Any]:
-    """aiokafka producer settings: acks from all replicas; no idempotence (see SERVICES.md).
+    """aiokafka producer settings: acks from all replicas; no idempotence (Tansu has none).
 
     Delivery bounds, retries and the outbox are onceflow's (``delivery_settings``):
     aiokafka has no delivery timeout and would let a batch that expired be

@@ -334,7 +334,7 @@ class PipelineRunner:
         A value an aggregate finds already folded (a replay), or too late for
         its window, travels no further: later aggregates and republish steps
         never see it. That is why states are persisted downstream first
-        (README, "Guarantees": downstream first).
+        (docs/architecture.md, invariant 6: downstream first).
         """
         staged: list[tuple[StateTable, dict[str, list[Any]]]] = []
         counts: list[tuple[Counter[str], str, int]] = []

@@ -2,10 +2,10 @@
 
 A row holds the state and its watermarks in one ``value`` blob and the whole
 primary key is the partition key, so every write is one single-partition,
-single-row mutation: atomic and isolated (DESIGN.md inv. 7). A batch of rows
-goes out as concurrent prepared INSERTs, each routed to a replica of its row
-(a multi-partition BATCH would add coordinator work and atomicity no caller
-needs). Only CQL that Cassandra 2.1 and 4/5 share is used::
+single-row mutation: atomic and isolated (docs/architecture.md, invariant
+4). A batch of rows goes out as concurrent prepared INSERTs, each routed to a
+replica of its row (a multi-partition BATCH would add coordinator work and
+atomicity no caller needs). Only CQL that Cassandra 2.1 and 4/5 share is used::
 
     CREATE KEYSPACE IF NOT EXISTS "<keyspace>"
         WITH replication = {'class': 'SimpleStrategy', 'replication_factor': 1};

@@ -2,7 +2,8 @@
 
 A key holds the state and its watermarks in one value, so every write is
 atomic per key; a batch of writes is one MSET (atomic as a whole on one
-node; on a cluster each key stays self-consistent, DESIGN.md inv. 7).
+node; on a cluster each key stays self-consistent: docs/architecture.md,
+invariant 4).
 Layout: ``<prefix>:<pipeline>:s:<stage>:<key>``, ``<prefix>:<pipeline>:stats``,
 key homes in one hash per stage ``<prefix>:<pipeline>:home:<stage>`` (HSETNX),
 and the outbox, one hash ``<prefix>:<pipeline>:outbox`` of field ``<lane>|<seq>``
