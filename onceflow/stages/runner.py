@@ -334,17 +334,21 @@ class PipelineRunner:
         A value an aggregate finds already folded (a replay), or too late for
         its window, travels no further: later aggregates and republish steps
         never see it. That is why states are persisted downstream first
-        (docs/architecture.md, invariant 6: downstream first).
+        (docs/architecture.md, invariant 6: downstream first). Outputs, like
+        states, are kept back until the whole record has applied: a step that
+        fails later dead-letters the record with nothing of it produced
+        (invariant 3).
         """
         staged: list[tuple[StateTable, dict[str, list[Any]]]] = []
         counts: list[tuple[Counter[str], str, int]] = []
+        emitted: list[Output] = []
         late_outputs: list[Output] = []
         stopped: list[tuple[int, set[Position]]] = []  # (position length, positions)
         fed_from = (plan.record.topic, plan.record.partition)
         check_home = self._claim is not None
         for step in plan.order:
             if isinstance(step, _Emit):
-                outcome.outputs.extend(
+                emitted.extend(
                     out for pos, out in zip(step.positions, step.outputs, strict=True)
                     if not (stopped and _is_stopped(pos, stopped)))
                 continue
@@ -406,6 +410,7 @@ class PipelineRunner:
         for counter, stage_id, n in counts:
             if n:
                 counter[stage_id] += n
+        outcome.outputs.extend(emitted)
         outcome.outputs.extend(late_outputs)
 
     def _late(self, record: ConsumedRecord, spec: Aggregate, key: str, pos: Position,

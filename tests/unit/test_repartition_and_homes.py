@@ -119,3 +119,25 @@ def test_repartition_routes_by_new_key_and_folds_exactly_once_through_the_hop() 
     assert state.home == ("shop-by_customer-repartition", 0)
     assert set(state.watermarks) == {("orders", 0), ("orders", 1)}
     assert decode_state(encode_state(state)).home == state.home
+
+
+def test_a_record_failing_after_a_republish_step_produces_none_of_its_outputs() -> None:
+    """Invariant 3: outputs are part of the unit, like states."""
+
+    def fold(total: int, value: int) -> int:
+        if value == 13:
+            raise ValueError("unlucky")
+        return total + value
+
+    pipeline = (Pipeline("p", topics=("in",), decode=lambda e: json.loads(e.payload))
+                .flat_map("explode", lambda r: [(r["k"], x) for x in r["xs"]])
+                .republish("out", "values", encode=lambda kv: json.dumps(kv).encode())
+                .aggregate("sum", key=lambda kv: kv[0], init=lambda: 0,
+                           fold=lambda s, kv: fold(s, kv[1])))
+    runner = PipelineRunner(pipeline, Store().load, "dlq")
+    outcome = runner.process([Rec("in", 0, 0, envelope({"k": "a", "xs": [1, 13]})),
+                              Rec("in", 0, 1, envelope({"k": "a", "xs": [2]}))])
+    assert outcome.dead_letters == 1
+    assert [o.topic for o in outcome.outputs] == ["dlq", "values"]  # only record 1 produces
+    assert json.loads(Envelope.FromString(outcome.outputs[1].value).payload) == ["a", 2]
+    assert runner.tables[0].states["a"].value == 2
