@@ -8,15 +8,18 @@ from the source: with more than one worker, orders of a customer whose state
 is fed from another partition are dead-lettered with the reason (the
 key-home check), never silently merged.
 
-The source topic is ``orders`` unless ``ONCEFLOW_ORDERS_TOPIC`` names
-another; ``ONCEFLOW_ORDERS_REPARTITION_TOPIC`` names the repartition topic
-(default ``orders-by_customer-repartition``). Tests use one of each per run.
+``build`` and ``build_unaligned`` are factories: a deployment names one in
+``onceflow.pipeline`` and gives its arguments in the HOCON file::
+
+    onceflow.pipeline = "onceflow.examples.orders:build"
+    onceflow.pipeline-settings { topic = "orders", repartition-topic = "orders-by-customer" }
+
+``pipeline`` is ``build`` with the defaults (topic ``orders``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from onceflow.protos.envelope_pb2 import Envelope
@@ -44,7 +47,8 @@ def add(totals: Totals, order: Order) -> Totals:
     return {"orders": totals["orders"] + 1, "amount": totals["amount"] + int(order["amount"])}
 
 
-def build(topic: str, repartition_topic: str | None = None, store: str = "redis") -> Pipeline:
+def build(topic: str = "orders", repartition_topic: str | None = None, store: str = "redis"
+          ) -> Pipeline:
     """Per-customer totals, re-keyed by customer first: exact with any number of workers."""
     return (
         Pipeline("orders", topics=(topic,), decode=decode_order)
@@ -53,7 +57,7 @@ def build(topic: str, repartition_topic: str | None = None, store: str = "redis"
     )
 
 
-def build_unaligned(topic: str, store: str = "redis") -> Pipeline:
+def build_unaligned(topic: str = "orders", store: str = "redis") -> Pipeline:
     """The same totals without the repartition: exact only with ``single-worker``."""
     return (
         Pipeline("orders-unaligned", topics=(topic,), decode=decode_order)
@@ -61,6 +65,4 @@ def build_unaligned(topic: str, store: str = "redis") -> Pipeline:
     )
 
 
-_topic = os.environ.get("ONCEFLOW_ORDERS_TOPIC", "orders")
-pipeline = build(_topic, os.environ.get("ONCEFLOW_ORDERS_REPARTITION_TOPIC"))
-unaligned = build_unaligned(_topic)
+pipeline = build()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from importlib import resources
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 from pyhocon import ConfigFactory, ConfigParser, ConfigTree
 from pyhocon.config_tree import ConfigValues
@@ -260,6 +260,7 @@ class Settings:
     analytics: AnalyticsSettings = AnalyticsSettings()
     supervision: SupervisionSettings = SupervisionSettings()
     single_worker: bool = False
+    pipeline_settings: dict[str, Any] = field(default_factory=dict)
 
 
 class ConfigError(Exception):
@@ -454,7 +455,23 @@ def _build(read: _Reader, source: str) -> Settings:
         analytics=_analytics(read),
         supervision=_supervision(read),
         single_worker=read.boolean("onceflow.single-worker"),
+        pipeline_settings=_pipeline_settings(read),
     )
+
+
+def _pipeline_settings(read: _Reader) -> dict[str, Any]:
+    key = "onceflow.pipeline-settings"
+    raw = read.raw(key)
+    if raw is None:
+        return {}
+    if not isinstance(raw, ConfigTree):
+        raise read.error(key, f"expected an object of factory arguments, got {_show(raw)}")
+    settings: dict[str, Any] = raw.as_plain_ordered_dict()
+    for name in settings:
+        if not re.fullmatch(r"[A-Za-z_][\w-]*", name):
+            raise read.error(f"{key}.{name}", "expected a name that can be a Python keyword "
+                             "argument (letters, digits, _ and -)")
+    return dict(settings)
 
 
 def _producer(read: _Reader) -> ProducerSettings:

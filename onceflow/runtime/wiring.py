@@ -19,7 +19,13 @@ from onceflow.stores.redis_store import RedisStore
 
 
 def load_pipeline(settings: Settings) -> Pipeline:
-    """Import the ``module:attribute`` named by ``onceflow.pipeline``."""
+    """Import the ``module:attribute`` named by ``onceflow.pipeline``: a Pipeline, or a
+    factory called with ``onceflow.pipeline-settings`` as keyword arguments.
+
+    A factory lets one pipeline module serve several deployments (topics,
+    stores, sizes from the HOCON file); setting names have their dashes
+    turned into underscores (``repartition-topic`` -> ``repartition_topic``).
+    """
     module_name, _, attribute = settings.pipeline.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
@@ -32,14 +38,31 @@ def load_pipeline(settings: Settings) -> Pipeline:
             f"expected 'module:attribute' naming a Pipeline; cannot load "
             f"{settings.pipeline!r}: {type(error).__name__}: {error}",
         ) from None
-    if not isinstance(target, Pipeline):
+    if isinstance(target, Pipeline):
+        if settings.pipeline_settings:
+            raise ConfigError(settings.source, "onceflow.pipeline-settings",
+                              f"expected none: {settings.pipeline!r} is a Pipeline, not a "
+                              "factory that takes settings")
+        return target
+    if not callable(target):
         raise ConfigError(
             settings.source,
             "onceflow.pipeline",
-            f"expected a onceflow.stages.Pipeline, {settings.pipeline!r} is a "
-            f"{type(target).__name__}",
+            f"expected a onceflow.stages.Pipeline or a factory returning one, "
+            f"{settings.pipeline!r} is a {type(target).__name__}",
         )
-    return target
+    kwargs = {name.replace("-", "_"): value for name, value in settings.pipeline_settings.items()}
+    try:
+        built = target(**kwargs)
+    except Exception as error:
+        raise ConfigError(settings.source, "onceflow.pipeline-settings",
+                          f"{settings.pipeline} with {kwargs} failed: "
+                          f"{type(error).__name__}: {error}") from None
+    if not isinstance(built, Pipeline):
+        raise ConfigError(settings.source, "onceflow.pipeline",
+                          f"expected {settings.pipeline!r} to return a onceflow.stages.Pipeline, "
+                          f"got a {type(built).__name__}")
+    return built
 
 
 STORES = ("redis", "cassandra")

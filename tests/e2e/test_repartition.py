@@ -60,16 +60,17 @@ class Group:
         self.redis_url, self.prefix = f"redis://{redis.address}/0", unique_name("p")
         create_topic(self.bootstrap, self.topic, PARTITIONS)
         create_topic(self.bootstrap, self.dead, 1)
-        settings = {"onceflow.pipeline": pipeline,
+        settings = {"onceflow.pipeline": pipeline,  # a factory, given its topics here
+                    "onceflow.pipeline-settings.topic": self.topic,
                     "onceflow.kafka.bootstrap-servers": self.bootstrap,
                     "onceflow.kafka.group-id": self.group,
                     "onceflow.kafka.dead-letter-topic": self.dead,
                     "onceflow.stores.redis.url": self.redis_url,
                     "onceflow.stores.redis.key-prefix": self.prefix}
-        env = {**os.environ, "ONCEFLOW_ORDERS_TOPIC": self.topic,
-               "ONCEFLOW_ORDERS_REPARTITION_TOPIC": self.hop}
+        if pipeline.endswith(":build"):
+            settings["onceflow.pipeline-settings.repartition-topic"] = self.hop
         argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
-        self.workers = [harness.WorkerProcess(argv, env, tmp_path, name) for name in "ab"]
+        self.workers = [harness.WorkerProcess(argv, os.environ, tmp_path, name) for name in "ab"]
 
     def start(self) -> None:
         for worker in self.workers:
@@ -102,7 +103,7 @@ def test_without_repartition_two_workers_dead_letter_what_they_cannot_fold_exact
     unique_name: Callable[..., str],
 ) -> None:
     g = Group(kafka_service, redis_service, tmp_path, unique_name,
-              "onceflow.examples.orders:unaligned")
+              "onceflow.examples.orders:build_unaligned")
     g.start()
     records = orders(6_000, customers=150, seed=5)
     ends = asyncio.run(harness.produce(g.bootstrap, g.topic, records, 5))
@@ -131,7 +132,7 @@ def test_with_repartition_two_workers_killed_10_times_keep_every_total_exact(
     unique_name: Callable[..., str],
 ) -> None:
     g = Group(kafka_service, redis_service, tmp_path, unique_name,
-              "onceflow.examples.orders:pipeline")
+              "onceflow.examples.orders:build")
     g.start()
     records = orders(30_000, customers=300, seed=random.SystemRandom().randrange(10**6))
     rng = random.Random()

@@ -59,9 +59,37 @@ def run(tmp_path: Path, text: str, *extra: str) -> subprocess.CompletedProcess[s
             id="pipeline-not-importable",
         ),
         pytest.param(
-            'onceflow.pipeline = "onceflow.examples.robots:count"\n',
-            "app.conf: onceflow.pipeline: expected a onceflow.stages.Pipeline",
+            'onceflow.pipeline = "onceflow.examples.robots:__doc__"\n',
+            "app.conf: onceflow.pipeline: expected a onceflow.stages.Pipeline or a factory "
+            "returning one, 'onceflow.examples.robots:__doc__' is a str",
             id="pipeline-wrong-kind",
+        ),
+        pytest.param(
+            'onceflow.pipeline = "onceflow.examples.robots:new_counts"\n',
+            "app.conf: onceflow.pipeline: expected 'onceflow.examples.robots:new_counts' to "
+            "return a onceflow.stages.Pipeline, got a dict",
+            id="factory-returns-something-else",
+        ),
+        pytest.param(
+            'onceflow.pipeline = "onceflow.examples.orders:build"\n'
+            "onceflow.pipeline-settings { topic = orders, colour = red }\n",
+            "app.conf: onceflow.pipeline-settings: onceflow.examples.orders:build with "
+            "{'topic': 'orders', 'colour': 'red'} failed: TypeError: build() got an unexpected "
+            "keyword argument 'colour'",
+            id="factory-refuses-a-setting",
+        ),
+        pytest.param(
+            GOOD_PIPELINE + "onceflow.pipeline-settings { topic = orders }\n",
+            "app.conf: onceflow.pipeline-settings: expected none: "
+            "'onceflow.examples.robots:pipeline' is a Pipeline",
+            id="settings-for-a-pipeline",
+        ),
+        pytest.param(
+            'onceflow.pipeline = "onceflow.examples.orders:build"\n'
+            "onceflow.pipeline-settings = orders\n",
+            "app.conf: onceflow.pipeline-settings: expected an object of factory arguments, "
+            "got 'orders'",
+            id="settings-not-an-object",
         ),
     ],
 )

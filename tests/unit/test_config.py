@@ -866,3 +866,17 @@ def test_durations_parse_when_dateutil_is_installed() -> None:
     assert parse_duration(relativedelta(microseconds=500_000)) == 0.5
     with pytest.raises(ValueError):
         parse_duration(relativedelta(months=1))
+
+
+def test_a_factory_is_called_with_the_pipeline_settings(app_file: AppFile) -> None:
+    from onceflow.runtime.wiring import load_pipeline
+
+    path = app_file('onceflow.pipeline = "onceflow.examples.orders:build"\n'
+                    'onceflow.pipeline-settings { topic = "eu-orders", '
+                    'repartition-topic = "eu-by-customer", store = cassandra }\n')
+    settings = load_settings(path)
+    assert settings.pipeline_settings == {"topic": "eu-orders", "repartition-topic":
+                                          "eu-by-customer", "store": "cassandra"}
+    pipeline = load_pipeline(settings)
+    assert pipeline.consumed_topics == ("eu-orders", "eu-by-customer")
+    assert [a.store for a in pipeline.aggregates] == ["cassandra"]
