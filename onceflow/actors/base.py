@@ -1,8 +1,9 @@
 """The actor base: every failure is reported to the worker, never only logged.
 
-pykka has no supervision; until a supervisor owns restart policies, an
-actor that fails tells the worker through ``on_fatal`` and the worker stops
-without committing anything that is not durable.
+pykka has no supervision of its own: an actor that fails (at start or in a
+message) tells ``on_fatal``, which the worker wires to the supervisor
+(``onceflow.actors.supervisor``); the supervisor stops the incarnation,
+commits only what is durable, and restarts it or escalates.
 """
 
 from __future__ import annotations

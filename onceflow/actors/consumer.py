@@ -306,7 +306,8 @@ class ConsumerActor(ReportingActor):
             raise TypeError(f"ConsumerActor: unexpected message {message!r}")
         return None
 
-    async def _commit_assigned(self, offsets: dict[tuple[str, int], int]) -> dict[Any, int]:
+    async def _commit_assigned(self, offsets: dict[tuple[str, int], int]
+                               ) -> dict[TopicPartition, int]:
         assert self._consumer is not None
         assigned = self._consumer.assignment()
         wanted = {TopicPartition(t, p): o for (t, p), o in offsets.items()}

@@ -27,15 +27,6 @@ class AggregateState:
         self.watermarks: dict[RootPartition, Position] = watermarks or {}
         self.home = home
 
-    def is_duplicate(self, root: RootPartition, position: Position) -> bool:
-        """True when an event at ``position`` of ``root`` is already folded in.
-
-        A root partition never seen before starts a new watermark (topology
-        change: upstream repartitioned or re-routed), so nothing is discarded.
-        """
-        mark = self.watermarks.get(root)
-        return mark is not None and position <= mark
-
     def __repr__(self) -> str:
         return f"AggregateState({self.value!r}, {self.watermarks!r}, home={self.home!r})"
 
