@@ -36,10 +36,11 @@ MOST = 80_000  # messages each producer can send at most
 ROBOTS = 200
 FETCH_MAX_WAIT = "20ms"  # a fetch every 20 ms (Tansu always waits this long; 0 fetches nothing)
 # Measured with these settings (one busy loop, 2 cores): 2.4k-4k records/s and
-# 8-13 holes a minute while the worker stays at the tail; with the default
-# fetch-max-wait (100 ms) about 3 a minute. Taking 8 a minute as Poisson,
-# P(no hole in SHORTEST) = e^-4 = 2% (then the test goes on) and P(no hole in
-# LONGEST) = e^-10 = 0.005%.
+# 6-16 re-fetches a minute (3 to 8 in each of 5 runs of 30 s) while the worker
+# stays at the tail; with the default fetch-max-wait (100 ms) about 3 a minute,
+# and fewer when the worker lags. Taking 6 a minute as Poisson arrivals,
+# P(no hole in SHORTEST) = e^-3 = 5% (then the load goes on) and
+# P(no hole in LONGEST) = e^-7.5 = 0.06%.
 SHORTEST = 30.0  # seconds of load at least, holes or not
 LONGEST = 75.0  # seconds of load at most, waiting for the first hole
 # Tansu slows down as the partition grows, and a consumer that fell far behind
