@@ -4,6 +4,11 @@ Tansu reserves a batch's offsets before it writes the batch, so a fetch that
 lands in between returns the later batches without it. Without the
 consumer's continuity check the worker moves past the missing batch and its
 records are never counted (seen by hand with gap-refetches = 0: see README).
+
+The hole is a race, so the test makes it likely and then waits for it: the
+worker fetches often (fetch-max-wait 20 ms) and must stay at the tail (only a
+consumer at the tail meets a hole), the producers keep Tansu busy with many
+small requests, and they run until the worker's /metrics shows a re-fetch.
 """
 
 from __future__ import annotations
@@ -25,29 +30,44 @@ from onceflow.runtime.services import ServiceInfo, free_port
 from onceflow.stores.redis_store import RedisStore
 
 PRODUCERS = 8
-SECONDS = 40.0
 BATCH = 5  # records per produce request (linger 0)
-PAUSE = 0.002  # between one producer's requests
-MOST = 100_000  # messages each producer can send at most
+PAUSE = 0.005  # between one producer's requests
+MOST = 80_000  # messages each producer can send at most
 ROBOTS = 200
+FETCH_MAX_WAIT = "20ms"  # a fetch every 20 ms (Tansu always waits this long; 0 fetches nothing)
+# Measured with these settings (one busy loop, 2 cores): 2.4k-4k records/s and
+# 6-16 re-fetches a minute (3 to 8 in each of 5 runs of 30 s) while the worker
+# stays at the tail; with the default fetch-max-wait (100 ms) about 3 a minute,
+# and fewer when the worker lags. Taking 6 a minute as Poisson arrivals,
+# P(no hole in SHORTEST) = e^-3 = 5% (then the load goes on) and
+# P(no hole in LONGEST) = e^-7.5 = 0.06%.
+SHORTEST = 30.0  # seconds of load at least, holes or not
+LONGEST = 75.0  # seconds of load at most, waiting for the first hole
+# Tansu slows down as the partition grows, and a consumer that fell far behind
+# may never catch up: the producers hold while the worker lags this much.
+HOLD_LAG, RESUME_LAG = 2_000, 200
 
-# One producer process: its own connection, small batches, for SECONDS; prints how
-# many messages were acknowledged (a prefix of its deterministic stream).
+# One producer process: its own connection, small batches, until the stop file
+# appears (waiting while the hold file exists); prints how many messages were
+# acknowledged (a prefix of its deterministic stream).
 PRODUCER = """
-import asyncio, sys, time
+import asyncio, os, sys
 from aiokafka import AIOKafkaProducer
 from onceflow.runtime.robot_stream import generate
 
-bootstrap, topic, seed, seconds, batch, pause, most, robots = sys.argv[1:9]
+bootstrap, topic, seed, stop, hold, batch, pause, most, robots = sys.argv[1:10]
 messages = generate(int(most), robots=int(robots), seed=int(seed)).messages
 
 async def main():
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
                                 enable_idempotence=False, linger_ms=0)
     await producer.start()
-    sent, end = 0, time.monotonic() + float(seconds)
+    sent = 0
     try:
-        while sent < len(messages) and time.monotonic() < end:
+        while sent < len(messages) and not os.path.exists(stop):
+            if os.path.exists(hold):
+                await asyncio.sleep(0.05)
+                continue
             acks = [await producer.send(topic, value, key=key)
                     for key, value in messages[sent:sent + int(batch)]]
             await asyncio.gather(*acks)
@@ -74,6 +94,27 @@ def scrape(port: int) -> dict[str, float]:
     return totals
 
 
+def load_until_refetch(port: int, worker: subprocess.Popen[bytes], hold: Path) -> float:
+    """Seconds of load: SHORTEST at least, then until a re-fetch or LONGEST.
+
+    Holds the producers while the worker lags, so it stays at the tail.
+    """
+    start = time.monotonic()
+    while (elapsed := time.monotonic() - start) < LONGEST:
+        assert worker.poll() is None, "worker died"
+        series = scrape(port)
+        lag = series.get("onceflow_consumer_lag", 0.0)
+        if lag > HOLD_LAG:
+            hold.touch()
+        elif lag < RESUME_LAG:
+            hold.unlink(missing_ok=True)
+        if elapsed >= SHORTEST and series.get("onceflow_offset_refetches_total", 0.0) > 0:
+            break
+        time.sleep(0.5)
+    hold.unlink(missing_ok=True)
+    return elapsed
+
+
 def wait_processed(port: int, total: int, worker: subprocess.Popen[bytes]) -> float:
     """Records the worker processed, once it reached ``total`` or stopped progressing."""
     seen, since = -1.0, time.monotonic()
@@ -98,21 +139,27 @@ def test_tailing_worker_under_cpu_load_refetches_holes_and_counts_every_record(
     create_topic(bootstrap, topic, 1)
     port = free_port()
     log = tmp_path / "worker.log"
+    stop, hold = tmp_path / "stop", tmp_path / "hold"
     worker = start_worker(bootstrap, redis_url, group, prefix, topic, log,
-                          ["--set", f"onceflow.metrics.port={port}"])
+                          ["--set", f"onceflow.metrics.port={port}",
+                           "--set", f"onceflow.kafka.fetch-max-wait={FETCH_MAX_WAIT}"])
     helpers: list[subprocess.Popen[bytes]] = []
     try:
         wait_for_log(worker, log, "partitions assigned", timeout=60)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        helpers.append(subprocess.Popen([sys.executable, "-c", BURN, str(SECONDS + 5)]))
+        helpers.append(subprocess.Popen([sys.executable, "-c", BURN, str(LONGEST + 30)]))
+        seeds = range(100, 100 + PRODUCERS)
         producers = [
             subprocess.Popen([sys.executable, "-c", PRODUCER, bootstrap, topic, str(seed),
-                              str(SECONDS), str(BATCH), str(PAUSE), str(MOST), str(ROBOTS)],
-                             stdout=subprocess.PIPE, env=env)
-            for seed in range(100, 100 + PRODUCERS)]
+                              str(stop), str(hold), str(BATCH), str(PAUSE), str(MOST),
+                              str(ROBOTS)], stdout=subprocess.PIPE, env=env)
+            for seed in seeds]
         helpers += producers
-        sent = {seed: int(p.communicate(timeout=SECONDS + 60)[0])
-                for seed, p in zip(range(100, 100 + PRODUCERS), producers, strict=True)}
+        seconds = load_until_refetch(port, worker, hold)
+        stop.touch()
+        sent = {seed: int(p.communicate(timeout=60)[0])
+                for seed, p in zip(seeds, producers, strict=True)}
+        helpers[0].kill()  # the busy loop
         total = sum(sent.values())
         processed = wait_processed(port, total, worker)
         series = scrape(port)
@@ -124,8 +171,8 @@ def test_tailing_worker_under_cpu_load_refetches_holes_and_counts_every_record(
                 proc.kill()
     refetches = series.get("onceflow_offset_refetches_total", 0.0)
     accepted = series.get("onceflow_offset_gaps_accepted_total", 0.0)
-    print(f"produced {total} by {PRODUCERS} producers, processed {processed}, "
-          f"re-fetches {refetches}, holes accepted {accepted}")
+    print(f"{seconds:.0f} s of load: produced {total} by {PRODUCERS} producers, "
+          f"processed {processed}, re-fetches {refetches}, holes accepted {accepted}")
     assert code == 0, log.read_text()[-3000:]
     assert processed == total
     truths = [generate(count, robots=ROBOTS, seed=seed).truth for seed, count in sent.items()]
@@ -136,4 +183,3 @@ def test_tailing_worker_under_cpu_load_refetches_holes_and_counts_every_record(
         store.close()
     assert accepted == 0
     assert refetches > 0  # the hole really happened (else the load found nothing to test)
-
