@@ -12,7 +12,7 @@ WORKDIR /app
 # README* may not exist yet; pyproject.toml is what pip needs.
 COPY pyproject.toml README* ./
 COPY onceflow ./onceflow
-RUN pip install .
+RUN pip install .  # the worker alone: no analytics, no embedded services
 
 COPY config ./config
 

@@ -22,7 +22,7 @@ prereqs:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,analytics,embedded]'
 	touch $(STAMP)
 
 lint: $(STAMP)

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from throughput import PARTITIONS, measure_raw
 
-from onceflow.runtime import harness, services
-from onceflow.runtime.chaos import ChaosOptions, run_chaos, start_store
-from onceflow.runtime.robot_stream import generate
+from onceflow.devtools import harness, services
+from onceflow.devtools.chaos import ChaosOptions, run_chaos, start_store
+from onceflow.devtools.robot_stream import generate
 
 HERE = Path(__file__).resolve().parent
 

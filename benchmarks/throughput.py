@@ -32,11 +32,11 @@ import psutil
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from onceflow.actors.loop import EventLoopThread
+from onceflow.devtools import services
+from onceflow.devtools.chaos import start_store
+from onceflow.devtools.harness import packaged_config, worker_command
+from onceflow.devtools.robot_stream import generate
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.runtime import services
-from onceflow.runtime.chaos import start_store
-from onceflow.runtime.harness import packaged_config, worker_command
-from onceflow.runtime.robot_stream import generate
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))

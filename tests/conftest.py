@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.runtime import services
-from onceflow.runtime.services import ServiceInfo
+from onceflow.devtools import services
+from onceflow.devtools.services import ServiceInfo
 
 
 def _run(

@@ -1,4 +1,4 @@
-"""The ``onceflow`` command: run a worker, manage local services, run the demo.
+"""The ``onceflow`` command: run a worker; services, demo, chaos and analytics with extras.
 
 Exit codes: 0 done, 1 failed at run time, 2 bad configuration or usage.
 """
@@ -12,11 +12,15 @@ import sys
 from collections.abc import Sequence
 from types import FrameType
 
+from onceflow.runtime import extras
 from onceflow.runtime.config import ConfigError, load_settings
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
 log = logging.getLogger("onceflow")
+# Subcommands that come with an extra (onceflow.devtools, onceflow.analytics).
+TOOLS = {"services": "embedded", "demo": "embedded", "chaos": "embedded",
+         "analytics": "analytics"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -29,26 +33,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rest = argv[1:] if verbose else argv
     # These subcommands own their argument parsing (and --help).
-    if rest and rest[0] == "services":
-        from onceflow.runtime import services
-
-        return services.cli(rest[1:])
-    if rest and rest[0] == "demo":
-        from onceflow.runtime import demo
-
-        return demo.cli(rest[1:])
     if rest and rest[0] == "status":
         return _status(rest[1:])
-    if rest and rest[0] == "chaos":
-        from onceflow.runtime import chaos
-
-        return chaos.cli(rest[1:])
-    if rest and rest[0] == "analytics":
-        from onceflow.analytics import cli as analytics
-
-        return analytics.cli(rest[1:])
+    if rest and rest[0] in TOOLS:
+        return _tool(rest[0], rest[1:])
     args = _parser().parse_args(argv)
     return _run(args.config, args.set)
+
+
+def _tool(command: str, argv: list[str]) -> int:
+    """Run a subcommand that lives in an extra, or say which extra to install (exit 2)."""
+    needed = [TOOLS[command]]
+    if command == "demo" and "--no-analytics" not in argv:  # the demo ends with Spark
+        needed.append("analytics")
+    for extra in needed:
+        absent = extras.missing_extra(extra)
+        if absent:
+            hint = extras.install_hint(f"onceflow {command}", extra)
+            if extra != TOOLS[command]:
+                hint += " (or skip that step with --no-analytics)"
+            print(f"onceflow: {hint}; missing: {', '.join(absent)}", file=sys.stderr)
+            return EXIT_CONFIG
+    if command == "services":
+        from onceflow.devtools import services
+
+        return services.cli(argv)
+    if command == "demo":
+        from onceflow.devtools import demo
+
+        return demo.cli(argv)
+    if command == "chaos":
+        from onceflow.devtools import chaos
+
+        return chaos.cli(argv)
+    from onceflow.analytics import cli as analytics
+
+    return analytics.cli(argv)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -105,7 +125,7 @@ def _run(config: str, assignments: list[str]) -> int:
     # Handlers first: loading the worker's modules takes about a second, and
     # a SIGTERM meanwhile would take the default action (killed, exit -15).
     signals = StopSignals().install()
-    from onceflow.runtime.wiring import check_stores, load_pipeline
+    from onceflow.runtime.wiring import check_landing, check_stores, load_pipeline
     from onceflow.runtime.worker import Worker
 
     try:
@@ -113,6 +133,7 @@ def _run(config: str, assignments: list[str]) -> int:
         settings = load_settings(config, overrides)
         pipeline = load_pipeline(settings)
         check_stores(settings, pipeline)
+        check_landing(settings, pipeline)
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG

@@ -12,6 +12,7 @@ from typing import Any
 
 from onceflow.actors.consumer import ConnectionCheck
 from onceflow.actors.delivery import DeliverySettings
+from onceflow.runtime import extras
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stores.base import StateStore
@@ -77,6 +78,21 @@ def check_stores(settings: Settings, pipeline: Pipeline) -> None:
                 f"onceflow.stores.{spec.store}",
                 f"aggregate {spec.id!r} uses store {spec.store!r}; supported: {', '.join(STORES)}",
             )
+
+
+def check_landing(settings: Settings, pipeline: Pipeline) -> None:
+    """A landing zone needs pyarrow, which only the analytics extra installs.
+
+    Checked at start so that a worker without it stops with one config line,
+    not with an ImportError when it builds its persistence actor.
+    """
+    if settings.landing.dir is None or not pipeline.aggregates:
+        return  # off, or a stateless republisher: nothing is ever landed
+    absent = extras.missing(("pyarrow",))
+    if absent:
+        raise ConfigError(settings.source, "onceflow.landing.dir",
+                          extras.install_hint("the Parquet landing zone", "analytics")
+                          + f" (missing: {', '.join(absent)}), or leave the key unset")
 
 
 def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]:

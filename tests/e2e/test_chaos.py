@@ -7,12 +7,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from onceflow.runtime.chaos import ChaosOptions, run_chaos
-from onceflow.runtime.services import ServiceInfo
+from onceflow.devtools.chaos import ChaosOptions, run_chaos
+from onceflow.devtools.services import ServiceInfo
 
 
 def check(report: object, context: str) -> None:
-    from onceflow.runtime.chaos import ChaosReport
+    from onceflow.devtools.chaos import ChaosReport
 
     assert isinstance(report, ChaosReport)
     assert report.caught_up, context

@@ -10,8 +10,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from onceflow.runtime.demo import DemoOptions, run_demo
-from onceflow.runtime.services import ServiceInfo
+from onceflow.devtools.demo import DemoOptions, run_demo
+from onceflow.devtools.services import ServiceInfo
 
 
 def test_totals_exact_after_random_sigkills(

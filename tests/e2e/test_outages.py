@@ -15,10 +15,10 @@ from pathlib import Path
 from helpers import committed, create_topic, expected_counts, stored_states
 from proxy import CuttableProxy
 
-from onceflow.runtime import harness, services
-from onceflow.runtime.chaos import expected_windows, stored_windows
-from onceflow.runtime.robot_stream import generate
-from onceflow.runtime.services import ServiceInfo
+from onceflow.devtools import harness, services
+from onceflow.devtools.chaos import expected_windows, stored_windows
+from onceflow.devtools.robot_stream import generate
+from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
 
 

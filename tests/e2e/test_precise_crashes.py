@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from helpers import expected_counts, stored_states
 
+from onceflow.devtools import harness
+from onceflow.devtools.chaos import expected_windows, stored_windows
+from onceflow.devtools.robot_stream import fastening_events, generate
+from onceflow.devtools.services import ServiceInfo
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.runtime import harness
-from onceflow.runtime.chaos import expected_windows, stored_windows
-from onceflow.runtime.robot_stream import fastening_events, generate
-from onceflow.runtime.services import ServiceInfo
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 

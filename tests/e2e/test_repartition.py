@@ -20,9 +20,9 @@ from pathlib import Path
 
 from helpers import create_topic, stored_states
 
+from onceflow.devtools import harness
+from onceflow.devtools.services import ServiceInfo
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.runtime import harness
-from onceflow.runtime.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
 
 PARTITIONS = 4

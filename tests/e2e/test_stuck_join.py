@@ -26,9 +26,9 @@ from helpers import committed, create_topic, expected_counts, produce, stored_st
 from proxy import CuttableProxy
 
 from onceflow.actors.loop import EventLoopThread
-from onceflow.runtime import harness, services
-from onceflow.runtime.robot_stream import generate
-from onceflow.runtime.services import ServiceInfo
+from onceflow.devtools import harness, services
+from onceflow.devtools.robot_stream import generate
+from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
 
 JOIN_GROUP = 11  # Kafka API key

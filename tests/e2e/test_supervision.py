@@ -24,8 +24,8 @@ from helpers import (
     wait_for_log,
 )
 
-from onceflow.runtime.robot_stream import generate
-from onceflow.runtime.services import ServiceInfo, free_port
+from onceflow.devtools.robot_stream import generate
+from onceflow.devtools.services import ServiceInfo, free_port
 from onceflow.stores.redis_store import RedisStore
 
 RESTART = re.compile(r"restarting \['pipeline'\] in ([\d.]+)s")
@@ -120,7 +120,7 @@ def get(port: int, path: str) -> tuple[int, str]:
 
 
 async def _wait_committed(bootstrap: str, group: str, topic: str, ends: dict[int, int]) -> None:
-    from onceflow.runtime.harness import CommittedOffsets
+    from onceflow.devtools.harness import CommittedOffsets
 
     async with CommittedOffsets(bootstrap, group) as offsets:
         assert await offsets.wait_for(topic, ends, 120)

@@ -13,8 +13,8 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
-from onceflow.runtime import harness
-from onceflow.runtime.demo import redis_settings
+from onceflow.devtools import harness
+from onceflow.devtools.demo import redis_settings
 from onceflow.stages.state import decode_state
 from onceflow.stores.base import StateStore
 

@@ -25,8 +25,8 @@ from pathlib import Path
 from helpers import create_topic, expected_counts, start_worker, stored_states, wait_for_log
 from prometheus_client.parser import text_string_to_metric_families
 
-from onceflow.runtime.robot_stream import generate
-from onceflow.runtime.services import ServiceInfo, free_port
+from onceflow.devtools.robot_stream import generate
+from onceflow.devtools.services import ServiceInfo, free_port
 from onceflow.stores.redis_store import RedisStore
 
 PRODUCERS = 8
@@ -53,7 +53,7 @@ HOLD_LAG, RESUME_LAG = 2_000, 200
 PRODUCER = """
 import asyncio, os, sys
 from aiokafka import AIOKafkaProducer
-from onceflow.runtime.robot_stream import generate
+from onceflow.devtools.robot_stream import generate
 
 bootstrap, topic, seed, stop, hold, batch, pause, most, robots = sys.argv[1:10]
 messages = generate(int(most), robots=int(robots), seed=int(seed)).messages

@@ -13,8 +13,8 @@ from cassandra.cluster import Cluster
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from onceflow.runtime import services
-from onceflow.runtime.services import ServiceInfo, ServicesManager
+from onceflow.devtools import services
+from onceflow.devtools.services import ServiceInfo, ServicesManager
 
 
 def test_kafka_produce_and_consume(

@@ -31,9 +31,9 @@ from helpers import (
     wait_for_log,
 )
 
+from onceflow.devtools.robot_stream import generate
+from onceflow.devtools.services import ServiceInfo
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.runtime.robot_stream import generate
-from onceflow.runtime.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
 
 SHUTDOWN_TIMEOUT = 10.0  # reference.conf's onceflow.shutdown.timeout

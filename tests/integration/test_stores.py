@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from onceflow.actors.retry import retrying
-from onceflow.runtime import services
-from onceflow.runtime.services import ServiceInfo
+from onceflow.devtools import services
+from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.base import StateStore
 from onceflow.stores.cassandra_store import CassandraStore
 from onceflow.stores.redis_store import RedisStore

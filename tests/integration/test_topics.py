@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 from helpers import create_topic
 
-from onceflow.runtime.services import ServiceInfo
+from onceflow.devtools.services import ServiceInfo
 from onceflow.runtime.topics import TopicSetupError, ensure_repartition_topics
 from onceflow.stages import Pipeline
 

@@ -24,8 +24,8 @@ from helpers import (
     wait_for_log,
 )
 
-from onceflow.runtime.robot_stream import RobotStream, generate
-from onceflow.runtime.services import ServiceInfo, free_port
+from onceflow.devtools.robot_stream import RobotStream, generate
+from onceflow.devtools.services import ServiceInfo, free_port
 from onceflow.stores.cassandra_store import CassandraStore
 
 PIPELINE_ID, STAGE_ID = "robots", "per_robot"  # fixed by onceflow.examples.robots

@@ -20,12 +20,12 @@ from onceflow.analytics import readers
 from onceflow.analytics.cli import run_analytics, store_windows
 from onceflow.analytics.job import HOUR_MS, JobOptions, run_job
 from onceflow.analytics.landing import read_landing
+from onceflow.devtools.chaos import ChaosOptions, StoreOpener, expected_windows, run_chaos
+from onceflow.devtools.harness import packaged_config
+from onceflow.devtools.robot_stream import generate
+from onceflow.devtools.services import ServiceInfo
 from onceflow.examples.robot_chain import DAY_STAGE, MINUTE_STAGE, build_windows
-from onceflow.runtime.chaos import ChaosOptions, StoreOpener, expected_windows, run_chaos
 from onceflow.runtime.config import Settings, load_settings
-from onceflow.runtime.harness import packaged_config
-from onceflow.runtime.robot_stream import generate
-from onceflow.runtime.services import ServiceInfo
 
 STAGES = (MINUTE_STAGE, DAY_STAGE)
 Windows = dict[str, dict[tuple[str, int], Counter[str]]]

@@ -17,11 +17,11 @@ from typing import Any
 from onceflow.analytics.cli import cli as analytics_cli
 from onceflow.analytics.follow import follow_fleet
 from onceflow.analytics.landing import read_landing
+from onceflow.devtools import harness
+from onceflow.devtools.chaos import expected_windows, stored_windows
+from onceflow.devtools.robot_stream import fastening_events, generate
+from onceflow.devtools.services import ServiceInfo
 from onceflow.examples.robot_chain import DAY_STAGE, MINUTE_STAGE
-from onceflow.runtime import harness
-from onceflow.runtime.chaos import expected_windows, stored_windows
-from onceflow.runtime.robot_stream import fastening_events, generate
-from onceflow.runtime.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
 
 STAGES = (MINUTE_STAGE, DAY_STAGE)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from onceflow.analytics import readers
-from onceflow.runtime.services import ServiceInfo
+from onceflow.devtools.services import ServiceInfo
 from onceflow.stages.state import AggregateState, encode_state
 from onceflow.stores.base import StateStore
 from onceflow.stores.cassandra_store import CassandraStore

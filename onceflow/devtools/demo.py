@@ -32,8 +32,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from onceflow.runtime import services
-from onceflow.runtime.harness import (
+from onceflow.devtools import services
+from onceflow.devtools.harness import (
     CommittedOffsets,
     WorkerProcess,
     create_topic,
@@ -41,8 +41,8 @@ from onceflow.runtime.harness import (
     produce,
     worker_command,
 )
-from onceflow.runtime.robot_stream import RobotStream, generate
-from onceflow.runtime.tables import measures
+from onceflow.devtools.robot_stream import RobotStream, generate
+from onceflow.devtools.tables import measures
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
@@ -243,7 +243,7 @@ def cli(argv: list[str]) -> int:
         verdict = "[green]exact: lost 0, double 0[/]" if report.exact else "[red]NOT EXACT[/]"
         console.print(verdict)
         if report.exact and not args.no_analytics:
-            from onceflow.analytics.demo import run_demo_analytics
+            from onceflow.devtools.demo_analytics import run_demo_analytics
 
             analytics = run_demo_analytics(kafka.address, f"redis://{redis.address}/0",
                                            state, console, seed=args.seed)

@@ -26,15 +26,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from onceflow.examples.robot_chain import (
-    DAY_MS,
-    DAY_STAGE,
-    LATENESS_MS,
-    MINUTE_MS,
-    MINUTE_STAGE,
-)
-from onceflow.runtime import services
-from onceflow.runtime.harness import (
+from onceflow.devtools import services
+from onceflow.devtools.harness import (
     CommittedOffsets,
     WorkerProcess,
     create_topic,
@@ -43,9 +36,16 @@ from onceflow.runtime.harness import (
     read_ends,
     worker_command,
 )
-from onceflow.runtime.robot_stream import RobotStream, generate
-from onceflow.runtime.services import ServiceInfo
-from onceflow.runtime.tables import measures
+from onceflow.devtools.robot_stream import RobotStream, generate
+from onceflow.devtools.services import ServiceInfo
+from onceflow.devtools.tables import measures
+from onceflow.examples.robot_chain import (
+    DAY_MS,
+    DAY_STAGE,
+    LATENESS_MS,
+    MINUTE_MS,
+    MINUTE_STAGE,
+)
 from onceflow.stages.state import decode_state
 from onceflow.stores.base import StateStore
 

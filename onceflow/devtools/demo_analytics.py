@@ -15,10 +15,10 @@ from rich.console import Console
 
 from onceflow.analytics.cli import run_analytics, summary_table
 from onceflow.analytics.job import JobResult
+from onceflow.devtools.chaos import ChaosOptions, run_chaos
+from onceflow.devtools.harness import packaged_config
 from onceflow.examples.robot_chain import build_windows
-from onceflow.runtime.chaos import ChaosOptions, run_chaos
 from onceflow.runtime.config import load_settings
-from onceflow.runtime.harness import packaged_config
 
 __all__ = ["run_demo_analytics"]
 
