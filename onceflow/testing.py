@@ -42,8 +42,9 @@ from typing import Any, ClassVar
 from aiokafka.partitioner import murmur2
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
+from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Aggregate, Pipeline
-from onceflow.stages.runner import BatchOutcome, PipelineRunner, StateTable
+from onceflow.stages.runner import PipelineRunner, StateTable
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
 
 DEAD_LETTER_TOPIC = "onceflow-dead-letters"  # the defaults of reference.conf

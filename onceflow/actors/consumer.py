@@ -28,6 +28,7 @@ from aiokafka.errors import IllegalStateError, KafkaError
 
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.connection_check import ConnectionCheck, check_connection
 from onceflow.actors.continuity import Continuity
 from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.loop import EventLoopThread
@@ -45,24 +46,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ConnectionCheck:
-    """Alpakka's connection checker: fail a stream whose broker stopped answering."""
-
-    max_retries: int
-    interval: float
-    backoff_factor: float
-
-
-@dataclass(frozen=True)
 class GapCheck:
     """``onceflow.consumer.gap-*``: re-fetches of a hole before it is accepted, and the pause."""
 
     refetches: int
     backoff: float
-
-
-class ConnectionLost(ConnectionError):
-    """The broker did not answer ``max_retries + 1`` checks in a row."""
 
 
 class ConsumerActor(ReportingActor):
@@ -126,7 +114,7 @@ class ConsumerActor(ReportingActor):
         if self._join is not None:
             self._join_enforcer = self._background(enforce(self._join))
         if self._check is not None:  # a broker that goes silent during the join too
-            self._checker = self._background(self._check_connection())
+            self._checker = self._background(check_connection(self._consumer, self._check))
 
     def _background(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """A task of this stream whose failure fails the stream."""
@@ -140,23 +128,6 @@ class ConsumerActor(ReportingActor):
         self._room = asyncio.Event()
         self._room.set()
         self._fetch_task = self._background(self._fetch_forever())
-
-    async def _check_connection(self) -> None:
-        """Ask for metadata every interval; too many silent failures fail the stream."""
-        assert self._consumer is not None and self._check is not None
-        check, failures, delay = self._check, 0, self._check.interval
-        while True:
-            await asyncio.sleep(delay)
-            try:
-                await asyncio.wait_for(self._consumer.topics(), timeout=check.interval)
-            except (TimeoutError, KafkaError) as error:
-                failures += 1
-                log.warning("connection check %d failed: %r", failures, error)
-                if failures > check.max_retries:
-                    raise ConnectionLost(f"broker silent for {failures} checks") from error
-                delay = check.interval * check.backoff_factor ** failures
-            else:
-                failures, delay = 0, check.interval
 
     async def _fetch_forever(self) -> None:
         assert self._consumer is not None and self._room is not None

@@ -37,7 +37,7 @@ from itertools import islice
 
 from onceflow.actors import metrics
 from onceflow.actors.retry import retrying
-from onceflow.stages.runner import Output
+from onceflow.stages.outcome import Output
 from onceflow.stores.base import StateStore
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from onceflow.stages.runner import Output
+from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 
 

@@ -32,7 +32,7 @@ from onceflow.actors.delivery import (
 )
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Barrier, Send
-from onceflow.stages.runner import Output
+from onceflow.stages.outcome import Output
 from onceflow.stores.base import StateStore
 
 

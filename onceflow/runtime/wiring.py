@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from onceflow.actors.consumer import ConnectionCheck
+from onceflow.actors.connection_check import ConnectionCheck
 from onceflow.actors.delivery import DeliverySettings
 from onceflow.runtime import extras
 from onceflow.runtime.config import ConfigError, Settings

@@ -23,13 +23,22 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.lineage import Position, RootPartition, event_id, extended_chain, root_of
+from onceflow.stages.outcome import (
+    BatchOutcome,
+    ConsumedRecord,
+    KeyHomedElsewhere,
+    Output,
+    StageFailure,
+    dead_letter,
+    late_event,
+)
 from onceflow.stages.pipeline import (
     Aggregate,
     FlatMap,
@@ -45,60 +54,6 @@ from onceflow.stages.windows import empty_windows, fold_windowed
 StateLoader = Callable[[Aggregate, Sequence[str]], Mapping[str, AggregateState]]
 #: Claims each key's home partition if it has none yet; answers every key's home.
 HomeClaimer = Callable[[Aggregate, Mapping[str, TopicPartition]], Mapping[str, TopicPartition]]
-
-
-class ConsumedRecord(Protocol):
-    """What the runner needs of a Kafka record (aiokafka's ConsumerRecord fits)."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def value(self) -> bytes | None: ...
-
-
-@dataclass(frozen=True)
-class Output:
-    """A record to produce; ``headers`` as Kafka wants them."""
-
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...] = ()
-
-
-@dataclass
-class BatchOutcome:
-    outputs: list[Output] = field(default_factory=list)
-    dead_letters: int = 0
-    duplicates: Counter[str] = field(default_factory=Counter)
-    folded: Counter[str] = field(default_factory=Counter)
-    late: Counter[str] = field(default_factory=Counter)
-    next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
-    misaligned: dict[str, list[str]] = field(default_factory=dict)  # stage -> dead-letter reasons
-
-
-class StageFailure(Exception):
-    """A user function raised; the record goes to the dead-letter topic."""
-
-    def __init__(self, stage_id: str, error: BaseException):
-        super().__init__(f"stage {stage_id!r}: {type(error).__name__}: {error}")
-        self.stage_id = stage_id
-        self.error = error
-
-
-class KeyHomedElsewhere(Exception):
-    """A value for a key whose state is fed from another input partition."""
-
-    def __init__(self, key: str, fed_from: TopicPartition, home: TopicPartition):
-        super().__init__(
-            f"key {key!r} is fed from {fed_from[0]}/{fed_from[1]} but its state is fed from "
-            f"{home[0]}/{home[1]}; with more than one worker both would write the state and "
-            "lose each other's folds: add .repartition(...) with this key before the aggregate "
-            "(or set onceflow.single-worker = true if one worker runs this pipeline)")
 
 
 @dataclass(slots=True)
@@ -415,37 +370,14 @@ class PipelineRunner:
 
     def _late(self, record: ConsumedRecord, spec: Aggregate, key: str, pos: Position,
               late_by_ms: int) -> Output:
-        """The record a late value came from, with which value it was and why it is late."""
-        return Output(
-            self._late_topic,
-            key.encode(),
-            record.value or b"",
-            (
-                ("onceflow.reason", f"late for stage {spec.id!r} by {late_by_ms} ms".encode()),
-                ("onceflow.stage", spec.id.encode()),
-                ("onceflow.source", f"{record.topic}/{record.partition}/{record.offset}"
-                 .encode()),
-                ("onceflow.position", ".".join(map(str, pos)).encode()),
-            ),
-        )
+        return late_event(self._late_topic, record, spec.id, key, pos, late_by_ms)
 
     def _dead_letter(
         self, outcome: BatchOutcome, record: ConsumedRecord, reason: Exception
     ) -> None:
         outcome.dead_letters += 1
         outcome.outputs.append(
-            Output(
-                self._dead_letter_topic,
-                None,
-                record.value or b"",
-                (
-                    ("onceflow.reason", str(reason).encode()),
-                    ("onceflow.pipeline", self.pipeline.id.encode()),
-                    ("onceflow.source", f"{record.topic}/{record.partition}/{record.offset}"
-                     .encode()),
-                ),
-            )
-        )
+            dead_letter(self._dead_letter_topic, record, self.pipeline.id, reason))
 
 
 def _payload_decoder(decode: Callable[[bytes], Any]) -> Callable[[Envelope], Any]:

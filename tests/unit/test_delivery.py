@@ -17,7 +17,7 @@ from onceflow.actors.delivery import (
     decode_record,
     encode_record,
 )
-from onceflow.stages.runner import Output
+from onceflow.stages.outcome import Output
 from onceflow.stores.base import OutboxKey, StateStore
 
 FAST = DeliverySettings(delivery_timeout=0.2, request_timeout=0.2, retries=2,

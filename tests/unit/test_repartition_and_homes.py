@@ -15,7 +15,8 @@ from test_runner import Rec, Store, envelope
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages import Aggregate, Pipeline
-from onceflow.stages.runner import Output, PipelineRunner
+from onceflow.stages.outcome import Output
+from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import TopicPartition, decode_state, encode_state
 
 

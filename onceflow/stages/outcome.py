@@ -1,0 +1,96 @@
+"""What the runner hands back for a batch: records to produce, counters, failures.
+
+``Output`` is a record to produce (republished values, dead letters, late
+events); ``BatchOutcome`` gathers a batch's outputs, its counters and the
+next offset of each partition it covered. ``StageFailure`` wraps what a user
+function raised (the record goes to the dead-letter topic with it as the
+reason), ``KeyHomedElsewhere`` a value for a key whose state another input
+partition feeds (see ``onceflow.stages.runner``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from onceflow.stages.state import TopicPartition
+
+
+class ConsumedRecord(Protocol):
+    """What the runner needs of a Kafka record (aiokafka's ConsumerRecord fits)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def value(self) -> bytes | None: ...
+
+
+@dataclass(frozen=True)
+class Output:
+    """A record to produce; ``headers`` as Kafka wants them."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass
+class BatchOutcome:
+    outputs: list[Output] = field(default_factory=list)
+    dead_letters: int = 0
+    duplicates: Counter[str] = field(default_factory=Counter)
+    folded: Counter[str] = field(default_factory=Counter)
+    late: Counter[str] = field(default_factory=Counter)
+    next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
+    misaligned: dict[str, list[str]] = field(default_factory=dict)  # stage -> dead-letter reasons
+
+
+class StageFailure(Exception):
+    """A user function raised; the record goes to the dead-letter topic."""
+
+    def __init__(self, stage_id: str, error: BaseException):
+        super().__init__(f"stage {stage_id!r}: {type(error).__name__}: {error}")
+        self.stage_id = stage_id
+        self.error = error
+
+
+class KeyHomedElsewhere(Exception):
+    """A value for a key whose state is fed from another input partition."""
+
+    def __init__(self, key: str, fed_from: TopicPartition, home: TopicPartition):
+        super().__init__(
+            f"key {key!r} is fed from {fed_from[0]}/{fed_from[1]} but its state is fed from "
+            f"{home[0]}/{home[1]}; with more than one worker both would write the state and "
+            "lose each other's folds: add .repartition(...) with this key before the aggregate "
+            "(or set onceflow.single-worker = true if one worker runs this pipeline)")
+
+
+def late_event(topic: str, record: ConsumedRecord, stage_id: str, key: str,
+               position: tuple[int, ...], late_by_ms: int) -> Output:
+    """The record a late value came from, with which value it was and why it is late."""
+    return Output(topic, key.encode(), record.value or b"", (
+        ("onceflow.reason", f"late for stage {stage_id!r} by {late_by_ms} ms".encode()),
+        ("onceflow.stage", stage_id.encode()),
+        ("onceflow.source", _source(record)),
+        ("onceflow.position", ".".join(map(str, position)).encode()),
+    ))
+
+
+def dead_letter(topic: str, record: ConsumedRecord, pipeline_id: str, reason: Exception
+                ) -> Output:
+    """The record as it was consumed, with the reason and its origin in headers."""
+    return Output(topic, None, record.value or b"", (
+        ("onceflow.reason", str(reason).encode()),
+        ("onceflow.pipeline", pipeline_id.encode()),
+        ("onceflow.source", _source(record)),
+    ))
+
+
+def _source(record: ConsumedRecord) -> bytes:
+    return f"{record.topic}/{record.partition}/{record.offset}".encode()
