@@ -133,7 +133,6 @@ class Supervisor(pykka.ThreadingActor):
         self._settings = settings
         self._on_escalate = on_escalate
         self._history: collections.deque[float] = collections.deque()
-        self._attempt = 0
         self._timers: list[threading.Timer] = []
 
     def on_start(self) -> None:
@@ -198,8 +197,9 @@ class Supervisor(pykka.ThreadingActor):
             victim.move(ChildState.BACKING_OFF)
             victim.restarts += 1
             metrics.RESTARTS.labels(victim.spec.name).inc()
-        self._attempt += 1
-        delay = self._backoff(self._attempt)
+        # The n-th failure within `within` waits the n-th backoff: a child that
+        # stayed healthy for a whole window starts again from the initial delay.
+        delay = self._backoff(len(self._history))
         log.warning("restarting %s in %.2fs (policy %s)", [s.spec.name for s in affected],
                     delay, self._settings.policy)
         timer = threading.Timer(delay, self._tell_restart,

@@ -47,11 +47,11 @@ def _stop_actors() -> Iterator[None]:
     pykka.ActorRegistry.stop_all()
 
 
-def supervise(policy: Policy, max_restarts: int = 5, initial: float = 0.01
+def supervise(policy: Policy, max_restarts: int = 5, initial: float = 0.01, within: float = 60
               ) -> tuple[pykka.ActorProxy[Supervisor], dict[str, Fake], list[str]]:
     fakes = {name: Fake(name) for name in ("a", "b", "c")}
     escalated: list[str] = []
-    settings = RestartSettings(policy=policy, max_restarts=max_restarts, within=60,
+    settings = RestartSettings(policy=policy, max_restarts=max_restarts, within=within,
                                backoff_initial=initial, backoff_max=1.0, backoff_jitter=0)
     ref = Supervisor.start([ChildSpec(n, f.start) for n, f in fakes.items()], settings,
                            lambda name, error: escalated.append(name))
@@ -91,6 +91,25 @@ def test_restart_delays_grow() -> None:
         a.starts[-1] -= failed_at  # keep only the delay
     delays = a.starts[1:]
     assert delays == sorted(delays) and delays[-1] > 3 * delays[0], delays
+
+
+def test_the_backoff_starts_over_after_a_healthy_window() -> None:
+    sup, fakes, _ = supervise(Policy.ONE_FOR_ONE, max_restarts=10, initial=0.2, within=3.0)
+    a = fakes["a"]
+
+    def fail_and_time_the_restart() -> float:
+        n = len(a.starts)
+        wait_until(lambda: sup.states().get()["a"] == "running")
+        failed_at = time.monotonic()
+        a.fail()
+        wait_until(lambda: len(a.starts) == n + 1)
+        return a.starts[-1] - failed_at
+
+    growing = [fail_and_time_the_restart() for _ in range(3)]  # about 0.2, 0.4, 0.8 s
+    assert growing[2] > 3 * growing[0], growing
+    time.sleep(3.2)  # healthy for longer than `within`
+    again = fail_and_time_the_restart()
+    assert again < growing[1], (growing, again)
 
 
 def test_budget_exhausted_escalates_and_fails_every_child() -> None:
