@@ -7,6 +7,7 @@ that line); the runtime interprets what is declared here.
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.pipeline import (
     Aggregate,
+    Filter,
     FlatMap,
     Map,
     Pipeline,
@@ -19,6 +20,7 @@ from onceflow.stages.windows import Tumbling
 __all__ = [
     "Aggregate",
     "Envelope",
+    "Filter",
     "FlatMap",
     "Map",
     "Pipeline",

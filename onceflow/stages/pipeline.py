@@ -33,6 +33,18 @@ class Map:
 
 
 @dataclass(frozen=True)
+class Filter:
+    """Keep the values for which ``predicate`` is true; the others go no further.
+
+    A dropped value is not a dead letter: it is simply not wanted. Values
+    that pass keep their positions, so dedup downstream is unchanged.
+    """
+
+    id: str
+    predicate: Callable[[Any], bool]
+
+
+@dataclass(frozen=True)
 class FlatMap:
     """One input value becomes 0..n values that travel on as one unit.
 
@@ -104,7 +116,7 @@ class Repartition:
     decode: Callable[[bytes], Any] = json.loads
 
 
-Step = Map | FlatMap | Aggregate | Republish | Repartition
+Step = Map | Filter | FlatMap | Aggregate | Republish | Repartition
 
 
 @dataclass(frozen=True)
@@ -144,9 +156,21 @@ class Pipeline:
                                  f"must be at least 1, got {hop.partitions}")
 
     def map(self, id: str, fn: Callable[[Any], Any]) -> Pipeline:
+        """Turn each value into one new value; ``fn`` must be deterministic."""
         return self._then(Map(id, fn))
 
+    def filter(self, id: str, predicate: Callable[[Any], bool]) -> Pipeline:
+        """Keep only the values for which ``predicate`` is true (the rest are dropped,
+        not dead-lettered); ``predicate`` must be deterministic."""
+        return self._then(Filter(id, predicate))
+
     def flat_map(self, id: str, fn: Callable[[Any], Iterable[Any]]) -> Pipeline:
+        """Turn each value into 0..n values that travel on as one unit.
+
+        Each output gets a fan-out index after its input's position, so the
+        outputs of one input are folded (and deduplicated) together; ``fn``
+        must return the same values in the same order when replayed.
+        """
         return self._then(FlatMap(id, fn))
 
     def aggregate(
@@ -159,6 +183,16 @@ class Pipeline:
         store: str = "redis",
         window: Tumbling | None = None,
     ) -> Pipeline:
+        """Fold values into a state per ``key(value)``, exactly once per input event.
+
+        ``init()`` makes a new key's state and ``fold(state, value)`` returns the
+        next one without mutating it (states must be JSON-serializable). The
+        state lives in ``store`` (``redis`` or ``cassandra``) with the watermarks
+        that discard replays; with ``window`` it is kept per tumbling event-time
+        window. Values it folds pass on to later steps; replays and late values
+        go no further. Each key must be fed from one input partition when
+        several workers run the pipeline (see ``repartition``).
+        """
         return self._then(Aggregate(id, key, init, fold, store, window))
 
     def republish(
@@ -171,6 +205,14 @@ class Pipeline:
         event_time_ms: Callable[[Any], int] | None = None,
         payload_type: str = "",
     ) -> Pipeline:
+        """Produce each value to ``topic`` as an envelope whose source chain grows by one.
+
+        ``encode`` makes the payload, ``key`` the Kafka key (default: the
+        input envelope's key), ``event_time_ms`` the event time (default: the
+        input's). Aggregates downstream, in this or another pipeline, dedup on
+        the chain's root, so a republisher that re-sends after a crash double
+        counts nothing.
+        """
         return self._then(Republish(id, topic, encode, key, event_time_ms, payload_type))
 
     def repartition(

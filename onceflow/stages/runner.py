@@ -41,6 +41,7 @@ from onceflow.stages.outcome import (
 )
 from onceflow.stages.pipeline import (
     Aggregate,
+    Filter,
     FlatMap,
     Map,
     Pipeline,
@@ -220,6 +221,10 @@ class PipelineRunner:
                 stage = step.id
                 if isinstance(step, Map):
                     values = list(map(step.fn, values))
+                elif isinstance(step, Filter):
+                    kept = [bool(step.predicate(value)) for value in values]
+                    positions = [pos for pos, keep in zip(positions, kept, strict=True) if keep]
+                    values = [value for value, keep in zip(values, kept, strict=True) if keep]
                 elif isinstance(step, FlatMap):
                     fanned = [list(step.fn(value)) for value in values]
                     positions = [(*pos, j) for pos, outs in zip(positions, fanned, strict=True)

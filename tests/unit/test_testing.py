@@ -227,3 +227,19 @@ def test_key_homes_refuse_a_key_fed_from_two_partitions_unless_single_worker() -
     alone.feed(fed)
     assert alone.states("per_customer") == {"c1": {"orders": 2, "amount": 12}}
 
+
+
+def test_a_filter_drops_values_without_dead_letters_and_replays_stay_exact() -> None:
+    pipeline = (
+        Pipeline("p", topics=("in",), decode=lambda e: json.loads(e.payload))
+        .flat_map("explode", lambda r: [(r["k"], x) for x in r["xs"]])
+        .filter("odd", lambda kv: kv[1] % 2 == 1)
+        .aggregate("sum", key=lambda kv: kv[0], init=lambda: 0, fold=lambda s, kv: s + kv[1])
+    )
+    run = TestRun(pipeline, persist_every=2)
+    run.feed([Record({"k": "a", "xs": [1, 2, 3]}), Record({"k": "a", "xs": [4, 5]}),
+              Record({"k": "b", "xs": [2]}), Record({"k": "a", "xs": [7, 8, 9]})])
+    assert run.states("sum") == {"a": 25} and run.dead_letters == []
+    run.crash()  # nothing was committed: every record replays, against the stored states
+    assert run.states("sum") == {"a": 25} and run.counters["sum.duplicates"] == 5
+    assert run.watermarks("sum", "a") == {("in", 0): (3, 2)}  # 9 was value 2 of offset 3
