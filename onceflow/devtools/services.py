@@ -8,12 +8,11 @@ Redis from Debian's ``redis-server``, Cassandra 2.1 from npm
 session with its output in a log file, so it outlives the command that
 started it; ``stop`` works from any process through the recorded pid.
 A service counts as started only once it answers its own protocol.
+``onceflow services up|down|status`` is :mod:`onceflow.devtools.services_manager`.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import shutil
@@ -21,13 +20,11 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack, closing, suppress
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil  # type: ignore[import-untyped]  # no types-psutil in dev deps
 import redis
@@ -40,8 +37,6 @@ from onceflow.devtools import cassandra_dist
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
-NAMES = ("kafka", "redis", "cassandra")
-DEFAULT_PORTS = {"kafka": 9092, "redis": 6379, "cassandra": 9042}
 _NO_RETRY = Retry(NoBackoff(), 0)  # redis-py retries 10 times by default; tenacity polls here
 
 
@@ -83,7 +78,7 @@ def _free_ports(count: int) -> list[int]:
         return [int(sock.getsockname()[1]) for sock in sockets]
 
 
-def _port_is_free(port: int) -> bool:
+def port_is_free(port: int) -> bool:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -97,7 +92,7 @@ def _claim(name: str, port: int | None) -> int:
     """*port* if free, a free port if None; a busy port is an error (probes would hit its owner)."""
     if port is None:
         return free_port()
-    if not _port_is_free(port):
+    if not port_is_free(port):
         raise ServiceError(f"{name}: port {HOST}:{port} is already in use")
     return port
 
@@ -324,7 +319,7 @@ def thaw(info: ServiceInfo) -> None:
     os.kill(info.pid, signal.SIGCONT)
 
 
-def _owned(info: ServiceInfo) -> bool:
+def owned(info: ServiceInfo) -> bool:
     """The recorded pid is alive and still that service (its port is on its command line)."""
     try:
         cmdline = " ".join(str(arg) for arg in psutil.Process(info.pid).cmdline())
@@ -335,107 +330,4 @@ def _owned(info: ServiceInfo) -> bool:
 
 def is_up(info: ServiceInfo) -> bool:
     """The recorded process is alive, is that service, and its port accepts connections."""
-    return _owned(info) and _port_answers(info.host, info.port)
-
-
-STARTERS: dict[str, Callable[[Path, int | None], ServiceInfo]] = {
-    "kafka": start_tansu, "redis": start_redis, "cassandra": start_cassandra,
-}
-
-
-class ServicesManager:
-    """Services for one state directory, recorded in ``state_dir/services.json``."""
-
-    def __init__(self, state_dir: Path) -> None:
-        self.state_dir = state_dir
-        self.state_file = state_dir / "services.json"
-
-    def _load(self) -> dict[str, ServiceInfo]:
-        try:
-            raw: dict[str, dict[str, Any]] = json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
-        return {name: ServiceInfo(**{**rec, "log": Path(rec["log"])}) for name, rec in raw.items()}
-
-    def _save(self, infos: dict[str, ServiceInfo]) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        raw = {name: {**asdict(info), "log": str(info.log)} for name, info in infos.items()}
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(raw, indent=2) + "\n")
-        os.replace(tmp, self.state_file)
-
-    def up(self, names: Iterable[str] = NAMES,
-           ports: dict[str, int] | None = None) -> dict[str, ServiceInfo]:
-        """Start what is not running (default port if free, else any); reuse what is."""
-        recorded = self._load()
-        result: dict[str, ServiceInfo] = {}
-        for name in _check_names(names):
-            current = recorded.get(name)
-            if current is not None and _owned(current) and not is_up(current):
-                stop(current)  # alive but not answering (frozen, hung): replace it
-            if current is None or not is_up(current):
-                wanted = (ports or {}).get(name) or DEFAULT_PORTS[name]
-                port = wanted if (ports and name in ports) or _port_is_free(wanted) else None
-                current = STARTERS[name](self.state_dir / name, port)
-                recorded[name] = current
-                self._save(recorded)
-            result[name] = current
-        return result
-
-    def down(self, names: Iterable[str] = NAMES) -> None:
-        """Stop the named services recorded here and forget them."""
-        recorded = self._load()
-        for name in _check_names(names):
-            info = recorded.pop(name, None)
-            if info is not None and _owned(info):
-                stop(info)
-            self._save(recorded)
-
-    def status(self, names: Iterable[str] = NAMES) -> dict[str, ServiceInfo | None]:
-        """Each named service's info if it is up, else None."""
-        recorded = self._load()
-        result: dict[str, ServiceInfo | None] = {}
-        for name in _check_names(names):
-            info = recorded.get(name)
-            result[name] = info if info is not None and is_up(info) else None
-        return result
-
-
-def _check_names(names: Iterable[str]) -> list[str]:
-    chosen = list(names)
-    unknown = sorted(set(chosen) - set(NAMES))
-    if unknown:
-        raise ServiceError(f"unknown service(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
-    return chosen
-
-
-def cli(argv: list[str]) -> int:
-    """``onceflow services up|down|status [--state-dir DIR] [--only kafka,redis]``.
-
-    *argv* is what follows ``services`` on the command line; returns the exit code.
-    """
-    if argv[:1] == ["services"]:
-        argv = argv[1:]
-    parser = argparse.ArgumentParser(prog="onceflow services",
-                                     description="local kafka/redis/cassandra")
-    parser.add_argument("action", choices=("up", "down", "status"))
-    parser.add_argument("--state-dir", type=Path, default=Path.cwd() / ".state" / "services")
-    parser.add_argument("--only", default=",".join(NAMES), help="comma-separated subset")
-    args = parser.parse_args(argv)
-    names = [name.strip() for name in args.only.split(",") if name.strip()]
-    manager = ServicesManager(args.state_dir)
-    try:
-        if args.action == "up":
-            shown: dict[str, ServiceInfo | None] = dict(manager.up(names))
-        elif args.action == "down":
-            manager.down(names)
-            shown = dict.fromkeys(_check_names(names))
-        else:
-            shown = manager.status(names)
-    except ServiceError as exc:
-        print(f"onceflow services {args.action}: {exc}", file=sys.stderr)
-        return 1
-    for name, info in shown.items():
-        where = f"{info.address:<16}(pid {info.pid})" if info else "not running"
-        print(f"{name:<10}{where}")
-    return 0
+    return owned(info) and _port_answers(info.host, info.port)

@@ -55,9 +55,9 @@ def _tool(command: str, argv: list[str]) -> int:
             print(f"onceflow: {hint}; missing: {', '.join(absent)}", file=sys.stderr)
             return EXIT_CONFIG
     if command == "services":
-        from onceflow.devtools import services
+        from onceflow.devtools import services_manager
 
-        return services.cli(argv)
+        return services_manager.cli(argv)
     if command == "demo":
         from onceflow.devtools import demo
 

@@ -14,7 +14,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from onceflow.devtools import services
-from onceflow.devtools.services import ServiceInfo, ServicesManager
+from onceflow.devtools.services import ServiceInfo
+from onceflow.devtools.services_manager import ServicesManager, cli
 
 
 def test_kafka_produce_and_consume(
@@ -101,11 +102,11 @@ def test_cli_status_and_down(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     state = tmp_path / "state"
     info = ServicesManager(state).up(["redis"], {"redis": services.free_port()})["redis"]
     try:
-        assert services.cli(["status", "--state-dir", str(state), "--only", "redis,kafka"]) == 0
+        assert cli(["status", "--state-dir", str(state), "--only", "redis,kafka"]) == 0
         out = capsys.readouterr().out.splitlines()
         assert out == [f"redis     {info.address:<16}(pid {info.pid})", "kafka     not running"]
     finally:
-        assert services.cli(["down", "--state-dir", str(state)]) == 0
+        assert cli(["down", "--state-dir", str(state)]) == 0
     assert not services.is_up(info)
 
 
