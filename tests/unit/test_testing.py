@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
+from test_windows import MINUTE, windowed
 
 import onceflow.testing
 from onceflow.examples import orders
-from onceflow.stages import Pipeline, Tumbling
+from onceflow.stages import Pipeline
 from onceflow.testing import Record, TestRun, envelope, partition_for
-
-MINUTE = 60_000
 
 
 def sums() -> Pipeline:
@@ -107,18 +106,6 @@ def test_a_failing_function_and_an_undecodable_record_become_dead_letters() -> N
     assert run.counters["dead_letters"] == 3
     run.commit()
     assert run.committed == {("in", 0): 4, ("in", 3): 9}  # dead letters are consumed too
-
-
-def windowed(lateness_ms: int = 0) -> Pipeline:
-    """Records are {"k": key, "ts": [event times]}; count events per key per minute."""
-    return (
-        Pipeline("w", topics=("in",), decode=lambda e: json.loads(e.payload))
-        .flat_map("explode", lambda r: [(r["k"], ts) for ts in r["ts"]])
-        .aggregate(
-            "per_minute", key=lambda e: e[0], init=lambda: 0, fold=lambda s, e: s + 1,
-            window=Tumbling(MINUTE, event_time_ms=lambda e: e[1], allowed_lateness_ms=lateness_ms),
-        )
-    )
 
 
 def test_late_events_and_windows() -> None:
