@@ -350,12 +350,7 @@ class TestRun:
     def _absorb(self, outcome: BatchOutcome, records: int) -> None:
         for tp, offset in outcome.next_offsets.items():  # a re-delivery does not rewind
             self._processed[tp] = max(offset, self._processed.get(tp, 0))
-        batch = Counter({"records": records, "dead_letters": outcome.dead_letters})
-        for name, counts in (("folded", outcome.folded), ("duplicates", outcome.duplicates),
-                             ("late", outcome.late)):
-            batch.update({f"{stage}.{name}": n for stage, n in counts.items()})
-        batch.update({f"{stage}.misaligned": len(why) for stage, why in outcome.misaligned.items()})
-        self.counters += batch  # drops zeros: counters hold only what happened
+        self.counters += outcome.stats(records)  # drops zeros: counters hold only what happened
         for out in outcome.outputs:
             headers = {name: value.decode() for name, value in out.headers}
             produced = Produced(out.topic, out.key, out.value, headers)

@@ -128,11 +128,7 @@ class StageActor(ReportingActor):
         if outcome.outputs:
             self._producer.tell(Send(outcome.outputs))
         self._processed.update(outcome.next_offsets)
-        batch = Counter({"records": len(records), "dead_letters": outcome.dead_letters})
-        batch.update({f"{stage_id}.duplicates": n for stage_id, n in outcome.duplicates.items()})
-        batch.update({f"{stage_id}.folded": n for stage_id, n in outcome.folded.items()})
-        batch.update({f"{stage_id}.late": n for stage_id, n in outcome.late.items()})
-        batch.update({f"{stage}.misaligned": len(r) for stage, r in outcome.misaligned.items()})
+        batch = outcome.stats(len(records))
         self._stats.update(batch)
         metrics.RECORDS.inc(len(records))
         metrics.DEAD_LETTERS.inc(outcome.dead_letters)
@@ -143,12 +139,13 @@ class StageActor(ReportingActor):
                 family.labels(stage_id).inc(n)
         metrics.progressed()
         self._totals.update(batch)
-        for stage_id, reasons in outcome.misaligned.items():
-            metrics.MISALIGNED.labels(stage_id).inc(len(reasons))
+        for stage_id, n in outcome.misaligned.items():
+            metrics.MISALIGNED.labels(stage_id).inc(n)
             if stage_id not in self._warned_misaligned:  # once per stage, then the counters
                 self._warned_misaligned.add(stage_id)
                 log.warning("dead-lettered a record fed from the wrong partition (%d in this "
-                            "batch; see onceflow_misaligned_records): %s", len(reasons), reasons[0])
+                            "batch; see onceflow_misaligned_records): %s", n,
+                            outcome.misaligned_reason[stage_id])
 
     def _snapshot(self) -> Snapshot | None:
         """Encode dirty states now: later folds cannot change what gets written."""

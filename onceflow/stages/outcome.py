@@ -48,7 +48,16 @@ class BatchOutcome:
     folded: Counter[str] = field(default_factory=Counter)
     late: Counter[str] = field(default_factory=Counter)
     next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
-    misaligned: dict[str, list[str]] = field(default_factory=dict)  # stage -> dead-letter reasons
+    misaligned: Counter[str] = field(default_factory=Counter)  # records of keys homed elsewhere
+    misaligned_reason: dict[str, str] = field(default_factory=dict)  # the first one per stage
+
+    def stats(self, records: int) -> Counter[str]:
+        """The batch's counters under the worker's stat names (``<stage>.folded`` ...)."""
+        batch = Counter({"records": records, "dead_letters": self.dead_letters})
+        for name, counts in (("folded", self.folded), ("duplicates", self.duplicates),
+                             ("late", self.late), ("misaligned", self.misaligned)):
+            batch.update({f"{stage}.{name}": n for stage, n in counts.items()})
+        return batch
 
 
 class StageFailure(Exception):

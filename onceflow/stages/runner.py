@@ -194,7 +194,8 @@ class PipelineRunner:
             self._apply(plan, outcome)
         except StageFailure as failure:
             if isinstance(failure.error, KeyHomedElsewhere):
-                outcome.misaligned.setdefault(failure.stage_id, []).append(str(failure))
+                outcome.misaligned[failure.stage_id] += 1
+                outcome.misaligned_reason.setdefault(failure.stage_id, str(failure))
             self._dead_letter(outcome, plan.record, failure)
 
     def forget(self) -> None:
