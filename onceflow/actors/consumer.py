@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +31,10 @@ from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.connection_check import ConnectionCheck, check_connection
 from onceflow.actors.continuity import Continuity
 from onceflow.actors.join_watch import JoinWatch, enforce
+from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
+    Adopt,
     Batch,
     BatchDone,
     Commit,
@@ -66,9 +68,10 @@ class ConsumerActor(ReportingActor):
         io: EventLoopThread,
         stage: pykka.ActorRef[Any],
         commit: pykka.ActorRef[Any],
+        producer: pykka.ActorRef[Any],
+        ledger: SharedLedger,
         on_fatal: FatalHandler,
         connection_check: ConnectionCheck | None = None,
-        on_assigned: Callable[[], Awaitable[int]] | None = None,
         gap_check: GapCheck | None = None,
         join_watch: JoinWatch | None = None,
         stop_timeout: float | None = None,
@@ -84,7 +87,8 @@ class ConsumerActor(ReportingActor):
         self._stop_timeout = start_timeout if stop_timeout is None else stop_timeout
         self._opening: asyncio.Task[None] | None = None
         self._join_enforcer: asyncio.Task[None] | None = None
-        self._on_assigned = on_assigned
+        self._producer = producer
+        self._ledger = ledger
         self._check = connection_check
         self._checker: asyncio.Task[None] | None = None
         self._options = dict(options)
@@ -236,26 +240,56 @@ class ConsumerActor(ReportingActor):
             timer.cancel()
         self._held.clear()
 
-    async def learn_positions(self, assigned: set[TopicPartition]) -> None:
-        """Learn where each assigned partition starts, so a hole right there is seen too.
+    async def learn_positions(self, assigned: set[TopicPartition]) -> dict[tuple[str, int], int]:
+        """Where each assigned partition resumes (-1 if unknown).
 
         Runs first in the assignment callback: a fresh assignment has no position
         until its committed offset is read, so nothing of it can be consumed yet.
+        Continuity learns them too, so a hole right at the start is seen.
         """
-        if self._continuity is None or self._consumer is None:
-            return
+        assert self._consumer is not None
         consumer, continuity = self._consumer, self._continuity
+        positions: dict[tuple[str, int], int] = {}
 
         async def learn(tp: TopicPartition) -> None:
             try:
                 offset = await asyncio.wait_for(consumer.position(tp), self._start_timeout)
             except (TimeoutError, IllegalStateError, KafkaError) as error:
-                log.warning("no position for %s[%d] (%r): tracked from its first record",
+                log.warning("no position for %s[%d] (%r): its cached states are dropped, "
+                            "and continuity tracks it from its first record",
                             tp.topic, tp.partition, error)
+                positions[tp.topic, tp.partition] = -1
             else:
-                continuity.expect(tp, offset)
+                positions[tp.topic, tp.partition] = offset
+                if continuity is not None:
+                    continuity.expect(tp, offset)
 
         await asyncio.gather(*(learn(tp) for tp in assigned))
+        return positions
+
+    async def resume(self, positions: dict[tuple[str, int], int]) -> None:
+        """Tell the ledger the assignment; forget cached progress it finds stale.
+
+        A stream re-created after an outage usually gets its partitions back
+        at the offsets this worker committed: the stage's states are still
+        right and stay cached. A partition resumed from elsewhere (another
+        member committed it meanwhile) or gone makes the stage drop its cache.
+        """
+        with self._ledger() as ledger:
+            stale = ledger.assigned(positions)
+        if stale:
+            log.info("partitions %s moved while this stream was away: states reload",
+                     sorted(stale))
+            lost = frozenset(stale)
+            await asyncio.get_running_loop().run_in_executor(
+                None, lambda: self._stage.ask(Forget(lost)))
+
+    async def adopt(self) -> None:
+        """Queue the outbox rows of lanes that left other workers, before anything new."""
+        adopted = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self._producer.ask(Adopt()))
+        if adopted:
+            log.info("adopted %d outbox records, sent before anything new", adopted)
 
     def _fetch_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -285,7 +319,7 @@ class ConsumerActor(ReportingActor):
         owned = {tp: o for tp, o in wanted.items() if tp in assigned}
         if owned:
             await self._consumer.commit(owned)
-        return owned
+        return {(tp.topic, tp.partition): o for tp, o in owned.items()}
 
     async def _stop_fetching(self) -> None:
         self._release_all()
@@ -336,7 +370,6 @@ class ConsumerActor(ReportingActor):
             return
         await loop.run_in_executor(None, lambda: self._commit.ask(CommitNow()))
         await loop.run_in_executor(None, lambda: self._stage.ask(Forget(lost)))
-        await loop.run_in_executor(None, lambda: self._commit.ask(Forget(lost)))
         log.info("partitions revoked, flushed and committed: %s", sorted(lost))
 
 
@@ -370,10 +403,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
             log.info("partitions assigned: %s",
                      sorted((tp.topic, tp.partition) for tp in assigned))
             self._actor.check_single_worker(assigned)
-            await self._actor.learn_positions(assigned)
-            if self._actor._on_assigned is not None:
-                adopted = await self._actor._on_assigned()
-                if adopted:
-                    log.info("adopted %d outbox records, sent before anything new", adopted)
+            await self._actor.resume(await self._actor.learn_positions(assigned))
+            await self._actor.adopt()
         finally:
             self._actor.settled()

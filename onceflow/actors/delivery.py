@@ -17,8 +17,9 @@ chains), so a re-sent record that did arrive before is a duplicate
 downstream, never a second count.
 
 A record is *settled* once acknowledged or durably in the outbox; the
-producer's barrier waits for that. Input offsets wait for more: the commit
-actor commits nothing while the outbox holds a record (``outboxed``).
+producer's barrier waits for that. Input offsets wait for more: the
+checkpoint ledger holds nothing committable while the outbox holds a record
+(``OutboxTally`` tells it).
 """
 
 from __future__ import annotations
@@ -116,13 +117,15 @@ class SeqClock:
 
 
 class OutboxTally:
-    """Records in the outbox not yet acknowledged; the commit actor reads it from its thread."""
+    """Records in the outbox not yet acknowledged, told to ``report`` (the ledger) on change."""
 
-    def __init__(self) -> None:
+    def __init__(self, report: Callable[[int], None] = lambda delta: None) -> None:
         self.value = 0
+        self._report = report
 
     def add(self, n: int) -> None:
         self.value += n
+        self._report(n)
         metrics.OUTBOX.set(self.value)
 
 
@@ -327,17 +330,6 @@ class Lane:
                     "re-sent in order from there", self.name, len(self._queue), attempts, error)
         self.outboxing = True
         self._outbox.put(self.name, pending)
-
-
-class Adoption:
-    """The consumer's hook into the producer's lanes: on a partition assignment
-    it awaits ``Lanes.adopt`` (both live on the same event loop)."""
-
-    def __init__(self) -> None:
-        self.lanes: Lanes | None = None
-
-    async def __call__(self) -> int:
-        return 0 if self.lanes is None else await self.lanes.adopt()
 
 
 @dataclass

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceflow.actors.ledger import Checkpoint
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 
@@ -50,21 +51,29 @@ class Flush:
 
 @dataclass(frozen=True)
 class Forget:
-    """(ask) Drop cached states and positions of partitions this worker lost."""
+    """(ask) Drop cached states and the progress of partitions this worker lost
+    (revoked after their final commit, or found stale on a new assignment)."""
 
     partitions: frozenset[TopicPartition]
 
 
 @dataclass(frozen=True)
 class Send:
-    """Records to produce, in order."""
+    """Records to produce, in order; ``number`` is the ledger's number of this send."""
 
     outputs: Sequence[Output]
+    number: int
 
 
 @dataclass(frozen=True)
 class Barrier:
-    """(ask) Answers once every record sent before it is acknowledged."""
+    """(ask) Answers, once every record sent before it is settled, the number of
+    the last send received."""
+
+
+@dataclass(frozen=True)
+class Adopt:
+    """(ask) Queue the outbox rows the producer's lanes do not hold yet; answers how many."""
 
 
 @dataclass(frozen=True)
@@ -79,19 +88,12 @@ class StageRows:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Dirty states and closed windows (encoded, pipeline order), and the offsets
-    they make durable."""
+    """Dirty states and closed windows (encoded, pipeline order), and the
+    checkpoint they make durable."""
 
     rows: Sequence[StageRows]
-    offsets: dict[TopicPartition, int]
+    checkpoint: Checkpoint
     stats: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Durable:
-    """Offsets whose every effect is persisted and acknowledged."""
-
-    offsets: dict[TopicPartition, int]
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ DEAD_LETTERS = Counter("onceflow_dead_letters", "Records sent to the dead-letter
 MISALIGNED = Counter("onceflow_misaligned_records", "Records dead-lettered because a key they "
                      "feed has its home on another input partition (repartition needed)",
                      ["stage"], registry=REGISTRY)
+STATE_LOADS = Counter("onceflow_state_loads", "Keys read from the store because they were not "
+                      "cached: first sight, or again after a restart or rebalance dropped "
+                      "the cache", ["stage"], registry=REGISTRY)
 PERSISTED = Counter("onceflow_persisted_states", "State rows written", ["stage"],
                     registry=REGISTRY)
 STORE_SECONDS = Histogram("onceflow_store_write_seconds", "Time to write one stage's rows",

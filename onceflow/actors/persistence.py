@@ -1,10 +1,10 @@
 """PersistenceActor: writes snapshots to the stores, downstream stages first.
 
-Thread: the actor's own; store calls block it, retried with backoff. A
-snapshot's offsets become durable only after every record produced before
-it is settled (acknowledged, or in the outbox) and then every state in it is
-written; then, and only then, the commit actor hears of them
-(docs/architecture.md, invariants 5 and 6).
+Thread: the actor's own; store calls block it, retried with backoff. The
+checkpoint ledger decides: a snapshot is written only once every record
+produced before it is settled (acknowledged, or in the outbox) and every
+earlier snapshot is written, and only once its states are written does the
+ledger hold its offsets durable (docs/architecture.md, invariants 5 and 6).
 
 With a landing zone, each stage's closed windows are also written as one
 Parquet file, after its history rows and before its states (which no longer
@@ -22,7 +22,8 @@ import pykka
 
 from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
-from onceflow.actors.messages import Barrier, Durable, Snapshot, StageRows
+from onceflow.actors.ledger import LedgerError, SharedLedger
+from onceflow.actors.messages import Barrier, Snapshot, StageRows
 from onceflow.actors.retry import retrying
 from onceflow.stores.base import StateStore
 
@@ -40,7 +41,7 @@ class PersistenceActor(ReportingActor):
         *,
         stores: Mapping[str, StateStore],
         producer: pykka.ActorRef[Any],
-        commit: pykka.ActorRef[Any],
+        ledger: SharedLedger,
         stats_store: StateStore | None,
         on_fatal: FatalHandler,
         landing: WindowSink | None = None,
@@ -48,7 +49,7 @@ class PersistenceActor(ReportingActor):
         super().__init__(on_fatal)
         self._stores = stores
         self._producer = producer
-        self._commit = commit
+        self._ledger = ledger
         self._stats_store = stats_store
         self._landing = landing
 
@@ -59,20 +60,27 @@ class PersistenceActor(ReportingActor):
         # forwards to a republish step discards replays once its state is
         # written, so its outputs must be settled before (docs/architecture.md,
         # invariant 5).
-        self._producer.ask(Barrier())
+        settled: int = self._producer.ask(Barrier())  # type: ignore[assignment]
+        checkpoint = message.checkpoint
+        with self._ledger() as ledger:
+            ledger.settled(settled)
+            if not ledger.writable(checkpoint):
+                raise LedgerError(f"checkpoint {checkpoint.number} may not be written: "
+                                  f"{ledger.why_not_writable(checkpoint)}")
         order = message.rows if faults.UPSTREAM_FIRST else reversed(message.rows)
         landed = False
         for rows in order:  # downstream first
-            landed |= self._save(self._stores[rows.store], rows, message.offsets)
+            landed |= self._save(self._stores[rows.store], rows, checkpoint.offsets)
             if rows.stage_id == faults.KILL_AFTER_SAVE:
                 faults.die()
         if landed and faults.KILL_AFTER_LANDING:
             faults.die()
-        self._commit.tell(Durable(message.offsets))
+        with self._ledger() as ledger:
+            ledger.written(checkpoint)
         stats = self._stats_store
         if stats is not None:
             retrying("stats", lambda: stats.add_stats(message.stats))
-        return message.offsets
+        return checkpoint.offsets
 
     def _save(self, store: StateStore, rows: StageRows, offsets: Any) -> bool:
         """Closed windows first (history, then landing file): the states written next no

@@ -4,8 +4,10 @@ Threads: messages arrive on the actor's thread; the producer and its lanes
 (``onceflow.actors.delivery``) live on the shared ``EventLoopThread`` loop.
 ``Send`` hands records to their partitions' lanes without waiting;
 ``Barrier`` answers once everything sent before it is settled (acknowledged
-by the broker, or durably in the outbox), which is what the persistence
-actor waits for before it writes states. A delivery that fails without an
+by the broker, or durably in the outbox), with the number of the last send,
+which the persistence actor tells the checkpoint ledger before it writes
+states. ``Adopt`` (asked by a consumer stream on every assignment) queues
+the outbox rows of lanes that left other workers. A delivery that fails without an
 outbox to keep it fails the barrier, so nothing behind it is persisted or
 committed.
 """
@@ -24,14 +26,13 @@ from aiokafka.partitioner import DefaultPartitioner
 from onceflow.actors import faults
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.delivery import (
-    Adoption,
     DeliverySettings,
     Lanes,
     OutboxTally,
     OutboxWriter,
 )
 from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import Barrier, Send
+from onceflow.actors.messages import Adopt, Barrier, Send
 from onceflow.stages.outcome import Output
 from onceflow.stores.base import StateStore
 
@@ -45,7 +46,6 @@ class ProducerActor(ReportingActor):
         max_block: float,
         outbox: StateStore | None,
         tally: OutboxTally,
-        adoption: Adoption,
         io: EventLoopThread,
         start_timeout: float,
         on_fatal: FatalHandler,
@@ -56,7 +56,6 @@ class ProducerActor(ReportingActor):
         self._max_block = max_block
         self._outbox_store = outbox
         self._tally = tally
-        self._adoption = adoption
         self._start_timeout = start_timeout
         self._io = io
         self._producer: AIOKafkaProducer | None = None
@@ -66,6 +65,7 @@ class ProducerActor(ReportingActor):
         self._pending: list[concurrent.futures.Future[None]] = []
         self._order: asyncio.Lock | None = None
         self._sent = 0
+        self._last_send = 0  # the ledger's number of the last Send received
 
     def start_up(self) -> None:
         self._io.run(self._open(), timeout=self._start_timeout)
@@ -77,16 +77,20 @@ class ProducerActor(ReportingActor):
             OutboxWriter(self._outbox_store, self._tally)
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
         await self._producer.start()
-        self._adoption.lanes = self._lanes  # the consumer's assignments load the outbox
 
     def on_receive(self, message: Any) -> Any:
         if isinstance(message, Send):
+            self._last_send = max(self._last_send, message.number)
             if message.outputs:
                 self._pending.append(self._io.submit(self._send(message.outputs)))
         elif isinstance(message, Barrier):
             pending, self._pending = self._pending, []
             for future in pending:
                 future.result()
+            return self._last_send
+        elif isinstance(message, Adopt):
+            assert self._lanes is not None
+            return self._io.run(self._lanes.adopt())
         else:
             raise TypeError(f"ProducerActor: unexpected message {message!r}")
         return None

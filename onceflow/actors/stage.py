@@ -7,6 +7,7 @@ flushes: a snapshot covers exactly the batches received before it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections import Counter
@@ -17,6 +18,7 @@ import pykka
 
 from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.ledger import LedgerError, SharedLedger
 from onceflow.actors.messages import (
     Batch,
     BatchDone,
@@ -50,6 +52,7 @@ class StageActor(ReportingActor):
         late_events_topic: str,
         producer: pykka.ActorRef[Any],
         persistence: pykka.ActorRef[Any],
+        ledger: SharedLedger,
         on_fatal: FatalHandler,
         single_worker: bool = False,
     ):
@@ -60,14 +63,14 @@ class StageActor(ReportingActor):
         self._warned_misaligned: set[str] = set()
         self._producer = producer
         self._persistence = persistence
-        self._processed: dict[TopicPartition, int] = {}
-        self._snapshotted: dict[TopicPartition, int] = {}
+        self._ledger = ledger
         self._stats: Counter[str] = Counter()
         self._totals: Counter[str] = Counter()
         self._pending: list[pykka.Future[Any]] = []  # snapshots handed over, maybe unwritten
 
     def _load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
         rows = retrying(f"load {spec.id}", lambda: self._stores[spec.store].load(spec.id, keys))
+        metrics.STATE_LOADS.labels(spec.id).inc(len(keys))
         return {key: decode_state(value) for key, value in rows.items()}
 
     def _claim_homes(self, spec: Aggregate, feeders: Mapping[str, TopicPartition]
@@ -81,29 +84,52 @@ class StageActor(ReportingActor):
         if isinstance(message, Batch):
             self._process(message.records)
             if message.done_to is not None:
-                message.done_to.tell(BatchDone())
+                with contextlib.suppress(pykka.ActorDeadError):  # a stream being re-created
+                    message.done_to.tell(BatchDone())
         elif isinstance(message, PersistTick):
-            snapshot = self._snapshot()
+            snapshot = self._snapshot(force=False)
             if snapshot is not None:
                 self._persist(snapshot)
         elif isinstance(message, LogStats):
             log.info("stats %s", dict(sorted(self._totals.items())))
         elif isinstance(message, Flush):
-            # Always ask, even with nothing new: the answer then also waits for
-            # snapshots told earlier and still being written (FIFO mailbox).
-            snapshot = self._snapshot() or Snapshot([], dict(self._processed), {})
-            self._persist(snapshot)
-            while self._pending:
-                self._pending.pop(0).get()
-            return dict(self._processed)
+            return self._flush()
         elif isinstance(message, Forget):
-            self._runner.forget()
-            for tp in message.partitions:
-                self._processed.pop(tp, None)
-                self._snapshotted.pop(tp, None)
+            self._forget(message.partitions)
         else:
             raise TypeError(f"StageActor: unexpected message {message!r}")
         return None
+
+    def _flush(self) -> dict[TopicPartition, int]:
+        """Checkpoint everything processed and wait until every checkpoint is written.
+
+        Always a checkpoint, even with nothing new: the answer then also
+        waits for snapshots told earlier and still being written (FIFO mailbox).
+        """
+        snapshot = self._snapshot(force=True)
+        assert snapshot is not None
+        self._persist(snapshot)
+        while self._pending:
+            self._pending.pop(0).get()
+        return dict(snapshot.checkpoint.offsets)
+
+    def _forget(self, partitions: frozenset[TopicPartition]) -> None:
+        """Drop the cached states (every key reloads) and the partitions' progress.
+
+        Refuses (the stage fails, the supervisor restarts it from what is
+        durable) when records of theirs are processed but not written: those
+        states may be stale now, and writing them could overwrite the newer
+        ones of the member that took the partitions over.
+        """
+        with self._ledger() as ledger:
+            unwritten = ledger.unwritten(partitions)
+        if unwritten:
+            raise LedgerError(f"partitions {unwritten} moved with processed records not "
+                              "written: restarting from what is durable")
+        self._flush()  # the other partitions' dirty states, before the cache goes
+        self._runner.forget()
+        with self._ledger() as ledger:
+            ledger.forget(partitions)
 
     def _persist(self, snapshot: Snapshot) -> None:
         """Hand a snapshot to persistence; block while too many are unwritten.
@@ -125,9 +151,10 @@ class StageActor(ReportingActor):
         if poison and any(poison in (record.value or b"") for record in records):
             raise faults.InjectedFailure("injected stage failure")
         outcome = self._runner.process(records)
+        with self._ledger() as ledger:
+            number = ledger.processed(outcome.next_offsets, sent=bool(outcome.outputs))
         if outcome.outputs:
-            self._producer.tell(Send(outcome.outputs))
-        self._processed.update(outcome.next_offsets)
+            self._producer.tell(Send(outcome.outputs, number))
         batch = outcome.stats(len(records))
         self._stats.update(batch)
         metrics.RECORDS.inc(len(records))
@@ -147,7 +174,7 @@ class StageActor(ReportingActor):
                             "batch; see onceflow_misaligned_records): %s", n,
                             outcome.misaligned_reason[stage_id])
 
-    def _snapshot(self) -> Snapshot | None:
+    def _snapshot(self, force: bool) -> Snapshot | None:
         """Encode dirty states now: later folds cannot change what gets written."""
         rows = []
         for table in self._runner.tables:
@@ -160,12 +187,13 @@ class StageActor(ReportingActor):
                     {key: encode_state(state) for key, state in dirty.items()},
                     {slot: json.dumps(value).encode() for slot, value in closed.items()},
                 ))
-        if not rows and self._processed == self._snapshotted:
+        with self._ledger() as ledger:
+            checkpoint = ledger.take(dirty=bool(rows), force=force)
+        if checkpoint is None:
             return None
-        self._snapshotted = dict(self._processed)
         stats = dict(self._stats)
         self._stats.clear()
-        return Snapshot(rows, dict(self._processed), stats)
+        return Snapshot(rows, checkpoint, stats)
 
 
 def _partition_of(home: str) -> TopicPartition:

@@ -2,12 +2,15 @@
 
 pykka has no supervision, so children report failures to the supervisor
 (through the ``on_fatal`` handler they are started with), and the
-supervisor restarts them by policy:
+supervisor restarts them by policy. Children are declared in start order,
+each naming the children it depends on (``depends_on``); a child never
+outlives one it depends on, whatever the policy:
 
-- ``one_for_one``: only the failed child;
-- ``one_for_all``: every child (the worker's choice for its pipeline: the
-  actors hold in-memory state and positions that only make sense together);
-- ``rest_for_one``: the failed child and those started after it.
+- ``one_for_one``: the failed child and those that depend on it;
+- ``rest_for_one``: the failed child and those started after it (the
+  worker's default: a consumer stream fails alone, the core takes the
+  stream with it);
+- ``one_for_all``: every child.
 
 Restarts wait an exponential backoff with jitter (tenacity); more than
 ``max_restarts`` within ``within`` seconds exhausts the budget and the
@@ -79,11 +82,12 @@ class Child(Protocol):
 class ChildSpec:
     name: str
     start: Callable[[FatalHandler], Child]
+    depends_on: tuple[str, ...] = ()  # children declared before this one
 
 
 @dataclass(frozen=True)
 class RestartSettings:
-    policy: Policy = Policy.ONE_FOR_ALL
+    policy: Policy = Policy.REST_FOR_ONE
     max_restarts: int = 5
     within: float = 60.0
     backoff_initial: float = 1.0
@@ -129,6 +133,12 @@ class Supervisor(pykka.ThreadingActor):
         on_escalate: Callable[[str, BaseException], None],
     ):
         super().__init__()
+        names = [spec.name for spec in specs]
+        for i, spec in enumerate(specs):
+            unknown = set(spec.depends_on) - set(names[:i])
+            if unknown:
+                raise ValueError(f"child {spec.name} depends on {sorted(unknown)}, "
+                                 "which are not declared before it")
         self._slots = [_Slot(spec) for spec in specs]
         self._settings = settings
         self._on_escalate = on_escalate
@@ -213,13 +223,21 @@ class Supervisor(pykka.ThreadingActor):
             self.actor_ref.tell(_Restart(names, generation))
 
     def _affected(self, slot: _Slot) -> list[_Slot]:
+        """The children to restart, in start order."""
         policy = self._settings.policy
-        if policy is Policy.ONE_FOR_ONE:
-            return [slot]
-        if policy is Policy.ONE_FOR_ALL:
-            return [s for s in self._slots if s.state is not ChildState.BACKING_OFF]
         index = self._slots.index(slot)
-        return [s for s in self._slots[index:] if s.state is not ChildState.BACKING_OFF]
+        if policy is Policy.ONE_FOR_ALL:
+            chosen = self._slots
+        elif policy is Policy.REST_FOR_ONE:
+            chosen = self._slots[index:]
+        else:
+            chosen = [slot]
+        names = {s.spec.name for s in chosen}
+        for later in self._slots[index + 1:]:  # and whatever depends on a chosen child
+            if names.intersection(later.spec.depends_on):
+                names.add(later.spec.name)
+        return [s for s in self._slots if s.spec.name in names
+                and (s is slot or s.state is not ChildState.BACKING_OFF)]
 
     def _backoff(self, attempt: int) -> float:
         s = self._settings

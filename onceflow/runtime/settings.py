@@ -149,7 +149,7 @@ class ShutdownSettings:
 class SupervisionSettings:
     """``onceflow.supervision``: restart policy, budget and backoff of the actors."""
 
-    policy: str = "one_for_all"
+    policy: str = "rest_for_one"
     max_restarts: int = 5
     within: float = 60.0
     backoff_initial: float = 1.0

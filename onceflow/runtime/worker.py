@@ -1,12 +1,19 @@
 """The worker: one pipeline's actors under a supervisor, until told to stop.
 
-``PipelineActors`` wires one incarnation of the actors; its start order
-breaks the reference cycle (consumer -> stage -> persistence -> commit ->
-consumer) at commit -> consumer, set before any tick can reach the commit
-actor. The supervisor replaces a failed incarnation (which commits only what
-is already durable) and escalates when its budget is spent: the worker then
-exits 1. A graceful stop (SIGTERM) stops fetching, flushes what was
-processed, commits it, leaves the group and exits 0.
+Two children, in dependency order (docs/architecture.md, "Supervision"):
+
+- ``core`` (``PipelineCore``): producer, persistence, commit and stage
+  actors, the stores, the event loop and the checkpoint ledger: everything
+  that holds in-memory states and what is durable of them;
+- ``consumer`` (``ConsumerStream``): the Kafka consumer, which depends on
+  the core. A broker outage, a silent connection or a stuck join fails only
+  this child: it is re-created and the cached states stay (the ledger says
+  which partitions, if any, came back from elsewhere and must reload).
+
+A failure of the core restarts both (under every policy, a child never
+outlives what it depends on). The supervisor escalates when its budget is
+spent: the worker then exits 1. A graceful stop (SIGTERM) stops fetching,
+flushes what was processed, commits it, leaves the group and exits 0.
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor, GapCheck
-from onceflow.actors.delivery import Adoption, OutboxTally
+from onceflow.actors.delivery import OutboxTally
 from onceflow.actors.join_watch import JoinWatch
+from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     CommitNow,
@@ -79,43 +87,42 @@ def tune_gc() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
-class PipelineActors:
-    """One incarnation of a pipeline's actors, wired and running.
+class PipelineCore:
+    """The ``core`` child: one incarnation of the actors that hold the states.
 
-    The supervisor starts one, and on a failure stops it and starts a new
-    one (one_for_all): a fresh consumer resumes from the committed offsets
-    and states reload from the store, so nothing processed but not durable
-    survives into the new incarnation, and nothing is lost either.
+    A restart stops it (committing only what is already durable) and starts
+    a new one: states reload from the store and a new consumer stream
+    resumes from the committed offsets, so nothing processed but not
+    durable survives into the new incarnation, and nothing is lost either.
     """
 
     def __init__(self, settings: Settings, pipeline: Pipeline, on_fatal: FatalHandler):
         s = self.settings = settings
-        self.on_fatal = on_fatal
-        self._io = EventLoopThread()
-        start_timeout = s.kafka.request_timeout + 10
+        self.pipeline = pipeline
+        self.io = EventLoopThread()
+        self.start_timeout = s.kafka.request_timeout + 10
         try:
-            self._io.run(ensure_repartition_topics(
+            self.io.run(ensure_repartition_topics(
                 s.kafka.bootstrap_servers, pipeline, s.kafka.repartition_replication_factor),
-                timeout=start_timeout)
+                timeout=self.start_timeout)
         except BaseException:
-            self._io.stop()
+            self.io.stop()
             raise
+        self.ledger = SharedLedger()
         self._stores = [open_stores(s, pipeline), open_stores(s, pipeline)]
         stage_stores, write_stores = self._stores
         # Stats go to the first store the pipeline uses; a stateless republisher has none.
         stats_store = next(iter(write_stores.values()), None)
         outbox_kind = outbox_store(s, pipeline)
         self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
-        tally, adoption = OutboxTally(), Adoption()
-        self.join = JoinWatch(s.kafka.join_timeout)
-        self._producer = ProducerActor.start(
+        self.producer = ProducerActor.start(
             options=producer_options(s), delivery=delivery_settings(s),
-            max_block=s.kafka.producer.max_block, outbox=self._outbox, tally=tally,
-            adoption=adoption,
-            io=self._io, start_timeout=start_timeout,
+            max_block=s.kafka.producer.max_block, outbox=self._outbox,
+            tally=OutboxTally(self._count_outboxed),
+            io=self.io, start_timeout=self.start_timeout,
             on_fatal=on_fatal,
         )
-        self._commit = CommitActor.start(on_fatal=on_fatal, outboxed=lambda: tally.value)
+        self.commit = CommitActor.start(ledger=self.ledger, on_fatal=on_fatal)
         landing = None
         if s.landing.dir is not None and write_stores:  # Parquet handoff of closed windows
             from onceflow.analytics.landing import LandingZone
@@ -123,58 +130,42 @@ class PipelineActors:
             landing = LandingZone(s.landing.dir, pipeline.id)
         self._persistence = PersistenceActor.start(
             stores=write_stores,
-            producer=self._producer,
-            commit=self._commit,
+            producer=self.producer,
+            ledger=self.ledger,
             stats_store=stats_store,
             on_fatal=on_fatal,
             landing=landing,
         )
-        self._stage = StageActor.start(
+        self.stage = StageActor.start(
             pipeline=pipeline,
             stores=stage_stores,
             dead_letter_topic=s.kafka.dead_letter_topic,
             late_events_topic=s.kafka.late_events_topic,
-            producer=self._producer,
+            producer=self.producer,
             persistence=self._persistence,
+            ledger=self.ledger,
             on_fatal=on_fatal,
             single_worker=s.single_worker,
         )
-        self._consumer = ConsumerActor.start(
-            options=consumer_options(s),
-            topics=pipeline.consumed_topics,
-            max_in_flight=s.consumer.max_in_flight_batches,
-            max_records=s.kafka.max_poll_records,
-            poll_timeout=s.kafka.fetch_max_wait + 0.1,
-            start_timeout=start_timeout,
-            io=self._io,
-            stage=self._stage,
-            commit=self._commit,
-            on_fatal=on_fatal,
-            connection_check=connection_check(s),
-            on_assigned=adoption,
-            gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff)
-            if s.consumer.gap_refetches else None,
-            join_watch=self.join,
-            single_worker=s.single_worker,
-            stop_timeout=s.shutdown.timeout / 2,  # leaving the group: half the budget
-        )
-        self._commit.proxy().use_consumer(self._consumer).get()
-        # Stop order: consumer first (no new batches), producer last (flushes sends).
+        # Stop order: stage first (no new snapshots), producer last (flushes sends).
         self._actors: list[pykka.ActorRef[Any]] = [
-            self._consumer, self._stage, self._persistence, self._commit, self._producer]
+            self.stage, self._persistence, self.commit, self.producer]
         self._tickers = [
-            Ticker(self._stage, PersistTick(), s.persistence.interval).start(),
-            Ticker(self._commit, CommitTick(), s.commit.interval).start(),
-            Ticker(self._stage, LogStats(), s.metrics.stats_interval).start(),
+            Ticker(self.stage, PersistTick(), s.persistence.interval).start(),
+            Ticker(self.commit, CommitTick(), s.commit.interval).start(),
+            Ticker(self.stage, LogStats(), s.metrics.stats_interval).start(),
         ]
         self._stopped = False
 
+    def _count_outboxed(self, delta: int) -> None:
+        with self.ledger() as ledger:
+            ledger.outboxed(delta)
+
     def drain(self) -> dict[Any, int]:
-        """Graceful: stop fetching, persist everything processed, commit it."""
+        """Graceful, once the stream stopped fetching: persist everything processed, commit it."""
         timeout = self.settings.shutdown.timeout
-        self._consumer.ask(StopFetching(), timeout=timeout)
-        self._stage.ask(Flush(), timeout=timeout)
-        committed: dict[Any, int] = self._commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
+        self.stage.ask(Flush(), timeout=timeout)
+        committed: dict[Any, int] = self.commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
         return committed
 
     def stop(self) -> None:
@@ -186,7 +177,7 @@ class PipelineActors:
             ticker.stop()
         timeout = self.settings.shutdown.timeout
         try:
-            self._commit.ask(CommitNow(), timeout=timeout)
+            self.commit.ask(CommitNow(), timeout=timeout)
         except Exception as error:  # nothing more is committed then; a replay covers it
             log.warning("final commit of durable offsets failed: %r", error)
         for ref in self._actors:
@@ -194,12 +185,61 @@ class PipelineActors:
                 ref.stop(timeout=timeout)
             except Exception as error:  # a failed actor is already stopped
                 log.debug("stopping %s: %r", ref, error)
-        self._io.stop()
+        self.io.stop()
         for stores in self._stores:
             for store in stores.values():
                 store.close()
         if self._outbox is not None:
             self._outbox.close()
+
+
+class ConsumerStream:
+    """The ``consumer`` child: one Kafka consumer feeding the current core.
+
+    Re-created alone after an outage (seed 004's stream shutdown -> re-create):
+    it rejoins the group and, on its assignment, the ledger compares where the
+    group resumes each partition with what this worker last committed.
+    """
+
+    def __init__(self, core: PipelineCore, on_fatal: FatalHandler):
+        s = core.settings
+        self.join = JoinWatch(s.kafka.join_timeout)
+        self._commit = core.commit
+        self._timeout = s.shutdown.timeout
+        self.actor = ConsumerActor.start(
+            options=consumer_options(s),
+            topics=core.pipeline.consumed_topics,
+            max_in_flight=s.consumer.max_in_flight_batches,
+            max_records=s.kafka.max_poll_records,
+            poll_timeout=s.kafka.fetch_max_wait + 0.1,
+            start_timeout=core.start_timeout,
+            io=core.io,
+            stage=core.stage,
+            commit=core.commit,
+            producer=core.producer,
+            ledger=core.ledger,
+            on_fatal=on_fatal,
+            connection_check=connection_check(s),
+            gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff)
+            if s.consumer.gap_refetches else None,
+            join_watch=self.join,
+            single_worker=s.single_worker,
+            stop_timeout=s.shutdown.timeout / 2,  # leaving the group: half the budget
+        )
+        core.commit.proxy().use_consumer(self.actor).get()
+
+    def stop_fetching(self) -> None:
+        self.actor.ask(StopFetching(), timeout=self._timeout)
+
+    def stop(self) -> None:
+        try:
+            self._commit.proxy().use_consumer(None).get(timeout=self._timeout)
+        except Exception as error:  # the core is gone too
+            log.debug("detaching the commit actor: %r", error)
+        try:
+            self.actor.stop(timeout=self._timeout)
+        except Exception as error:  # a failed actor is already stopped
+            log.debug("stopping the consumer: %r", error)
 
 
 class Worker:
@@ -210,7 +250,8 @@ class Worker:
         self.pipeline = pipeline
         self._stop = threading.Event()
         self._failure: tuple[str, BaseException] | None = None
-        self._current: PipelineActors | None = None
+        self._core: PipelineCore | None = None
+        self._stream: ConsumerStream | None = None
         self._supervisor: pykka.ActorRef[Any] | None = None
         self._http: HealthServer | None = None
 
@@ -224,9 +265,14 @@ class Worker:
         """Ask for a graceful stop, from any thread (not from a signal handler)."""
         self._stop.set()
 
-    def _start_pipeline(self, report: FatalHandler) -> PipelineActors:
-        self._current = PipelineActors(self.settings, self.pipeline, report)
-        return self._current
+    def _start_core(self, report: FatalHandler) -> PipelineCore:
+        self._core = PipelineCore(self.settings, self.pipeline, report)
+        return self._core
+
+    def _start_stream(self, report: FatalHandler) -> ConsumerStream:
+        assert self._core is not None  # started first, and restarted with it
+        self._stream = ConsumerStream(self._core, report)
+        return self._stream
 
     def start(self) -> None:
         tune_gc()
@@ -234,7 +280,9 @@ class Worker:
         restart = RestartSettings(Policy(sv.policy), sv.max_restarts, sv.within,
                                   sv.backoff_initial, sv.backoff_max, sv.backoff_jitter)
         self._supervisor = Supervisor.start(
-            [ChildSpec("pipeline", self._start_pipeline)], restart, self._escalate
+            [ChildSpec("core", self._start_core),
+             ChildSpec("consumer", self._start_stream, depends_on=("core",))],
+            restart, self._escalate,
         )
         m = self.settings.metrics
         if m.port:
@@ -250,14 +298,15 @@ class Worker:
                 states = {k: str(v) for k, v in
                           self._supervisor.proxy().states().get(timeout=2).items()}
             except Exception:  # the supervisor is gone: the worker is stopping
-                states = {"pipeline": "stopped"}
+                states = {"core": "stopped", "consumer": "stopped"}
         idle = metrics.seconds_since_progress()
         lag = metrics.total_lag()
         stalled = lag > 0 and idle > self.settings.metrics.stall_timeout
-        consumer = None if self._current is None else self._current.join.report()
+        consumer = None if self._stream is None else self._stream.join.report()
         return {
-            "healthy": self._failure is None and states.get("pipeline") == "running"
-            and not stalled and not (consumer and consumer["join_overdue"]),
+            "healthy": self._failure is None and bool(states)
+            and all(state == "running" for state in states.values()) and not stalled
+            and not (consumer and consumer["join_overdue"]),
             "pipeline": self.pipeline.id,
             "children": states,
             "consumer": consumer,
@@ -277,10 +326,12 @@ class Worker:
     def shutdown(self) -> int:
         assert self._supervisor is not None
         supervisor = self._supervisor.proxy()
-        running = supervisor.states().get().get("pipeline") == ChildState.RUNNING
-        if self._failure is None and running and self._current is not None:
+        running = all(state == ChildState.RUNNING for state in supervisor.states().get().values())
+        core, stream = self._core, self._stream
+        if self._failure is None and running and core is not None and stream is not None:
             try:
-                log.info("stopped: flushed and committed %s", self._current.drain())
+                stream.stop_fetching()
+                log.info("stopped: flushed and committed %s", core.drain())
             except Exception as error:
                 self._escalate("shutdown", error)
         supervisor.stop_children().get()

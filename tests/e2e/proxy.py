@@ -27,9 +27,13 @@ class CuttableProxy:
         self.cuts = 0
         self.drop: frozenset[int] = frozenset()  # Kafka API keys never forwarded
         self.dropped = 0
+        self.refusing = False  # new connections are closed at once (the broker "is down")
         self._server = self._io.run(asyncio.start_server(self._link, host, port))
 
     async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refusing:
+            writer.transport.abort()
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection(self._host, self._target)
         except OSError:
@@ -72,6 +76,14 @@ class CuttableProxy:
 
         self.cuts += 1
         return self._io.run(close_all())
+
+    def down(self) -> None:
+        """Cut every connection and refuse new ones until ``up()``."""
+        self.refusing = True
+        self.cut()
+
+    def up(self) -> None:
+        self.refusing = False
 
     def close(self) -> None:
         self._server.close()

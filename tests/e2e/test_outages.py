@@ -14,26 +14,13 @@ from pathlib import Path
 
 from helpers import committed, create_topic, expected_counts, stored_states
 from proxy import CuttableProxy
+from recovery import drained, quick_recovery
 
 from onceflow.devtools import harness, services
 from onceflow.devtools.chaos import expected_windows, stored_windows
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
-
-
-def quick_recovery(bootstrap: str, redis_url: str, prefix: str) -> dict[str, str]:
-    """Worker settings that notice a silent broker in seconds and restart patiently."""
-    return {"onceflow.kafka.bootstrap-servers": bootstrap,
-            "onceflow.stores.redis.url": redis_url,
-            "onceflow.stores.redis.key-prefix": prefix,
-            "onceflow.kafka.request-timeout": "5s",
-            "onceflow.kafka.connection-checker.check-interval": "2s",
-            "onceflow.kafka.connection-checker.max-retries": "1",
-            "onceflow.supervision.max-restarts": "20",
-            "onceflow.supervision.within": "5m",
-            "onceflow.supervision.backoff.initial": "500ms",
-            "onceflow.supervision.backoff.max": "5s"}
 
 
 def test_redis_down_for_20s_commits_nothing_meanwhile_then_catches_up_exactly(
@@ -73,7 +60,7 @@ def test_redis_down_for_20s_commits_nothing_meanwhile_then_catches_up_exactly(
         redis = services.start_redis(redis_dir, port=redis.port)  # AOF: nothing lost
         producing.join()
         assert sum(during[0].values()) < sum(ends.values())
-        asyncio.run(_drained(kafka_service.address, group, topic, ends, worker))
+        asyncio.run(drained(kafka_service.address, group, topic, ends, worker))
         assert worker.terminate(10) == 0
         store = RedisStore(redis_url, prefix, "robots")
         assert stored_states(store, "per_robot") == expected_counts(stream.truth)
@@ -81,12 +68,6 @@ def test_redis_down_for_20s_commits_nothing_meanwhile_then_catches_up_exactly(
         if worker.exited() is None:
             worker.kill()
         services.stop(redis)
-
-
-async def _drained(bootstrap: str, group: str, topic: str, ends: dict[int, int],
-                   worker: harness.WorkerProcess) -> None:
-    async with harness.CommittedOffsets(bootstrap, group) as offsets:
-        assert await offsets.wait_for(topic, ends, 180, worker), f"see {worker.logs[-1]}"
 
 
 def test_broker_frozen_longer_than_every_timeout_recovers_without_process_restart(
@@ -108,13 +89,13 @@ def test_broker_frozen_longer_than_every_timeout_recovers_without_process_restar
     worker.start()
     try:
         ends = asyncio.run(harness.produce(kafka.address, topic, first.messages))
-        asyncio.run(_drained(kafka.address, group, topic, ends, worker))
+        asyncio.run(drained(kafka.address, group, topic, ends, worker))
         services.freeze(kafka)
         time.sleep(40)  # past the request timeout, the session timeout and the checker
         services.thaw(kafka)
         assert worker.exited() is None, "recovery must happen inside the process"
         ends = asyncio.run(harness.produce(kafka.address, topic, second.messages))
-        asyncio.run(_drained(kafka.address, group, topic, ends, worker))
+        asyncio.run(drained(kafka.address, group, topic, ends, worker))
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             text = r.read().decode()
         starts = float(re.search(r"^onceflow_stream_starts_total (\S+)$", text, re.M)[1])
@@ -164,7 +145,7 @@ def test_proxy_cutting_every_connection_ten_times_keeps_totals_exact(
 
         asyncio.run(produce_while_cutting())
         assert proxy.cuts == 10
-        asyncio.run(_drained(bootstrap, group, topic, ends, worker))
+        asyncio.run(drained(bootstrap, group, topic, ends, worker))
         assert worker.exited() is None
         assert worker.terminate(10) == 0
         store = RedisStore(redis_url, prefix, "robots")
@@ -221,10 +202,10 @@ def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exact
             time.sleep(0.5)
         assert outboxed > 0, "nothing reached the outbox while the broker was frozen"
         services.thaw(kafka)
-        asyncio.run(_drained(kafka.address, groups["republisher"], raw, raw_ends,
+        asyncio.run(drained(kafka.address, groups["republisher"], raw, raw_ends,
                              workers["republisher"]))
         norm_ends = asyncio.run(harness.read_ends(kafka.address, normalized, 4))
-        asyncio.run(_drained(kafka.address, groups["aggregator"], normalized, norm_ends,
+        asyncio.run(drained(kafka.address, groups["aggregator"], normalized, norm_ends,
                              workers["aggregator"]))
         assert outbox.outbox_load() == {}  # all delivered, and deleted once acknowledged
         logs = "".join(log.read_text() for log in workers["republisher"].logs)

@@ -24,6 +24,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer
 from helpers import committed, create_topic, expected_counts, produce, stored_states
 from proxy import CuttableProxy
+from recovery import metric
 
 from onceflow.actors.loop import EventLoopThread
 from onceflow.devtools import harness, services
@@ -41,14 +42,6 @@ def health(port: int) -> tuple[int, dict[str, Any]]:
             return response.status, json.load(response)
     except urllib.error.HTTPError as error:
         return error.code, json.load(error)
-
-
-def metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"no metric {name}")
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float, log: Path) -> None:

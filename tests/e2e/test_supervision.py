@@ -28,7 +28,7 @@ from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo, free_port
 from onceflow.stores.redis_store import RedisStore
 
-RESTART = re.compile(r"restarting \['pipeline'\] in ([\d.]+)s")
+RESTART = re.compile(r"restarting \['core', 'consumer'\] in ([\d.]+)s")
 
 
 def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothing(
@@ -57,7 +57,8 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
         del os.environ["ONCEFLOW_FAULT_STAGE_RAISES_ON"]
     asyncio.run(_wait_committed(kafka_service.address, group, topic, first_ends))
     health, body = get(port, "/health")
-    assert health == 200 and json.loads(body)["children"] == {"pipeline": "running"}
+    assert health == 200 and json.loads(body)["children"] == {"core": "running",
+                                                             "consumer": "running"}
     series = get(port, "/metrics")[1]
     for name in ("onceflow_records_total", "onceflow_folded_total{stage=\"per_robot\"}",
                  "onceflow_persisted_states_total", "onceflow_committed_offset",
@@ -78,7 +79,9 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
             if code_ == 503 and json.loads(body)["escalated"]:
                 escalated = True
                 metrics_text = get(port, "/metrics")[1]
-                assert 'onceflow_restarts_total{child="pipeline"} 3.0' in metrics_text
+                # rest_for_one: a stage failure restarts the core and the stream on it
+                assert 'onceflow_restarts_total{child="core"} 3.0' in metrics_text
+                assert 'onceflow_restarts_total{child="consumer"} 3.0' in metrics_text
                 assert "onceflow_stream_starts_total 4.0" in metrics_text  # re-created 3 times
                 break
         except OSError:

@@ -80,6 +80,33 @@ def test_policy_decides_which_children_restart(policy: Policy, restarted: set[st
     assert {n for n, f in fakes.items() if f.stops == 1} == restarted
 
 
+@pytest.mark.parametrize(("policy", "failing", "restarted"), [
+    (Policy.ONE_FOR_ONE, "a", {"a", "c"}),  # c depends on a
+    (Policy.ONE_FOR_ONE, "b", {"b"}),
+    (Policy.ONE_FOR_ONE, "c", {"c"}),
+    (Policy.REST_FOR_ONE, "a", {"a", "b", "c"}),
+])
+def test_a_child_never_outlives_one_it_depends_on(policy: Policy, failing: str,
+                                                  restarted: set[str]) -> None:
+    fakes = {name: Fake(name) for name in ("a", "b", "c")}
+    settings = RestartSettings(policy=policy, backoff_initial=0.01, backoff_jitter=0)
+    specs = [ChildSpec("a", fakes["a"].start), ChildSpec("b", fakes["b"].start),
+             ChildSpec("c", fakes["c"].start, depends_on=("a",))]
+    sup = Supervisor.start(specs, settings, lambda name, error: None).proxy()
+    wait_until(lambda: all(s == ChildState.RUNNING for s in sup.states().get().values()))
+    fakes[failing].fail()
+    wait_until(lambda: sum(sup.restarts().get().values()) == len(restarted)
+               and all(s == ChildState.RUNNING for s in sup.states().get().values()))
+    assert {n for n, f in fakes.items() if len(f.starts) == 2} == restarted
+
+
+def test_a_dependency_must_be_declared_before_its_dependent() -> None:
+    with pytest.raises(ValueError, match="depends on"):
+        Supervisor(
+            [ChildSpec("a", Fake("a").start, depends_on=("b",)), ChildSpec("b", Fake("b").start)],
+            RestartSettings(), lambda name, error: None)
+
+
 def test_restart_delays_grow() -> None:
     sup, fakes, _ = supervise(Policy.ONE_FOR_ONE, max_restarts=10, initial=0.05)
     a = fakes["a"]

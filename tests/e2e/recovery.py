@@ -1,0 +1,39 @@
+"""Worker settings shared by the outage tests."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from onceflow.devtools import harness
+
+
+def quick_recovery(bootstrap: str, redis_url: str, prefix: str) -> dict[str, str]:
+    """Worker settings that notice a silent broker in seconds and restart patiently."""
+    return {"onceflow.kafka.bootstrap-servers": bootstrap,
+            "onceflow.stores.redis.url": redis_url,
+            "onceflow.stores.redis.key-prefix": prefix,
+            "onceflow.kafka.request-timeout": "5s",
+            "onceflow.kafka.connection-checker.check-interval": "2s",
+            "onceflow.kafka.connection-checker.max-retries": "1",
+            "onceflow.supervision.max-restarts": "20",
+            "onceflow.supervision.within": "5m",
+            "onceflow.supervision.backoff.initial": "500ms",
+            "onceflow.supervision.backoff.max": "5s"}
+
+
+def metric(port: int, name: str, absent: float | None = None) -> float:
+    """One sample of the worker's /metrics (``name`` with its labels); ``absent`` if none."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    if absent is not None:
+        return absent
+    raise AssertionError(f"no metric {name}")
+
+
+async def drained(bootstrap: str, group: str, topic: str, ends: dict[int, int],
+                  worker: harness.WorkerProcess, timeout: float = 180) -> None:
+    """Wait until the group committed ``ends`` (partition -> end offset) of ``topic``."""
+    async with harness.CommittedOffsets(bootstrap, group) as offsets:
+        assert await offsets.wait_for(topic, ends, timeout, worker), f"see {worker.logs[-1]}"
