@@ -1,4 +1,4 @@
-"""ConsumerActor: the aiokafka consumer, fetching batches into the stage.
+"""ConsumerActor: the aiokafka consumer, fetching batches into the pipeline actor.
 
 Threads: the actor's own thread handles messages (batch done, commit, stop);
 the aiokafka consumer lives on the shared ``EventLoopThread`` loop, where
@@ -6,7 +6,7 @@ the fetch task and the rebalance callbacks run. Start-up does not wait for
 the group join (which takes seconds, and a stuck broker may hold it for
 minutes): the join runs on the loop while the actor can still be told to
 stop, and ``JoinWatch`` bounds it. Backpressure: at most
-``max_in_flight`` batches are with the stage; beyond that the assigned
+``max_in_flight`` batches are with the pipeline actor; beyond that the assigned
 partitions are paused instead of buffering records. Continuity: with a
 ``GapCheck``, a fetch that skips offsets is cut before the hole and the
 partition re-fetched from it (see ``continuity``), so a broker that answers
@@ -66,7 +66,7 @@ class ConsumerActor(ReportingActor):
         poll_timeout: float,
         start_timeout: float,
         io: EventLoopThread,
-        stage: pykka.ActorRef[Any],
+        pipeline: pykka.ActorRef[Any],
         commit: pykka.ActorRef[Any],
         producer: pykka.ActorRef[Any],
         ledger: SharedLedger,
@@ -98,7 +98,7 @@ class ConsumerActor(ReportingActor):
         self._topics = list(topics)
         self._max_in_flight = max_in_flight
         self._io = io
-        self._stage = stage
+        self._pipeline = pipeline
         self._commit = commit
         self._consumer: AIOKafkaConsumer | None = None
         self._fetch_task: asyncio.Task[None] | None = None
@@ -157,9 +157,9 @@ class ConsumerActor(ReportingActor):
                 if self._in_flight >= self._max_in_flight:
                     self._room.clear()
                 try:
-                    self._stage.tell(Batch(records, self.actor_ref))
+                    self._pipeline.tell(Batch(records, self.actor_ref))
                 except pykka.ActorDeadError:
-                    log.warning("stage is gone (its failure is being handled): fetch stops")
+                    log.warning("pipeline actor gone (its failure is being handled): fetch stops")
                     return
 
     def _continuous(self, tp: TopicPartition, recs: list[Any]) -> list[Any]:
@@ -271,9 +271,9 @@ class ConsumerActor(ReportingActor):
         """Tell the ledger the assignment; forget cached progress it finds stale.
 
         A stream re-created after an outage usually gets its partitions back
-        at the offsets this worker committed: the stage's states are still
+        at the offsets this worker committed: the pipeline actor's states are still
         right and stay cached. A partition resumed from elsewhere (another
-        member committed it meanwhile) or gone makes the stage drop its cache.
+        member committed it meanwhile) or gone makes the pipeline actor drop its cache.
         """
         with self._ledger() as ledger:
             stale = ledger.assigned(positions)
@@ -282,7 +282,7 @@ class ConsumerActor(ReportingActor):
                      sorted(stale))
             lost = frozenset(stale)
             await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self._stage.ask(Forget(lost)))
+                None, lambda: self._pipeline.ask(Forget(lost)))
 
     async def adopt(self) -> None:
         """Queue the outbox rows of lanes that left other workers, before anything new."""
@@ -364,12 +364,13 @@ class ConsumerActor(ReportingActor):
         loop = asyncio.get_running_loop()
         lost = frozenset((tp.topic, tp.partition) for tp in revoked)
         try:
-            await loop.run_in_executor(None, lambda: self._stage.ask(Flush()))
+            await loop.run_in_executor(None, lambda: self._pipeline.ask(Flush()))
         except pykka.ActorDeadError:
-            log.warning("partitions revoked while the stage is down: nothing more committed")
+            log.warning("partitions revoked while the pipeline actor is down: "
+                        "nothing more committed")
             return
         await loop.run_in_executor(None, lambda: self._commit.ask(CommitNow()))
-        await loop.run_in_executor(None, lambda: self._stage.ask(Forget(lost)))
+        await loop.run_in_executor(None, lambda: self._pipeline.ask(Forget(lost)))
         log.info("partitions revoked, flushed and committed: %s", sorted(lost))
 
 
@@ -397,7 +398,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
             self._actor._join_began()
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._actor.settle(assigned)  # nothing of them reaches the stage until settled()
+        self._actor.settle(assigned)  # nothing of them reaches the pipeline until settled()
         try:
             self._actor._join_ended()
             log.info("partitions assigned: %s",

@@ -26,7 +26,7 @@ class Batch:
 
 @dataclass(frozen=True)
 class BatchDone:
-    """The stage finished a batch: the consumer may fetch another."""
+    """The pipeline actor finished a batch: the consumer may fetch another."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Two children, in dependency order (docs/architecture.md, "Supervision"):
 
-- ``core`` (``PipelineCore``): producer, persistence, commit and stage
+- ``core`` (``PipelineCore``): producer, persistence, commit and pipeline
   actors, the stores, the event loop and the checkpoint ledger: everything
   that holds in-memory states and what is durable of them;
 - ``consumer`` (``ConsumerStream``): the Kafka consumer, which depends on
@@ -44,8 +44,8 @@ from onceflow.actors.messages import (
     StopFetching,
 )
 from onceflow.actors.persistence import PersistenceActor
+from onceflow.actors.pipeline_actor import PipelineActor
 from onceflow.actors.producer import ProducerActor
-from onceflow.actors.stage import StageActor
 from onceflow.actors.supervisor import (
     ChildSpec,
     ChildState,
@@ -136,7 +136,7 @@ class PipelineCore:
             on_fatal=on_fatal,
             landing=landing,
         )
-        self.stage = StageActor.start(
+        self.pipeline_actor = PipelineActor.start(
             pipeline=pipeline,
             stores=stage_stores,
             dead_letter_topic=s.kafka.dead_letter_topic,
@@ -147,13 +147,13 @@ class PipelineCore:
             on_fatal=on_fatal,
             single_worker=s.single_worker,
         )
-        # Stop order: stage first (no new snapshots), producer last (flushes sends).
+        # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
         self._actors: list[pykka.ActorRef[Any]] = [
-            self.stage, self._persistence, self.commit, self.producer]
+            self.pipeline_actor, self._persistence, self.commit, self.producer]
         self._tickers = [
-            Ticker(self.stage, PersistTick(), s.persistence.interval).start(),
+            Ticker(self.pipeline_actor, PersistTick(), s.persistence.interval).start(),
             Ticker(self.commit, CommitTick(), s.commit.interval).start(),
-            Ticker(self.stage, LogStats(), s.metrics.stats_interval).start(),
+            Ticker(self.pipeline_actor, LogStats(), s.metrics.stats_interval).start(),
         ]
         self._stopped = False
 
@@ -164,7 +164,7 @@ class PipelineCore:
     def drain(self) -> dict[Any, int]:
         """Graceful, once the stream stopped fetching: persist everything processed, commit it."""
         timeout = self.settings.shutdown.timeout
-        self.stage.ask(Flush(), timeout=timeout)
+        self.pipeline_actor.ask(Flush(), timeout=timeout)
         committed: dict[Any, int] = self.commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
         return committed
 
@@ -214,7 +214,7 @@ class ConsumerStream:
             poll_timeout=s.kafka.fetch_max_wait + 0.1,
             start_timeout=core.start_timeout,
             io=core.io,
-            stage=core.stage,
+            pipeline=core.pipeline_actor,
             commit=core.commit,
             producer=core.producer,
             ledger=core.ledger,

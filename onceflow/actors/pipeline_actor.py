@@ -1,5 +1,6 @@
-"""StageActor: runs the pipeline's steps over batches and snapshots dirty states.
+"""PipelineActor: runs the whole pipeline over batches and snapshots dirty states.
 
+Every step and aggregate of the pipeline runs here (``PipelineRunner``).
 Thread: the actor's own. It is the only owner of the in-memory states, so
 folding needs no locks, and its FIFO mailbox orders batches, snapshots and
 flushes: a snapshot covers exactly the batches received before it.
@@ -38,11 +39,11 @@ from onceflow.stores.base import StateStore
 
 log = logging.getLogger(__name__)
 
-# Snapshots that may wait for the store at once before the stage blocks.
+# Snapshots that may wait for the store at once before the pipeline actor blocks.
 MAX_UNWRITTEN_SNAPSHOTS = 2
 
 
-class StageActor(ReportingActor):
+class PipelineActor(ReportingActor):
     def __init__(
         self,
         *,
@@ -97,7 +98,7 @@ class StageActor(ReportingActor):
         elif isinstance(message, Forget):
             self._forget(message.partitions)
         else:
-            raise TypeError(f"StageActor: unexpected message {message!r}")
+            raise TypeError(f"PipelineActor: unexpected message {message!r}")
         return None
 
     def _flush(self) -> dict[TopicPartition, int]:
@@ -116,7 +117,7 @@ class StageActor(ReportingActor):
     def _forget(self, partitions: frozenset[TopicPartition]) -> None:
         """Drop the cached states (every key reloads) and the partitions' progress.
 
-        Refuses (the stage fails, the supervisor restarts it from what is
+        Refuses (the actor fails, the supervisor restarts it from what is
         durable) when records of theirs are processed but not written: those
         states may be stale now, and writing them could overwrite the newer
         ones of the member that took the partitions over.
@@ -135,9 +136,9 @@ class StageActor(ReportingActor):
         """Hand a snapshot to persistence; block while too many are unwritten.
 
         Blocking here is the backpressure of a slow or unreachable store: the
-        stage stops taking batches, the consumer reaches its in-flight bound
+        actor stops taking batches, the consumer reaches its in-flight bound
         and pauses its partitions, instead of snapshots piling up in memory.
-        A failed write surfaces here and fails the stage (the supervisor
+        A failed write surfaces here and fails this actor (the supervisor
         restarts the pipeline from what is durable).
         """
         while self._pending and _written(self._pending[0]):
