@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -39,10 +39,17 @@ from onceflow.actors.messages import (
     BatchDone,
     Commit,
     CommitNow,
+    ConsumerMessage,
     Flush,
     Forget,
     StopFetching,
+    unexpected,
 )
+
+if TYPE_CHECKING:
+    from onceflow.actors.commit import CommitActor
+    from onceflow.actors.pipeline_actor import PipelineActor
+    from onceflow.actors.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +73,9 @@ class ConsumerActor(ReportingActor):
         poll_timeout: float,
         start_timeout: float,
         io: EventLoopThread,
-        pipeline: pykka.ActorRef[Any],
-        commit: pykka.ActorRef[Any],
-        producer: pykka.ActorRef[Any],
+        pipeline: pykka.ActorRef[PipelineActor],
+        commit: pykka.ActorRef[CommitActor],
+        producer: pykka.ActorRef[ProducerActor],
         ledger: SharedLedger,
         on_fatal: FatalHandler,
         connection_check: ConnectionCheck | None = None,
@@ -300,15 +307,17 @@ class ConsumerActor(ReportingActor):
         if self._room is not None and self._in_flight < self._max_in_flight:
             self._room.set()
 
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, BatchDone):
-            self._io.call_soon(self._batch_done)
-        elif isinstance(message, Commit):
-            return self._io.run(self._commit_assigned(message.offsets))
-        elif isinstance(message, StopFetching):
-            self._io.run(self._stop_fetching())
-        else:
-            raise TypeError(f"ConsumerActor: unexpected message {message!r}")
+    def on_receive(self, message: ConsumerMessage) -> dict[tuple[str, int], int] | None:
+        """``Commit`` answers what was committed (the partitions still assigned)."""
+        match message:
+            case BatchDone():
+                self._io.call_soon(self._batch_done)
+            case Commit():
+                return self._io.run(self._commit_assigned(message.offsets))
+            case StopFetching():
+                self._io.run(self._stop_fetching())
+            case _:
+                unexpected("ConsumerActor", message)
         return None
 
     async def _commit_assigned(self, offsets: dict[tuple[str, int], int]

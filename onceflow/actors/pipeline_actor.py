@@ -13,7 +13,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -27,15 +27,21 @@ from onceflow.actors.messages import (
     Forget,
     LogStats,
     PersistTick,
+    PipelineMessage,
     Send,
     Snapshot,
     StageRows,
+    unexpected,
 )
 from onceflow.actors.retry import retrying
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
 from onceflow.stores.base import StateStore
+
+if TYPE_CHECKING:
+    from onceflow.actors.persistence import PersistenceActor
+    from onceflow.actors.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +57,8 @@ class PipelineActor(ReportingActor):
         stores: Mapping[str, StateStore],
         dead_letter_topic: str,
         late_events_topic: str,
-        producer: pykka.ActorRef[Any],
-        persistence: pykka.ActorRef[Any],
+        producer: pykka.ActorRef[ProducerActor],
+        persistence: pykka.ActorRef[PersistenceActor],
         ledger: SharedLedger,
         on_fatal: FatalHandler,
         single_worker: bool = False,
@@ -81,24 +87,25 @@ class PipelineActor(ReportingActor):
                          lambda: self._stores[spec.store].claim_homes(spec.id, proposals))
         return {key: _partition_of(home) for key, home in homes.items()}
 
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Batch):
-            self._process(message.records)
-            if message.done_to is not None:
-                with contextlib.suppress(pykka.ActorDeadError):  # a stream being re-created
-                    message.done_to.tell(BatchDone())
-        elif isinstance(message, PersistTick):
-            snapshot = self._snapshot(force=False)
-            if snapshot is not None:
-                self._persist(snapshot)
-        elif isinstance(message, LogStats):
-            log.info("stats %s", dict(sorted(self._totals.items())))
-        elif isinstance(message, Flush):
-            return self._flush()
-        elif isinstance(message, Forget):
-            self._forget(message.partitions)
-        else:
-            raise TypeError(f"PipelineActor: unexpected message {message!r}")
+    def on_receive(self, message: PipelineMessage) -> dict[TopicPartition, int] | None:
+        match message:
+            case Batch():
+                self._process(message.records)
+                if message.done_to is not None:
+                    with contextlib.suppress(pykka.ActorDeadError):  # a stream being re-created
+                        message.done_to.tell(BatchDone())
+            case PersistTick():
+                snapshot = self._snapshot(force=False)
+                if snapshot is not None:
+                    self._persist(snapshot)
+            case LogStats():
+                log.info("stats %s", dict(sorted(self._totals.items())))
+            case Flush():
+                return self._flush()
+            case Forget():
+                self._forget(message.partitions)
+            case _:
+                unexpected("PipelineActor", message)
         return None
 
     def _flush(self) -> dict[TopicPartition, int]:

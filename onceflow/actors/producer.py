@@ -32,7 +32,7 @@ from onceflow.actors.delivery import (
     OutboxWriter,
 )
 from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import Adopt, Barrier, Send
+from onceflow.actors.messages import Adopt, Barrier, ProducerMessage, Send, unexpected
 from onceflow.stages.outcome import Output
 from onceflow.stores.base import StateStore
 
@@ -78,21 +78,23 @@ class ProducerActor(ReportingActor):
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
         await self._producer.start()
 
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Send):
-            self._last_send = max(self._last_send, message.number)
-            if message.outputs:
-                self._pending.append(self._io.submit(self._send(message.outputs)))
-        elif isinstance(message, Barrier):
-            pending, self._pending = self._pending, []
-            for future in pending:
-                future.result()
-            return self._last_send
-        elif isinstance(message, Adopt):
-            assert self._lanes is not None
-            return self._io.run(self._lanes.adopt())
-        else:
-            raise TypeError(f"ProducerActor: unexpected message {message!r}")
+    def on_receive(self, message: ProducerMessage) -> int | None:
+        """``Barrier`` answers the number of the last send, ``Adopt`` the rows adopted."""
+        match message:
+            case Send():
+                self._last_send = max(self._last_send, message.number)
+                if message.outputs:
+                    self._pending.append(self._io.submit(self._send(message.outputs)))
+            case Barrier():
+                pending, self._pending = self._pending, []
+                for future in pending:
+                    future.result()
+                return self._last_send
+            case Adopt():
+                assert self._lanes is not None
+                return self._io.run(self._lanes.adopt())
+            case _:
+                unexpected("ProducerActor", message)
         return None
 
     async def _send(self, outputs: Sequence[Output]) -> None:

@@ -67,6 +67,7 @@ from onceflow.runtime.wiring import (
     producer_options,
 )
 from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.state import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ class PipelineCore:
             single_worker=s.single_worker,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
-        self._actors: list[pykka.ActorRef[Any]] = [
+        self._actors: list[pykka.ActorRef[Any]] = [  # several kinds of actor
             self.pipeline_actor, self._persistence, self.commit, self.producer]
         self._tickers = [
             Ticker(self.pipeline_actor, PersistTick(), s.persistence.interval).start(),
@@ -161,11 +162,11 @@ class PipelineCore:
         with self.ledger() as ledger:
             ledger.outboxed(delta)
 
-    def drain(self) -> dict[Any, int]:
+    def drain(self) -> dict[TopicPartition, int]:
         """Graceful, once the stream stopped fetching: persist everything processed, commit it."""
         timeout = self.settings.shutdown.timeout
         self.pipeline_actor.ask(Flush(), timeout=timeout)
-        committed: dict[Any, int] = self.commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
+        committed: dict[TopicPartition, int] = self.commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
         return committed
 
     def stop(self) -> None:
@@ -252,7 +253,7 @@ class Worker:
         self._failure: tuple[str, BaseException] | None = None
         self._core: PipelineCore | None = None
         self._stream: ConsumerStream | None = None
-        self._supervisor: pykka.ActorRef[Any] | None = None
+        self._supervisor: pykka.ActorRef[Supervisor] | None = None
         self._http: HealthServer | None = None
 
     def _escalate(self, who: str, error: BaseException) -> None:
