@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-TopicPartition = tuple[str, int]
+from onceflow.stages.state import TopicPartition
 
 
 class LedgerError(RuntimeError):

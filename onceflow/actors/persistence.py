@@ -16,7 +16,7 @@ crash before the states replays the windows' closing
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pykka
 
@@ -36,7 +36,7 @@ class WindowSink(Protocol):
     """Where closed windows go besides the store (``onceflow.analytics.landing.LandingZone``)."""
 
     def write(self, stage_id: str, windows: Mapping[tuple[str, int], bytes],
-              offsets: Mapping[Any, int]) -> object: ...
+              offsets: Mapping[TopicPartition, int]) -> object: ...
 
 
 class PersistenceActor(ReportingActor):
@@ -86,7 +86,8 @@ class PersistenceActor(ReportingActor):
             retrying("stats", lambda: stats.add_stats(message.stats))
         return checkpoint.offsets
 
-    def _save(self, store: StateStore, rows: StageRows, offsets: Any) -> bool:
+    def _save(self, store: StateStore, rows: StageRows,
+              offsets: Mapping[TopicPartition, int]) -> bool:
         """Closed windows first (history, then landing file): the states written next no
         longer hold them. True when a landing file was written."""
         landing = self._landing

@@ -34,6 +34,7 @@ from onceflow.actors.delivery import (
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Adopt, Barrier, ProducerMessage, Send, unexpected
 from onceflow.stages.outcome import Output
+from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 
 
@@ -112,7 +113,7 @@ class ProducerActor(ReportingActor):
         async with self._order:
             partitions = {topic: await self._partitions_of(topic)
                           for topic in {o.topic for o in outputs}}
-            by_lane: dict[tuple[str, int], list[Output]] = {}
+            by_lane: dict[TopicPartition, list[Output]] = {}
             for o in outputs:  # Kafka's default partitioner: murmur2 of the key
                 partition = int(self._partitioner(o.key, partitions[o.topic], partitions[o.topic]))
                 by_lane.setdefault((o.topic, partition), []).append(o)
