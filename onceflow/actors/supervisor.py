@@ -87,12 +87,14 @@ class ChildSpec:
 
 @dataclass(frozen=True)
 class RestartSettings:
-    policy: Policy = Policy.REST_FOR_ONE
-    max_restarts: int = 5
-    within: float = 60.0
-    backoff_initial: float = 1.0
-    backoff_max: float = 30.0
-    backoff_jitter: float = 1.0
+    """``onceflow.supervision`` as the supervisor takes it (defaults: reference.conf)."""
+
+    policy: Policy
+    max_restarts: int
+    within: float
+    backoff_initial: float
+    backoff_max: float
+    backoff_jitter: float
 
 
 @dataclass(frozen=True)
