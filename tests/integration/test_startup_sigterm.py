@@ -172,7 +172,7 @@ def test_sigterm_while_the_supervisor_backs_off_before_a_restart(
     poison = Envelope.FromString(stream.messages[0][1]).event_id
     monkeypatch.setenv("ONCEFLOW_FAULT_STAGE_RAISES_ON", poison)  # the worker inherits it
     worker = run.start(["--set", "onceflow.supervision.backoff.initial=60s"])
-    wait_for_log(worker, run.log, "restarting ['pipeline'] in", timeout=60)
+    wait_for_log(worker, run.log, "restarting ['core', 'consumer'] in", timeout=60)
 
     assert run.sigterm(worker) == 0, run.text()[-3000:]
     assert run.committed() == {0: 0}
