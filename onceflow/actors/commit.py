@@ -11,7 +11,7 @@ discarded by the watermarks.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pykka
 from aiokafka.errors import KafkaError
@@ -19,8 +19,11 @@ from aiokafka.errors import KafkaError
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.ledger import SharedLedger
-from onceflow.actors.messages import Commit, CommitNow, CommitTick
+from onceflow.actors.messages import Commit, CommitMessage, CommitNow, CommitTick, unexpected
 from onceflow.stages.state import TopicPartition
+
+if TYPE_CHECKING:
+    from onceflow.actors.consumer import ConsumerActor
 
 log = logging.getLogger(__name__)
 
@@ -29,16 +32,16 @@ class CommitActor(ReportingActor):
     def __init__(self, *, ledger: SharedLedger, on_fatal: FatalHandler):
         super().__init__(on_fatal)
         self._ledger = ledger
-        self._consumer: pykka.ActorRef[Any] | None = None
+        self._consumer: pykka.ActorRef[ConsumerActor] | None = None
 
-    def use_consumer(self, consumer: pykka.ActorRef[Any] | None) -> None:
+    def use_consumer(self, consumer: pykka.ActorRef[ConsumerActor] | None) -> None:
         """The consumer stream to commit through; each new stream sets itself."""
         self._consumer = consumer
 
-    def on_receive(self, message: Any) -> Any:
+    def on_receive(self, message: CommitMessage) -> dict[TopicPartition, int]:
         if isinstance(message, CommitTick | CommitNow):
             return self._commit()
-        raise TypeError(f"CommitActor: unexpected message {message!r}")
+        unexpected("CommitActor", message)
 
     def _commit(self) -> dict[TopicPartition, int]:
         with self._ledger() as ledger:

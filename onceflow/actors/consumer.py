@@ -1,4 +1,4 @@
-"""ConsumerActor: the aiokafka consumer, fetching batches into the stage.
+"""ConsumerActor: the aiokafka consumer, fetching batches into the pipeline actor.
 
 Threads: the actor's own thread handles messages (batch done, commit, stop);
 the aiokafka consumer lives on the shared ``EventLoopThread`` loop, where
@@ -6,7 +6,7 @@ the fetch task and the rebalance callbacks run. Start-up does not wait for
 the group join (which takes seconds, and a stuck broker may hold it for
 minutes): the join runs on the loop while the actor can still be told to
 stop, and ``JoinWatch`` bounds it. Backpressure: at most
-``max_in_flight`` batches are with the stage; beyond that the assigned
+``max_in_flight`` batches are with the pipeline actor; beyond that the assigned
 partitions are paused instead of buffering records. Continuity: with a
 ``GapCheck``, a fetch that skips offsets is cut before the hole and the
 partition re-fetched from it (see ``continuity``), so a broker that answers
@@ -20,10 +20,11 @@ import contextlib
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
 from onceflow.actors import metrics
@@ -39,10 +40,18 @@ from onceflow.actors.messages import (
     BatchDone,
     Commit,
     CommitNow,
+    ConsumerMessage,
     Flush,
     Forget,
     StopFetching,
+    unexpected,
 )
+from onceflow.stages.state import TopicPartition
+
+if TYPE_CHECKING:
+    from onceflow.actors.commit import CommitActor
+    from onceflow.actors.pipeline_actor import PipelineActor
+    from onceflow.actors.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +75,9 @@ class ConsumerActor(ReportingActor):
         poll_timeout: float,
         start_timeout: float,
         io: EventLoopThread,
-        stage: pykka.ActorRef[Any],
-        commit: pykka.ActorRef[Any],
-        producer: pykka.ActorRef[Any],
+        pipeline: pykka.ActorRef[PipelineActor],
+        commit: pykka.ActorRef[CommitActor],
+        producer: pykka.ActorRef[ProducerActor],
         ledger: SharedLedger,
         on_fatal: FatalHandler,
         connection_check: ConnectionCheck | None = None,
@@ -79,10 +88,10 @@ class ConsumerActor(ReportingActor):
     ):
         super().__init__(on_fatal)
         self._single_worker = single_worker
-        self._settling: set[TopicPartition] = set()  # assigned, paused until adoption is done
+        self._settling: set[KafkaPartition] = set()  # assigned, paused until adoption is done
         self._gap_backoff = gap_check.backoff if gap_check else 0.0
         self._continuity = Continuity(gap_check.refetches) if gap_check else None
-        self._held: dict[TopicPartition, asyncio.TimerHandle] = {}  # paused before a re-fetch
+        self._held: dict[KafkaPartition, asyncio.TimerHandle] = {}  # paused before a re-fetch
         self._join = join_watch
         self._stop_timeout = start_timeout if stop_timeout is None else stop_timeout
         self._opening: asyncio.Task[None] | None = None
@@ -98,7 +107,7 @@ class ConsumerActor(ReportingActor):
         self._topics = list(topics)
         self._max_in_flight = max_in_flight
         self._io = io
-        self._stage = stage
+        self._pipeline = pipeline
         self._commit = commit
         self._consumer: AIOKafkaConsumer | None = None
         self._fetch_task: asyncio.Task[None] | None = None
@@ -157,15 +166,15 @@ class ConsumerActor(ReportingActor):
                 if self._in_flight >= self._max_in_flight:
                     self._room.clear()
                 try:
-                    self._stage.tell(Batch(records, self.actor_ref))
+                    self._pipeline.tell(Batch(records, self.actor_ref))
                 except pykka.ActorDeadError:
-                    log.warning("stage is gone (its failure is being handled): fetch stops")
+                    log.warning("pipeline actor gone (its failure is being handled): fetch stops")
                     return
 
-    def _continuous(self, tp: TopicPartition, recs: list[Any]) -> list[Any]:
+    def _continuous(self, tp: KafkaPartition, recs: list[Any]) -> list[Any]:
         """The records of ``tp`` before any hole; a hole makes ``tp`` re-fetch from it."""
         assert self._continuity is not None and self._consumer is not None
-        verdict = self._continuity.check(tp, recs)
+        verdict = self._continuity.check(_ours(tp), recs)
         if verdict.deliver == len(recs) and verdict.accepted is None:
             return recs
         labels = tp.topic, str(tp.partition)
@@ -181,13 +190,13 @@ class ConsumerActor(ReportingActor):
             try:
                 self._consumer.seek(tp, verdict.refetch_from)  # drops what was prefetched
             except IllegalStateError:  # no longer ours: the next owner starts at the commit
-                self._continuity.forget([tp])
+                self._continuity.forget([_ours(tp)])
             else:
                 self._hold(tp)
                 metrics.REFETCHES.labels(*labels).inc()
         return recs[:verdict.deliver]
 
-    def _hold(self, tp: TopicPartition) -> None:
+    def _hold(self, tp: KafkaPartition) -> None:
         """Pause ``tp`` for the backoff, so the broker has time to write the missing batch."""
         assert self._consumer is not None
         self._consumer.pause(tp)
@@ -196,14 +205,14 @@ class ConsumerActor(ReportingActor):
         self._held[tp] = asyncio.get_running_loop().call_later(
             self._gap_backoff, self._release, tp)
 
-    def _release(self, tp: TopicPartition) -> None:
+    def _release(self, tp: KafkaPartition) -> None:
         self._held.pop(tp, None)
         room = self._room is None or self._room.is_set()  # else the fetch loop resumes it
         if (self._consumer is not None and room and tp in self._consumer.assignment()
                 and tp not in self._settling):
             self._consumer.resume(tp)
 
-    def settle(self, assigned: set[TopicPartition]) -> None:
+    def settle(self, assigned: set[KafkaPartition]) -> None:
         """Pause newly assigned partitions until their outbox rows are adopted.
 
         Called first thing in the assignment callback, before any await: their
@@ -222,7 +231,7 @@ class ConsumerActor(ReportingActor):
         if self._room is None or self._room.is_set():  # else the fetch loop resumes them
             self._consumer.resume(*(settled & self._consumer.assignment() - set(self._held)))
 
-    def check_single_worker(self, assigned: set[TopicPartition]) -> None:
+    def check_single_worker(self, assigned: set[KafkaPartition]) -> None:
         """With ``single-worker``, warn when the group gave this worker only some partitions."""
         if not self._single_worker or self._consumer is None:
             return
@@ -240,7 +249,7 @@ class ConsumerActor(ReportingActor):
             timer.cancel()
         self._held.clear()
 
-    async def learn_positions(self, assigned: set[TopicPartition]) -> dict[tuple[str, int], int]:
+    async def learn_positions(self, assigned: set[KafkaPartition]) -> dict[TopicPartition, int]:
         """Where each assigned partition resumes (-1 if unknown).
 
         Runs first in the assignment callback: a fresh assignment has no position
@@ -249,31 +258,31 @@ class ConsumerActor(ReportingActor):
         """
         assert self._consumer is not None
         consumer, continuity = self._consumer, self._continuity
-        positions: dict[tuple[str, int], int] = {}
+        positions: dict[TopicPartition, int] = {}
 
-        async def learn(tp: TopicPartition) -> None:
+        async def learn(tp: KafkaPartition) -> None:
             try:
                 offset = await asyncio.wait_for(consumer.position(tp), self._start_timeout)
             except (TimeoutError, IllegalStateError, KafkaError) as error:
                 log.warning("no position for %s[%d] (%r): its cached states are dropped, "
                             "and continuity tracks it from its first record",
                             tp.topic, tp.partition, error)
-                positions[tp.topic, tp.partition] = -1
+                positions[_ours(tp)] = -1
             else:
-                positions[tp.topic, tp.partition] = offset
+                positions[_ours(tp)] = offset
                 if continuity is not None:
-                    continuity.expect(tp, offset)
+                    continuity.expect(_ours(tp), offset)
 
         await asyncio.gather(*(learn(tp) for tp in assigned))
         return positions
 
-    async def resume(self, positions: dict[tuple[str, int], int]) -> None:
+    async def resume(self, positions: dict[TopicPartition, int]) -> None:
         """Tell the ledger the assignment; forget cached progress it finds stale.
 
         A stream re-created after an outage usually gets its partitions back
-        at the offsets this worker committed: the stage's states are still
+        at the offsets this worker committed: the pipeline actor's states are still
         right and stay cached. A partition resumed from elsewhere (another
-        member committed it meanwhile) or gone makes the stage drop its cache.
+        member committed it meanwhile) or gone makes the pipeline actor drop its cache.
         """
         with self._ledger() as ledger:
             stale = ledger.assigned(positions)
@@ -282,7 +291,7 @@ class ConsumerActor(ReportingActor):
                      sorted(stale))
             lost = frozenset(stale)
             await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self._stage.ask(Forget(lost)))
+                None, lambda: self._pipeline.ask(Forget(lost)))
 
     async def adopt(self) -> None:
         """Queue the outbox rows of lanes that left other workers, before anything new."""
@@ -300,26 +309,28 @@ class ConsumerActor(ReportingActor):
         if self._room is not None and self._in_flight < self._max_in_flight:
             self._room.set()
 
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, BatchDone):
-            self._io.call_soon(self._batch_done)
-        elif isinstance(message, Commit):
-            return self._io.run(self._commit_assigned(message.offsets))
-        elif isinstance(message, StopFetching):
-            self._io.run(self._stop_fetching())
-        else:
-            raise TypeError(f"ConsumerActor: unexpected message {message!r}")
+    def on_receive(self, message: ConsumerMessage) -> dict[TopicPartition, int] | None:
+        """``Commit`` answers what was committed (the partitions still assigned)."""
+        match message:
+            case BatchDone():
+                self._io.call_soon(self._batch_done)
+            case Commit():
+                return self._io.run(self._commit_assigned(message.offsets))
+            case StopFetching():
+                self._io.run(self._stop_fetching())
+            case _:
+                unexpected("ConsumerActor", message)
         return None
 
-    async def _commit_assigned(self, offsets: dict[tuple[str, int], int]
+    async def _commit_assigned(self, offsets: dict[TopicPartition, int]
                                ) -> dict[TopicPartition, int]:
         assert self._consumer is not None
         assigned = self._consumer.assignment()
-        wanted = {TopicPartition(t, p): o for (t, p), o in offsets.items()}
+        wanted = {KafkaPartition(t, p): o for (t, p), o in offsets.items()}
         owned = {tp: o for tp, o in wanted.items() if tp in assigned}
         if owned:
             await self._consumer.commit(owned)
-        return {(tp.topic, tp.partition): o for tp, o in owned.items()}
+        return {_ours(tp): o for tp, o in owned.items()}
 
     async def _stop_fetching(self) -> None:
         self._release_all()
@@ -354,23 +365,29 @@ class ConsumerActor(ReportingActor):
         if self._join is not None:
             self._join.joined()
 
-    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+    async def on_revoked(self, revoked: set[KafkaPartition]) -> None:
         """Flush and commit before another member takes the partitions."""
         self._release_all()  # a new assignment starts unpaused
+        lost = frozenset(_ours(tp) for tp in revoked)
         if self._continuity is not None:
-            self._continuity.forget(revoked)
-        if not revoked:
+            self._continuity.forget(lost)
+        if not lost:
             return
         loop = asyncio.get_running_loop()
-        lost = frozenset((tp.topic, tp.partition) for tp in revoked)
         try:
-            await loop.run_in_executor(None, lambda: self._stage.ask(Flush()))
+            await loop.run_in_executor(None, lambda: self._pipeline.ask(Flush()))
         except pykka.ActorDeadError:
-            log.warning("partitions revoked while the stage is down: nothing more committed")
+            log.warning("partitions revoked while the pipeline actor is down: "
+                        "nothing more committed")
             return
         await loop.run_in_executor(None, lambda: self._commit.ask(CommitNow()))
-        await loop.run_in_executor(None, lambda: self._stage.ask(Forget(lost)))
+        await loop.run_in_executor(None, lambda: self._pipeline.ask(Forget(lost)))
         log.info("partitions revoked, flushed and committed: %s", sorted(lost))
+
+
+def _ours(tp: KafkaPartition) -> TopicPartition:
+    """aiokafka's partition as the project's (the ledger, continuity, messages)."""
+    return tp.topic, tp.partition
 
 
 async def _close_parts(consumer: AIOKafkaConsumer) -> None:
@@ -390,14 +407,14 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, actor: ConsumerActor):
         self._actor = actor
 
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+    async def on_partitions_revoked(self, revoked: set[KafkaPartition]) -> None:
         try:
             await self._actor.on_revoked(revoked)
         finally:  # aiokafka sends JoinGroup next; the flush above is not join time
             self._actor._join_began()
 
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._actor.settle(assigned)  # nothing of them reaches the stage until settled()
+    async def on_partitions_assigned(self, assigned: set[KafkaPartition]) -> None:
+        self._actor.settle(assigned)  # nothing of them reaches the pipeline until settled()
         try:
             self._actor._join_ended()
             log.info("partitions assigned: %s",

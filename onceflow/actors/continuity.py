@@ -14,8 +14,10 @@ partition's fetched records and acts on the :class:`Verdict`.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple, Protocol
+
+from onceflow.stages.state import TopicPartition
 
 
 class HasOffset(Protocol):
@@ -57,24 +59,24 @@ class Continuity:
         if refetches < 1:
             raise ValueError(f"refetches must be at least 1, got {refetches}")
         self._limit = refetches
-        self._next: dict[Hashable, int] = {}
-        self._spent: dict[Hashable, int] = {}
+        self._next: dict[TopicPartition, int] = {}
+        self._spent: dict[TopicPartition, int] = {}
 
-    def expect(self, tp: Hashable, offset: int) -> None:
+    def expect(self, tp: TopicPartition, offset: int) -> None:
         """The next record of ``tp`` must be ``offset`` (its position at assignment)."""
         self._next[tp] = offset
         self._spent.pop(tp, None)
 
-    def forget(self, tps: Iterable[Hashable]) -> None:
+    def forget(self, tps: Iterable[TopicPartition]) -> None:
         """Stop tracking ``tps`` (revoked)."""
         for tp in tps:
             self._next.pop(tp, None)
             self._spent.pop(tp, None)
 
-    def expected(self, tp: Hashable) -> int | None:
+    def expected(self, tp: TopicPartition) -> int | None:
         return self._next.get(tp)
 
-    def check(self, tp: Hashable, records: Sequence[HasOffset]) -> Verdict:
+    def check(self, tp: TopicPartition, records: Sequence[HasOffset]) -> Verdict:
         """Judge ``records`` (one partition's, in offset order, non-empty).
 
         Dense records (the normal case) cost two comparisons. Records below
@@ -90,7 +92,7 @@ class Continuity:
             return Verdict(count)
         return self._walk(tp, records, expected)
 
-    def _walk(self, tp: Hashable, records: Sequence[HasOffset], expected: int) -> Verdict:
+    def _walk(self, tp: TopicPartition, records: Sequence[HasOffset], expected: int) -> Verdict:
         accepted: tuple[int, int] | None = None
         for index, record in enumerate(records):
             offset = record.offset

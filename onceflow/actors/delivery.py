@@ -39,6 +39,7 @@ from itertools import islice
 from onceflow.actors import metrics
 from onceflow.actors.retry import retrying
 from onceflow.stages.outcome import Output
+from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 
 log = logging.getLogger(__name__)
@@ -339,7 +340,7 @@ class Lanes:
     send: SendBatch
     settings: DeliverySettings
     outbox: OutboxWriter | None
-    by_partition: dict[tuple[str, int], Lane] = field(default_factory=dict)
+    by_partition: dict[TopicPartition, Lane] = field(default_factory=dict)
     seq: SeqClock = field(default_factory=SeqClock)
 
     def lane(self, topic: str, partition: int) -> Lane:

@@ -15,7 +15,7 @@ input's fan-out. Unset (the default) they cost one attribute check.
   are settled (acknowledged, or in the outbox); records after them are never sent.
 - ``ONCEFLOW_FAULT_PRODUCE_FAILS=<topic>``: every send to that topic fails as
   if its leader were unreachable, so its records go to the outbox and stay.
-- ``ONCEFLOW_FAULT_STAGE_RAISES_ON=<text>``: the stage actor raises on every
+- ``ONCEFLOW_FAULT_STAGE_RAISES_ON=<text>``: the pipeline actor raises on every
   batch holding a record whose bytes contain ``text``, as a bug in the
   runtime would: the supervisor restarts it until the budget is gone.
 """

@@ -5,8 +5,8 @@ ask it what may happen next (docs/architecture.md, "The checkpoint ledger").
 
 - A batch was processed: its next offsets, and whether it handed outputs to
   the producer (each such hand-over is one numbered *send*).
-- A checkpoint was taken: the stage encoded its dirty states; the checkpoint
-  covers every batch processed so far (offsets and sends).
+- A checkpoint was taken: the pipeline actor encoded its dirty states; the
+  checkpoint covers every batch processed so far (offsets and sends).
 - Sends were settled: the producer answered a barrier; every send up to a
   number is acknowledged or durably in the outbox.
 - A checkpoint was written: its states are in the store. Only the oldest
@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-TopicPartition = tuple[str, int]
+from onceflow.stages.state import TopicPartition
 
 
 class LedgerError(RuntimeError):

@@ -2,31 +2,38 @@
 
 Fire-and-forget messages go by ``tell`` so that an exception in a handler
 reaches the actor's ``on_failure`` (a proxy call would bury it in a future
-nobody reads); request/response goes by ``ask``.
+nobody reads); request/response goes by ``ask``. Each actor takes one union
+of them (``PipelineMessage``...), and its ``on_receive`` hands anything else
+to ``unexpected``, which mypy checks is unreachable.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Never, NoReturn
+
+import pykka
 
 from onceflow.actors.ledger import Checkpoint
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
+
+if TYPE_CHECKING:  # the actors import these messages
+    from onceflow.actors.consumer import ConsumerActor
 
 
 @dataclass(frozen=True)
 class Batch:
     """Records from one getmany, in partition order."""
 
-    records: Sequence[Any]
-    done_to: Any = None  # the consumer's ref: told BatchDone when processed
+    records: Sequence[Any]  # aiokafka ConsumerRecords
+    done_to: pykka.ActorRef[ConsumerActor] | None = None  # told BatchDone when processed
 
 
 @dataclass(frozen=True)
 class BatchDone:
-    """The stage finished a batch: the consumer may fetch another."""
+    """The pipeline actor finished a batch: the consumer may fetch another."""
 
 
 @dataclass(frozen=True)
@@ -111,3 +118,20 @@ class Commit:
     """(ask) Commit these offsets for the partitions still assigned."""
 
     offsets: dict[TopicPartition, int]
+
+
+PipelineMessage = Batch | PersistTick | LogStats | Flush | Forget
+PersistenceMessage = Snapshot
+CommitMessage = CommitTick | CommitNow
+ProducerMessage = Send | Barrier | Adopt
+ConsumerMessage = BatchDone | Commit | StopFetching
+
+
+def unexpected(receiver: str, message: Never) -> NoReturn:
+    """Reject a message outside the receiver's union.
+
+    Typed like ``typing.assert_never``, so mypy reports a member of the union
+    that ``on_receive`` forgot; at run time a stray message raises
+    ``TypeError``, which fails the actor (and reaches the supervisor).
+    """
+    raise TypeError(f"{receiver}: unexpected message {message!r}")

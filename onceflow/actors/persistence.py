@@ -16,23 +16,27 @@ crash before the states replays the windows' closing
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pykka
 
 from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.ledger import LedgerError, SharedLedger
-from onceflow.actors.messages import Barrier, Snapshot, StageRows
+from onceflow.actors.messages import Barrier, PersistenceMessage, StageRows, unexpected
 from onceflow.actors.retry import retrying
+from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
+
+if TYPE_CHECKING:
+    from onceflow.actors.producer import ProducerActor
 
 
 class WindowSink(Protocol):
     """Where closed windows go besides the store (``onceflow.analytics.landing.LandingZone``)."""
 
     def write(self, stage_id: str, windows: Mapping[tuple[str, int], bytes],
-              offsets: Mapping[Any, int]) -> object: ...
+              offsets: Mapping[TopicPartition, int]) -> object: ...
 
 
 class PersistenceActor(ReportingActor):
@@ -40,7 +44,7 @@ class PersistenceActor(ReportingActor):
         self,
         *,
         stores: Mapping[str, StateStore],
-        producer: pykka.ActorRef[Any],
+        producer: pykka.ActorRef[ProducerActor],
         ledger: SharedLedger,
         stats_store: StateStore | None,
         on_fatal: FatalHandler,
@@ -53,9 +57,9 @@ class PersistenceActor(ReportingActor):
         self._stats_store = stats_store
         self._landing = landing
 
-    def on_receive(self, message: Any) -> Any:
-        if not isinstance(message, Snapshot):
-            raise TypeError(f"PersistenceActor: unexpected message {message!r}")
+    def on_receive(self, message: PersistenceMessage) -> Mapping[TopicPartition, int]:
+        if not isinstance(message, PersistenceMessage):
+            unexpected("PersistenceActor", message)
         # Records produced from these inputs first: an aggregate that
         # forwards to a republish step discards replays once its state is
         # written, so its outputs must be settled before (docs/architecture.md,
@@ -82,7 +86,8 @@ class PersistenceActor(ReportingActor):
             retrying("stats", lambda: stats.add_stats(message.stats))
         return checkpoint.offsets
 
-    def _save(self, store: StateStore, rows: StageRows, offsets: Any) -> bool:
+    def _save(self, store: StateStore, rows: StageRows,
+              offsets: Mapping[TopicPartition, int]) -> bool:
         """Closed windows first (history, then landing file): the states written next no
         longer hold them. True when a landing file was written."""
         landing = self._landing

@@ -32,8 +32,9 @@ from onceflow.actors.delivery import (
     OutboxWriter,
 )
 from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import Adopt, Barrier, Send
+from onceflow.actors.messages import Adopt, Barrier, ProducerMessage, Send, unexpected
 from onceflow.stages.outcome import Output
+from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 
 
@@ -78,21 +79,23 @@ class ProducerActor(ReportingActor):
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
         await self._producer.start()
 
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Send):
-            self._last_send = max(self._last_send, message.number)
-            if message.outputs:
-                self._pending.append(self._io.submit(self._send(message.outputs)))
-        elif isinstance(message, Barrier):
-            pending, self._pending = self._pending, []
-            for future in pending:
-                future.result()
-            return self._last_send
-        elif isinstance(message, Adopt):
-            assert self._lanes is not None
-            return self._io.run(self._lanes.adopt())
-        else:
-            raise TypeError(f"ProducerActor: unexpected message {message!r}")
+    def on_receive(self, message: ProducerMessage) -> int | None:
+        """``Barrier`` answers the number of the last send, ``Adopt`` the rows adopted."""
+        match message:
+            case Send():
+                self._last_send = max(self._last_send, message.number)
+                if message.outputs:
+                    self._pending.append(self._io.submit(self._send(message.outputs)))
+            case Barrier():
+                pending, self._pending = self._pending, []
+                for future in pending:
+                    future.result()
+                return self._last_send
+            case Adopt():
+                assert self._lanes is not None
+                return self._io.run(self._lanes.adopt())
+            case _:
+                unexpected("ProducerActor", message)
         return None
 
     async def _send(self, outputs: Sequence[Output]) -> None:
@@ -110,7 +113,7 @@ class ProducerActor(ReportingActor):
         async with self._order:
             partitions = {topic: await self._partitions_of(topic)
                           for topic in {o.topic for o in outputs}}
-            by_lane: dict[tuple[str, int], list[Output]] = {}
+            by_lane: dict[TopicPartition, list[Output]] = {}
             for o in outputs:  # Kafka's default partitioner: murmur2 of the key
                 partition = int(self._partitioner(o.key, partitions[o.topic], partitions[o.topic]))
                 by_lane.setdefault((o.topic, partition), []).append(o)

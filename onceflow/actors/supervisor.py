@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Protocol
 
 import pykka
 from tenacity import RetryCallState, wait_exponential_jitter
@@ -87,12 +87,14 @@ class ChildSpec:
 
 @dataclass(frozen=True)
 class RestartSettings:
-    policy: Policy = Policy.REST_FOR_ONE
-    max_restarts: int = 5
-    within: float = 60.0
-    backoff_initial: float = 1.0
-    backoff_max: float = 30.0
-    backoff_jitter: float = 1.0
+    """``onceflow.supervision`` as the supervisor takes it (defaults: reference.conf)."""
+
+    policy: Policy
+    max_restarts: int
+    within: float
+    backoff_initial: float
+    backoff_max: float
+    backoff_jitter: float
 
 
 @dataclass(frozen=True)
@@ -155,14 +157,13 @@ class Supervisor(pykka.ThreadingActor):
     def restarts(self) -> dict[str, int]:
         return {slot.spec.name: slot.restarts for slot in self._slots}
 
-    def on_receive(self, message: Any) -> Any:
+    def on_receive(self, message: _Failed | _Restart) -> None:
         if isinstance(message, _Failed):
             self._failed(message)
         elif isinstance(message, _Restart):
             for slot in self._slots:
                 if slot.spec.name in message.names and slot.state is ChildState.BACKING_OFF:
                     self._start(slot)
-        return None
 
     def on_stop(self) -> None:
         for timer in self._timers:

@@ -13,7 +13,9 @@ import pykka
 
 
 class Ticker:
-    def __init__(self, target: pykka.ActorRef[Any], message: Any, interval: float):
+    """Tells ``target`` (any actor: the pipeline or the commit actor) ``message``."""
+
+    def __init__(self, target: pykka.ActorRef[Any], message: object, interval: float):
         self._target = target
         self._message = message
         self._interval = interval

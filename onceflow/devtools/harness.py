@@ -19,7 +19,8 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
+from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 ASSIGNED = re.compile(r"partitions assigned: \[\(")
@@ -146,7 +147,7 @@ class CommittedOffsets:
 
     async def read(self, topic: str, partitions: Sequence[int]) -> dict[int, int]:
         assert self._consumer is not None
-        return {p: await self._consumer.committed(TopicPartition(topic, p)) or 0
+        return {p: await self._consumer.committed(KafkaPartition(topic, p)) or 0
                 for p in partitions}
 
     async def wait_for(self, topic: str, ends: Mapping[int, int], timeout: float,
@@ -179,7 +180,7 @@ async def read_all(bootstrap: str, topic: str, partitions: int, quiet: float = 2
                                 auto_offset_reset="earliest")
     await consumer.start()
     try:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        tps = [KafkaPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
         found: list[ConsumerRecord[bytes, bytes]] = []

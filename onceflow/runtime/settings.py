@@ -1,14 +1,15 @@
 """The typed settings: one frozen dataclass per block of reference.conf.
 
 ``onceflow.runtime.config`` builds them from HOCON (and re-exports them); the
-rest of the runtime reads their plain attributes. The field defaults serve
-tests and programmatic use; the defaults a worker runs with come from
-reference.conf, and tests/unit/test_config.py checks that the two agree.
+rest of the runtime reads their plain attributes. Fields have no defaults:
+every default lives in reference.conf, which the loader always reads, and
+whoever builds one by hand gives every value. The one exception,
+``CassandraReplication``, leaves unset the field its strategy does not use.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 OffsetReset = Literal["earliest", "latest"]
@@ -19,27 +20,27 @@ ReplicationClass = Literal["SimpleStrategy", "NetworkTopologyStrategy"]
 class ConnectionCheckerSettings:
     """``onceflow.kafka.connection-checker``: Alpakka's names and meaning."""
 
-    enable: bool = True
-    max_retries: int = 3
-    check_interval: float = 15.0
-    backoff_factor: float = 2.0
+    enable: bool
+    max_retries: int
+    check_interval: float
+    backoff_factor: float
 
 
 @dataclass(frozen=True)
 class ProducerSettings:
     """``onceflow.kafka.producer``: time-bounded delivery; Kafka's names and meaning."""
 
-    max_block: float = 60.0
-    delivery_timeout: float = 120.0
-    request_timeout: float = 30.0
-    retries: int = 2_147_483_647
-    retry_backoff: float = 0.1
-    reconnect_backoff: float = 0.05
-    reconnect_backoff_max: float = 1.0
-    max_in_flight: int = 1
-    linger: float = 0.005
-    batch_size: int = 1_048_576
-    outbox_store: str = "auto"
+    max_block: float
+    delivery_timeout: float
+    request_timeout: float
+    retries: int
+    retry_backoff: float
+    reconnect_backoff: float
+    reconnect_backoff_max: float
+    max_in_flight: int
+    linger: float
+    batch_size: int
+    outbox_store: str
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,10 @@ class KafkaSettings:
     fetch_max_wait: float
     dead_letter_topic: str
     late_events_topic: str
-    repartition_replication_factor: int = 1
-    connection_checker: ConnectionCheckerSettings = field(
-        default_factory=lambda: ConnectionCheckerSettings())
-    producer: ProducerSettings = field(default_factory=lambda: ProducerSettings())
-    join_timeout: float = 120.0
+    repartition_replication_factor: int
+    connection_checker: ConnectionCheckerSettings
+    producer: ProducerSettings
+    join_timeout: float
 
 
 @dataclass(frozen=True)
@@ -69,8 +69,8 @@ class ConsumerSettings:
     """``onceflow.consumer``: backpressure, and re-fetching holes in a partition's offsets."""
 
     max_in_flight_batches: int
-    gap_refetches: int = 5
-    gap_refetch_backoff: float = 0.1
+    gap_refetches: int
+    gap_refetch_backoff: float
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,7 @@ class CassandraReplication:
     """
 
     strategy: ReplicationClass
+    # Not in reference.conf by design: each strategy leaves the other's field unset.
     replication_factor: int | None = None
     datacenters: tuple[tuple[str, int], ...] = ()
 
@@ -149,13 +150,13 @@ class ShutdownSettings:
 class SupervisionSettings:
     """``onceflow.supervision``: restart policy, budget and backoff of the actors."""
 
-    policy: str = "rest_for_one"
-    max_restarts: int = 5
-    within: float = 60.0
-    backoff_initial: float = 1.0
-    backoff_max: float = 30.0
-    backoff_jitter: float = 1.0
-    escalation_grace: float = 0.0
+    policy: str
+    max_restarts: int
+    within: float
+    backoff_initial: float
+    backoff_max: float
+    backoff_jitter: float
+    escalation_grace: float
 
 
 @dataclass(frozen=True)
@@ -163,42 +164,42 @@ class MetricsSettings:
     """``onceflow.metrics``: the stats log line and the /metrics + /health endpoint."""
 
     stats_interval: float
-    port: int = 0
-    host: str = "127.0.0.1"
-    stall_timeout: float = 60.0
+    port: int
+    host: str
+    stall_timeout: float
 
 
 @dataclass(frozen=True)
 class LandingSettings:
     """``onceflow.landing``: the Parquet landing zone of closed windows (None = off)."""
 
-    dir: str | None = None
+    dir: str | None
 
 
 @dataclass(frozen=True)
 class SparkSettings:
     """``onceflow.analytics.spark``: how the analytics jobs build their SparkSession."""
 
-    master: str = "local[*]"
-    app_name: str = "onceflow-analytics"
-    driver_memory: str = "1g"
-    executor_memory: str = "1g"
-    shuffle_partitions: int = 8
-    ui_enabled: bool = True
-    conf: tuple[tuple[str, str], ...] = ()
+    master: str
+    app_name: str
+    driver_memory: str
+    executor_memory: str
+    shuffle_partitions: int
+    ui_enabled: bool
+    conf: tuple[tuple[str, str], ...]
 
 
 @dataclass(frozen=True)
 class AnalyticsSettings:
     """``onceflow.analytics``: the batch job's parameters and the store readers' splits."""
 
-    spark: SparkSettings = SparkSettings()
-    out: str = "onceflow-analytics"
-    top_n: int = 10
-    anomaly_k: float = 2.0
-    min_events: int = 3
-    cassandra_splits: int = 8
-    redis_shards: int = 8
+    spark: SparkSettings
+    out: str
+    top_n: int
+    anomaly_k: float
+    min_events: int
+    cassandra_splits: int
+    redis_shards: int
 
 
 @dataclass(frozen=True)
@@ -214,9 +215,9 @@ class Settings:
     stores: StoresSettings
     shutdown: ShutdownSettings
     metrics: MetricsSettings
-    landing: LandingSettings = LandingSettings()
-    analytics: AnalyticsSettings = AnalyticsSettings()
-    supervision: SupervisionSettings = SupervisionSettings()
-    single_worker: bool = False
-    pipeline_settings: dict[str, Any] = field(default_factory=dict)
+    landing: LandingSettings
+    analytics: AnalyticsSettings
+    supervision: SupervisionSettings
+    single_worker: bool
+    pipeline_settings: dict[str, Any]
 

@@ -2,7 +2,7 @@
 
 Two children, in dependency order (docs/architecture.md, "Supervision"):
 
-- ``core`` (``PipelineCore``): producer, persistence, commit and stage
+- ``core`` (``PipelineCore``): producer, persistence, commit and pipeline
   actors, the stores, the event loop and the checkpoint ledger: everything
   that holds in-memory states and what is durable of them;
 - ``consumer`` (``ConsumerStream``): the Kafka consumer, which depends on
@@ -44,8 +44,8 @@ from onceflow.actors.messages import (
     StopFetching,
 )
 from onceflow.actors.persistence import PersistenceActor
+from onceflow.actors.pipeline_actor import PipelineActor
 from onceflow.actors.producer import ProducerActor
-from onceflow.actors.stage import StageActor
 from onceflow.actors.supervisor import (
     ChildSpec,
     ChildState,
@@ -67,6 +67,7 @@ from onceflow.runtime.wiring import (
     producer_options,
 )
 from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.state import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,7 @@ class PipelineCore:
             on_fatal=on_fatal,
             landing=landing,
         )
-        self.stage = StageActor.start(
+        self.pipeline_actor = PipelineActor.start(
             pipeline=pipeline,
             stores=stage_stores,
             dead_letter_topic=s.kafka.dead_letter_topic,
@@ -147,13 +148,13 @@ class PipelineCore:
             on_fatal=on_fatal,
             single_worker=s.single_worker,
         )
-        # Stop order: stage first (no new snapshots), producer last (flushes sends).
-        self._actors: list[pykka.ActorRef[Any]] = [
-            self.stage, self._persistence, self.commit, self.producer]
+        # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
+        self._actors: list[pykka.ActorRef[Any]] = [  # several kinds of actor
+            self.pipeline_actor, self._persistence, self.commit, self.producer]
         self._tickers = [
-            Ticker(self.stage, PersistTick(), s.persistence.interval).start(),
+            Ticker(self.pipeline_actor, PersistTick(), s.persistence.interval).start(),
             Ticker(self.commit, CommitTick(), s.commit.interval).start(),
-            Ticker(self.stage, LogStats(), s.metrics.stats_interval).start(),
+            Ticker(self.pipeline_actor, LogStats(), s.metrics.stats_interval).start(),
         ]
         self._stopped = False
 
@@ -161,11 +162,11 @@ class PipelineCore:
         with self.ledger() as ledger:
             ledger.outboxed(delta)
 
-    def drain(self) -> dict[Any, int]:
+    def drain(self) -> dict[TopicPartition, int]:
         """Graceful, once the stream stopped fetching: persist everything processed, commit it."""
         timeout = self.settings.shutdown.timeout
-        self.stage.ask(Flush(), timeout=timeout)
-        committed: dict[Any, int] = self.commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
+        self.pipeline_actor.ask(Flush(), timeout=timeout)
+        committed: dict[TopicPartition, int] = self.commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
         return committed
 
     def stop(self) -> None:
@@ -214,7 +215,7 @@ class ConsumerStream:
             poll_timeout=s.kafka.fetch_max_wait + 0.1,
             start_timeout=core.start_timeout,
             io=core.io,
-            stage=core.stage,
+            pipeline=core.pipeline_actor,
             commit=core.commit,
             producer=core.producer,
             ledger=core.ledger,
@@ -252,7 +253,7 @@ class Worker:
         self._failure: tuple[str, BaseException] | None = None
         self._core: PipelineCore | None = None
         self._stream: ConsumerStream | None = None
-        self._supervisor: pykka.ActorRef[Any] | None = None
+        self._supervisor: pykka.ActorRef[Supervisor] | None = None
         self._http: HealthServer | None = None
 
     def _escalate(self, who: str, error: BaseException) -> None:

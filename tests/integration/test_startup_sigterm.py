@@ -168,7 +168,7 @@ def test_sigterm_while_the_supervisor_backs_off_before_a_restart(
     run = Run(kafka_service, redis_service, tmp_path, unique_name, partitions=1)
     stream = generate(200, seed=4)
     produce(run.bootstrap, run.topic, stream.messages)
-    # The stage fails on the first record, so the pipeline restarts after 60 s.
+    # The pipeline actor fails on the first record, so the pipeline restarts after 60 s.
     poison = Envelope.FromString(stream.messages[0][1]).event_id
     monkeypatch.setenv("ONCEFLOW_FAULT_STAGE_RAISES_ON", poison)  # the worker inherits it
     worker = run.start(["--set", "onceflow.supervision.backoff.initial=60s"])

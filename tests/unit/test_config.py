@@ -15,16 +15,19 @@ from onceflow.runtime.config import (
     CassandraSettings,
     CommitSettings,
     ConfigError,
+    ConnectionCheckerSettings,
     ConsumerSettings,
     KafkaSettings,
     LandingSettings,
     MetricsSettings,
     PersistenceSettings,
+    ProducerSettings,
     RedisSettings,
     Settings,
     ShutdownSettings,
     SparkSettings,
     StoresSettings,
+    SupervisionSettings,
     load_settings,
     parse_duration,
 )
@@ -41,6 +44,14 @@ ENV_VARS = (
 PIPELINE = 'onceflow.pipeline = "shop.orders:pipeline"\n'
 
 AppFile = Callable[[str], Path]
+
+# reference.conf's onceflow.analytics block (the settings have no defaults of their own).
+REFERENCE_ANALYTICS = AnalyticsSettings(
+    spark=SparkSettings(master="local[*]", app_name="onceflow-analytics", driver_memory="1g",
+                        executor_memory="1g", shuffle_partitions=8, ui_enabled=True, conf=()),
+    out="onceflow-analytics", top_n=10, anomaly_k=2.0, min_events=3, cassandra_splits=8,
+    redis_shards=8,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -89,6 +100,15 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
             fetch_max_wait=0.1,
             dead_letter_topic="onceflow-dead-letters",
             late_events_topic="onceflow-late-events",
+            repartition_replication_factor=1,
+            connection_checker=ConnectionCheckerSettings(
+                enable=True, max_retries=3, check_interval=15.0, backoff_factor=2.0),
+            producer=ProducerSettings(
+                max_block=60.0, delivery_timeout=120.0, request_timeout=30.0,
+                retries=2_147_483_647, retry_backoff=0.1, reconnect_backoff=0.05,
+                reconnect_backoff_max=1.0, max_in_flight=1, linger=0.005, batch_size=1_048_576,
+                outbox_store="auto"),
+            join_timeout=120.0,
         ),
         consumer=ConsumerSettings(4, gap_refetches=5, gap_refetch_backoff=0.1),
         persistence=PersistenceSettings(interval=1.0),
@@ -109,7 +129,14 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
             ),
         ),
         shutdown=ShutdownSettings(timeout=10.0),
-        metrics=MetricsSettings(stats_interval=5.0),
+        metrics=MetricsSettings(stats_interval=5.0, port=0, host="127.0.0.1", stall_timeout=60.0),
+        landing=LandingSettings(dir=None),
+        analytics=REFERENCE_ANALYTICS,
+        supervision=SupervisionSettings(
+            policy="rest_for_one", max_restarts=5, within=60.0, backoff_initial=1.0,
+            backoff_max=30.0, backoff_jitter=1.0, escalation_grace=0.0),
+        single_worker=False,
+        pipeline_settings={},
     )
 
 
@@ -791,7 +818,7 @@ def test_landing_is_off_and_analytics_has_defaults(app_file: AppFile) -> None:
     settings = load_settings(app_file(PIPELINE))
 
     assert settings.landing == LandingSettings(dir=None)
-    assert settings.analytics == AnalyticsSettings()
+    assert settings.analytics == REFERENCE_ANALYTICS
     assert settings.analytics.spark.master == "local[*]"
 
 

@@ -47,12 +47,18 @@ def _stop_actors() -> Iterator[None]:
     pykka.ActorRegistry.stop_all()
 
 
+def fast(policy: Policy, max_restarts: int = 5, initial: float = 0.01, within: float = 60
+         ) -> RestartSettings:
+    """Short backoffs without jitter, so restarts happen promptly and in a known order."""
+    return RestartSettings(policy=policy, max_restarts=max_restarts, within=within,
+                           backoff_initial=initial, backoff_max=1.0, backoff_jitter=0)
+
+
 def supervise(policy: Policy, max_restarts: int = 5, initial: float = 0.01, within: float = 60
               ) -> tuple[pykka.ActorProxy[Supervisor], dict[str, Fake], list[str]]:
     fakes = {name: Fake(name) for name in ("a", "b", "c")}
     escalated: list[str] = []
-    settings = RestartSettings(policy=policy, max_restarts=max_restarts, within=within,
-                               backoff_initial=initial, backoff_max=1.0, backoff_jitter=0)
+    settings = fast(policy, max_restarts, initial, within)
     ref = Supervisor.start([ChildSpec(n, f.start) for n, f in fakes.items()], settings,
                            lambda name, error: escalated.append(name))
     return ref.proxy(), fakes, escalated
@@ -89,7 +95,7 @@ def test_policy_decides_which_children_restart(policy: Policy, restarted: set[st
 def test_a_child_never_outlives_one_it_depends_on(policy: Policy, failing: str,
                                                   restarted: set[str]) -> None:
     fakes = {name: Fake(name) for name in ("a", "b", "c")}
-    settings = RestartSettings(policy=policy, backoff_initial=0.01, backoff_jitter=0)
+    settings = fast(policy)
     specs = [ChildSpec("a", fakes["a"].start), ChildSpec("b", fakes["b"].start),
              ChildSpec("c", fakes["c"].start, depends_on=("a",))]
     sup = Supervisor.start(specs, settings, lambda name, error: None).proxy()
@@ -104,7 +110,7 @@ def test_a_dependency_must_be_declared_before_its_dependent() -> None:
     with pytest.raises(ValueError, match="depends on"):
         Supervisor(
             [ChildSpec("a", Fake("a").start, depends_on=("b",)), ChildSpec("b", Fake("b").start)],
-            RestartSettings(), lambda name, error: None)
+            fast(Policy.REST_FOR_ONE), lambda name, error: None)
 
 
 def test_restart_delays_grow() -> None:

@@ -11,7 +11,7 @@ from onceflow.analytics.session import build_session
 from onceflow.runtime.config import SparkSettings
 
 TEST_SPARK = SparkSettings(master="local[2]", app_name="onceflow-tests", driver_memory="1g",
-                           shuffle_partitions=4, ui_enabled=False)
+                           executor_memory="1g", shuffle_partitions=4, ui_enabled=False, conf=())
 
 
 @pytest.fixture(scope="session")

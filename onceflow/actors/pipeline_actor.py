@@ -1,5 +1,6 @@
-"""StageActor: runs the pipeline's steps over batches and snapshots dirty states.
+"""PipelineActor: runs the whole pipeline over batches and snapshots dirty states.
 
+Every step and aggregate of the pipeline runs here (``PipelineRunner``).
 Thread: the actor's own. It is the only owner of the in-memory states, so
 folding needs no locks, and its FIFO mailbox orders batches, snapshots and
 flushes: a snapshot covers exactly the batches received before it.
@@ -12,7 +13,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 
@@ -26,9 +27,11 @@ from onceflow.actors.messages import (
     Forget,
     LogStats,
     PersistTick,
+    PipelineMessage,
     Send,
     Snapshot,
     StageRows,
+    unexpected,
 )
 from onceflow.actors.retry import retrying
 from onceflow.stages.pipeline import Aggregate, Pipeline
@@ -36,13 +39,17 @@ from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
 from onceflow.stores.base import StateStore
 
+if TYPE_CHECKING:
+    from onceflow.actors.persistence import PersistenceActor
+    from onceflow.actors.producer import ProducerActor
+
 log = logging.getLogger(__name__)
 
-# Snapshots that may wait for the store at once before the stage blocks.
+# Snapshots that may wait for the store at once before the pipeline actor blocks.
 MAX_UNWRITTEN_SNAPSHOTS = 2
 
 
-class StageActor(ReportingActor):
+class PipelineActor(ReportingActor):
     def __init__(
         self,
         *,
@@ -50,8 +57,8 @@ class StageActor(ReportingActor):
         stores: Mapping[str, StateStore],
         dead_letter_topic: str,
         late_events_topic: str,
-        producer: pykka.ActorRef[Any],
-        persistence: pykka.ActorRef[Any],
+        producer: pykka.ActorRef[ProducerActor],
+        persistence: pykka.ActorRef[PersistenceActor],
         ledger: SharedLedger,
         on_fatal: FatalHandler,
         single_worker: bool = False,
@@ -80,24 +87,25 @@ class StageActor(ReportingActor):
                          lambda: self._stores[spec.store].claim_homes(spec.id, proposals))
         return {key: _partition_of(home) for key, home in homes.items()}
 
-    def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Batch):
-            self._process(message.records)
-            if message.done_to is not None:
-                with contextlib.suppress(pykka.ActorDeadError):  # a stream being re-created
-                    message.done_to.tell(BatchDone())
-        elif isinstance(message, PersistTick):
-            snapshot = self._snapshot(force=False)
-            if snapshot is not None:
-                self._persist(snapshot)
-        elif isinstance(message, LogStats):
-            log.info("stats %s", dict(sorted(self._totals.items())))
-        elif isinstance(message, Flush):
-            return self._flush()
-        elif isinstance(message, Forget):
-            self._forget(message.partitions)
-        else:
-            raise TypeError(f"StageActor: unexpected message {message!r}")
+    def on_receive(self, message: PipelineMessage) -> dict[TopicPartition, int] | None:
+        match message:
+            case Batch():
+                self._process(message.records)
+                if message.done_to is not None:
+                    with contextlib.suppress(pykka.ActorDeadError):  # a stream being re-created
+                        message.done_to.tell(BatchDone())
+            case PersistTick():
+                snapshot = self._snapshot(force=False)
+                if snapshot is not None:
+                    self._persist(snapshot)
+            case LogStats():
+                log.info("stats %s", dict(sorted(self._totals.items())))
+            case Flush():
+                return self._flush()
+            case Forget():
+                self._forget(message.partitions)
+            case _:
+                unexpected("PipelineActor", message)
         return None
 
     def _flush(self) -> dict[TopicPartition, int]:
@@ -116,7 +124,7 @@ class StageActor(ReportingActor):
     def _forget(self, partitions: frozenset[TopicPartition]) -> None:
         """Drop the cached states (every key reloads) and the partitions' progress.
 
-        Refuses (the stage fails, the supervisor restarts it from what is
+        Refuses (the actor fails, the supervisor restarts it from what is
         durable) when records of theirs are processed but not written: those
         states may be stale now, and writing them could overwrite the newer
         ones of the member that took the partitions over.
@@ -135,9 +143,9 @@ class StageActor(ReportingActor):
         """Hand a snapshot to persistence; block while too many are unwritten.
 
         Blocking here is the backpressure of a slow or unreachable store: the
-        stage stops taking batches, the consumer reaches its in-flight bound
+        actor stops taking batches, the consumer reaches its in-flight bound
         and pauses its partitions, instead of snapshots piling up in memory.
-        A failed write surfaces here and fails the stage (the supervisor
+        A failed write surfaces here and fails this actor (the supervisor
         restarts the pipeline from what is durable).
         """
         while self._pending and _written(self._pending[0]):
