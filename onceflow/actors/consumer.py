@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pykka
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
@@ -46,6 +46,7 @@ from onceflow.actors.messages import (
     StopFetching,
     unexpected,
 )
+from onceflow.actors.rebalance import RebalanceListener, warn_partial_assignment
 from onceflow.stages.state import TopicPartition
 
 if TYPE_CHECKING:
@@ -120,9 +121,9 @@ class ConsumerActor(ReportingActor):
     async def _begin(self) -> None:
         """Create the stream and let it join in the background (see the module doc)."""
         self._consumer = AIOKafkaConsumer(**self._options)
-        self._consumer.subscribe(self._topics, listener=_Rebalance(self))
+        self._consumer.subscribe(self._topics, listener=RebalanceListener(self))
         metrics.STREAM_STARTS.inc()
-        self._join_began()
+        self.join_began()
         self._opening = self._background(self._open())
         if self._join is not None:
             self._join_enforcer = self._background(enforce(self._join))
@@ -232,17 +233,8 @@ class ConsumerActor(ReportingActor):
             self._consumer.resume(*(settled & self._consumer.assignment() - set(self._held)))
 
     def check_single_worker(self, assigned: set[KafkaPartition]) -> None:
-        """With ``single-worker``, warn when the group gave this worker only some partitions."""
-        if not self._single_worker or self._consumer is None:
-            return
-        every = {(topic, p) for topic in self._topics
-                 for p in self._consumer.partitions_for_topic(topic) or ()}
-        missing = every - {(tp.topic, tp.partition) for tp in assigned}
-        if missing:
-            log.warning("onceflow.single-worker is set, but this worker was assigned %d of %d "
-                        "partitions (not %s): another member is in the group; while it is "
-                        "alive, keys fed from several partitions lose events", len(assigned),
-                        len(every), sorted(missing)[:5])
+        if self._single_worker and self._consumer is not None:
+            warn_partial_assignment(self._consumer, self._topics, assigned)
 
     def _release_all(self) -> None:
         for timer in self._held.values():
@@ -357,11 +349,11 @@ class ConsumerActor(ReportingActor):
                         self._stop_timeout)
             await _close_parts(self._consumer)
 
-    def _join_began(self) -> None:
+    def join_began(self) -> None:
         if self._join is not None:
             self._join.joining()
 
-    def _join_ended(self) -> None:
+    def join_ended(self) -> None:
         if self._join is not None:
             self._join.joined()
 
@@ -401,26 +393,3 @@ async def _close_parts(consumer: AIOKafkaConsumer) -> None:
         if part is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(part.close(), 1.0)
-
-
-class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, actor: ConsumerActor):
-        self._actor = actor
-
-    async def on_partitions_revoked(self, revoked: set[KafkaPartition]) -> None:
-        try:
-            await self._actor.on_revoked(revoked)
-        finally:  # aiokafka sends JoinGroup next; the flush above is not join time
-            self._actor._join_began()
-
-    async def on_partitions_assigned(self, assigned: set[KafkaPartition]) -> None:
-        self._actor.settle(assigned)  # nothing of them reaches the pipeline until settled()
-        try:
-            self._actor._join_ended()
-            log.info("partitions assigned: %s",
-                     sorted((tp.topic, tp.partition) for tp in assigned))
-            self._actor.check_single_worker(assigned)
-            await self._actor.resume(await self._actor.learn_positions(assigned))
-            await self._actor.adopt()
-        finally:
-            self._actor.settled()

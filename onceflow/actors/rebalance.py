@@ -1,0 +1,71 @@
+"""The consumer's rebalance listener: what happens, in order, when partitions move.
+
+Revoke: flush and commit before another member takes them (the actor's
+``on_revoked``), then count the time to the next assignment as join time.
+Assign: pause the new partitions first (before any await), learn where
+each resumes, tell the checkpoint ledger (which finds stale cached
+progress), adopt the outbox, and only then let them be fetched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka import TopicPartition as KafkaPartition
+
+from onceflow.stages.state import TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+class Rebalancing(Protocol):
+    """What the listener needs of ``ConsumerActor``."""
+
+    async def on_revoked(self, revoked: set[KafkaPartition]) -> None: ...
+    def join_began(self) -> None: ...
+    def join_ended(self) -> None: ...
+    def settle(self, assigned: set[KafkaPartition]) -> None: ...
+    def settled(self) -> None: ...
+    def check_single_worker(self, assigned: set[KafkaPartition]) -> None: ...
+    async def learn_positions(self, assigned: set[KafkaPartition]
+                              ) -> dict[TopicPartition, int]: ...
+    async def resume(self, positions: dict[TopicPartition, int]) -> None: ...
+    async def adopt(self) -> None: ...
+
+
+class RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, actor: Rebalancing):
+        self._actor = actor
+
+    async def on_partitions_revoked(self, revoked: set[KafkaPartition]) -> None:
+        try:
+            await self._actor.on_revoked(revoked)
+        finally:  # aiokafka sends JoinGroup next; the flush above is not join time
+            self._actor.join_began()
+
+    async def on_partitions_assigned(self, assigned: set[KafkaPartition]) -> None:
+        self._actor.settle(assigned)  # nothing of them reaches the pipeline until settled()
+        try:
+            self._actor.join_ended()
+            log.info("partitions assigned: %s",
+                     sorted((tp.topic, tp.partition) for tp in assigned))
+            self._actor.check_single_worker(assigned)
+            await self._actor.resume(await self._actor.learn_positions(assigned))
+            await self._actor.adopt()
+        finally:
+            self._actor.settled()
+
+
+def warn_partial_assignment(consumer: AIOKafkaConsumer, topics: Sequence[str],
+                            assigned: set[KafkaPartition]) -> None:
+    """With ``single-worker``, warn when the group gave this worker only some partitions."""
+    every = {(topic, p) for topic in topics for p in consumer.partitions_for_topic(topic) or ()}
+    missing = every - {(tp.topic, tp.partition) for tp in assigned}
+    if missing:
+        log.warning("onceflow.single-worker is set, but this worker was assigned %d of %d "
+                    "partitions (not %s): another member is in the group; while it is "
+                    "alive, keys fed from several partitions lose events", len(assigned),
+                    len(every), sorted(missing)[:5])
