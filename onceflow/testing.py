@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 from aiokafka.partitioner import murmur2
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
+from onceflow.stages.formats import Format, format_name
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.runner import PipelineRunner, StateTable
@@ -75,10 +76,14 @@ def envelope(value: Any = None, *, payload: bytes | None = None, key: str = "",
 class Record:
     """One input record, before it has an offset.
 
-    ``value`` is a JSON-able object (sent as the payload of an envelope with
-    ``key``), an ``Envelope``, or bytes sent as they are (a serialized
-    envelope, or garbage to test dead letters). ``topic`` defaults to the
-    pipeline's first topic; ``offset`` to the partition's next one.
+    ``value`` is sent in the topic's declared format: on an ``envelope``
+    topic a JSON-able object becomes the payload of an envelope with ``key``;
+    on a ``json`` topic it is sent as JSON, a ``str`` as UTF-8. An
+    ``Envelope`` or bytes are sent as they are, whatever the format (a
+    serialized envelope, or garbage to test dead letters). ``key`` is also
+    the Kafka key; ``headers`` and ``timestamp`` (ms) are the Kafka record's.
+    ``topic`` defaults to the pipeline's first topic; ``offset`` to the
+    partition's next one.
     """
 
     value: Any
@@ -86,13 +91,23 @@ class Record:
     partition: int = 0
     offset: int | None = None
     key: str | None = None
+    headers: Sequence[tuple[str, bytes]] = ()
+    timestamp: int | None = None
 
-    def to_bytes(self) -> bytes:
+    def to_bytes(self, fmt: Format = "envelope") -> bytes:
+        """The value as a producer of a topic in format ``fmt`` would write it."""
         if isinstance(self.value, bytes):
             return self.value
         if isinstance(self.value, Envelope):
             return self.value.SerializeToString()
-        return envelope(self.value, key=self.key or "").SerializeToString()
+        if fmt == "envelope":
+            return envelope(self.value, key=self.key or "").SerializeToString()
+        if isinstance(self.value, str) and fmt != "json":
+            return self.value.encode()
+        if fmt == "json":
+            return json.dumps(self.value).encode()
+        raise TypeError(f"a record for a {format_name(fmt)} topic needs bytes or str, "
+                        f"got {self.value!r}")
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,8 @@ class Consumed:
     offset: int
     value: bytes
     key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp: int | None = None
 
     @property
     def envelope(self) -> Envelope:
@@ -210,8 +227,9 @@ class TestRun:
                 raise ValueError(f"{topic}/{record.partition}: offset {offset} is taken (next is "
                                  f"{end}); use duplicate() to deliver a record again")
             key = None if record.key is None else record.key.encode()
-            consumed.append(self._append(Consumed(topic, record.partition, offset,
-                                                  record.to_bytes(), key)))
+            value = record.to_bytes(self.pipeline.format_of(topic))
+            consumed.append(self._append(Consumed(topic, record.partition, offset, value, key,
+                                                  tuple(record.headers), record.timestamp)))
         self._pending.extend(consumed)
         self._drain()
         return consumed
@@ -365,7 +383,7 @@ class TestRun:
             elif out.topic in self._hops:
                 partition = partition_for(out.key, self._hops[out.topic])
                 hop = Consumed(out.topic, partition, self._ends.get((out.topic, partition), 0),
-                               out.value, out.key)
+                               out.value, out.key, out.headers)
                 self._pending.append(self._append(hop))
 
     def _source(self, headers: Mapping[str, str]) -> Consumed:

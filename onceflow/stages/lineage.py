@@ -18,22 +18,26 @@ RootPartition = tuple[str, int]
 Position = tuple[int, ...]
 
 
-def root_of(envelope: Envelope, topic: str, partition: int, offset: int) -> tuple[
+def root_of(envelope: Envelope | None, topic: str, partition: int, offset: int) -> tuple[
     RootPartition, Position
 ]:
-    """Root partition and position of a record consumed at topic/partition/offset."""
-    chain = envelope.source_chain
-    if not chain:
+    """Root partition and position of a record consumed at topic/partition/offset.
+
+    A raw record (``envelope`` None: a json, bytes or str source) is its own
+    root, like an envelope with an empty chain.
+    """
+    if envelope is None or not envelope.source_chain:
         return (topic, partition), (offset,)
+    chain = envelope.source_chain
     root = chain[0]
     return (root.topic, root.partition), (root.offset, *(ref.index for ref in chain))
 
 
 def extended_chain(
-    envelope: Envelope, topic: str, partition: int, offset: int, index: int
+    envelope: Envelope | None, topic: str, partition: int, offset: int, index: int
 ) -> list[SourceRef]:
     """The source chain of the ``index``-th output republished from this record."""
-    chain = list(envelope.source_chain)
+    chain = [] if envelope is None else list(envelope.source_chain)
     chain.append(SourceRef(topic=topic, partition=partition, offset=offset, index=index))
     return chain
 

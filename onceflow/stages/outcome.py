@@ -11,6 +11,7 @@ partition feeds (see ``onceflow.stages.runner``).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -28,6 +29,12 @@ class ConsumedRecord(Protocol):
     def offset(self) -> int: ...
     @property
     def value(self) -> bytes | None: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def headers(self) -> Sequence[tuple[str, bytes]]: ...
+    @property
+    def timestamp(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,19 @@ class BatchOutcome:
     next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     misaligned: Counter[str] = field(default_factory=Counter)  # records of keys homed elsewhere
     misaligned_reason: dict[str, str] = field(default_factory=dict)  # the first one per stage
+    rejected: Counter[tuple[str, str]] = field(default_factory=Counter)  # (stage, kind) -> n
+    first_rejection: dict[tuple[str, str], str] = field(default_factory=dict)  # its reason
+
+    def dead_letter(self, output: Output, reason: Exception) -> None:
+        """Count a dead letter by stage and kind of reason (``source`` for format errors)."""
+        self.dead_letters += 1
+        self.outputs.append(output)
+        if isinstance(reason, StageFailure):
+            slot = (reason.stage_id, type(reason.error).__name__)
+        else:
+            slot = ("source", getattr(reason, "kind", type(reason).__name__))
+        self.rejected[slot] += 1
+        self.first_rejection.setdefault(slot, str(reason))
 
     def stats(self, records: int) -> Counter[str]:
         """The batch's counters under the worker's stat names (``<stage>.folded`` ...)."""

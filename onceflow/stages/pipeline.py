@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages.formats import Format, check_format
+from onceflow.stages.formats import payload_bytes as payload_bytes  # the default decode, kept here
 from onceflow.stages.windows import Tumbling
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
-
-
-def payload_bytes(envelope: Envelope) -> Any:
-    """Default decoder: hand the envelope's raw payload to the first stage."""
-    return envelope.payload
 
 
 @dataclass(frozen=True)
@@ -121,7 +117,17 @@ Step = Map | Filter | FlatMap | Aggregate | Republish | Repartition
 
 @dataclass(frozen=True)
 class Pipeline:
-    """Source topics, a decoder, then steps; build it with the chaining methods.
+    """Source topics, their format, a decoder, then steps; build it with the chaining methods.
+
+    ``format`` says what the source topics hold (``formats`` per topic
+    overrides it): ``"envelope"`` (onceflow's records, the default),
+    ``"json"``, ``"bytes"``, ``"str"``, or a ``Callable[[bytes], Any]``
+    deserializer. ``decode`` gets the envelope (default: its payload bytes)
+    or the parsed value of a raw format (default: unchanged). A record that
+    does not parse in its topic's format is dead-lettered with the reason.
+    With ``with_meta=True`` the first step gets ``(value, meta)``, where meta
+    is a ``RecordMeta`` (key, headers, timestamp, topic, partition, offset,
+    and the envelope if there is one); records from repartition topics do not.
 
     Example:
         >>> p = (Pipeline("robots", topics=("reports",))
@@ -133,13 +139,22 @@ class Pipeline:
 
     id: str
     topics: tuple[str, ...]
-    decode: Callable[[Envelope], Any] = payload_bytes
+    decode: Callable[[Any], Any] | None = None
     steps: tuple[Step, ...] = field(default=())
+    format: Format = "envelope"
+    formats: Mapping[str, Format] = field(default_factory=dict)
+    with_meta: bool = False
 
     def __post_init__(self) -> None:
         _check_id("pipeline", self.id)
         if isinstance(self.topics, str) or not self.topics:
             raise ValueError(f"pipeline {self.id!r}: topics must be a non-empty tuple of names")
+        check_format(f"pipeline {self.id!r}", self.format)
+        for topic, fmt in self.formats.items():
+            if topic not in self.topics:
+                raise ValueError(f"pipeline {self.id!r}: formats names {topic!r}, which is not "
+                                 f"one of its topics {list(self.topics)}")
+            check_format(f"pipeline {self.id!r}: topic {topic!r}", fmt)
         seen: set[str] = set()
         for step in self.steps:
             _check_id(type(step).__name__.lower(), step.id)
@@ -235,6 +250,12 @@ class Pipeline:
         """
         name = topic if topic is not None else f"{self.id}-{id}-repartition"
         return self._then(Repartition(id, key, name, partitions, encode, decode))
+
+    def format_of(self, topic: str) -> Format:
+        """The declared format of source topic ``topic`` (repartition topics hold envelopes)."""
+        if topic not in self.topics:
+            return "envelope"
+        return self.formats.get(topic, self.format)
 
     @property
     def aggregates(self) -> tuple[Aggregate, ...]:

@@ -26,9 +26,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
 from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages.formats import (
+    ENVELOPE_MARK,
+    FormatError,
+    Reader,
+    hop_reader,
+    meta_of,
+    source_reader,
+)
 from onceflow.stages.lineage import Position, RootPartition, event_id, extended_chain, root_of
 from onceflow.stages.outcome import (
     BatchOutcome,
@@ -86,12 +92,7 @@ class _Emit:
     outputs: list[Output]
 
 
-@dataclass(frozen=True, slots=True)
-class _Segment:
-    """The steps run over records of some consumed topics, and how their values decode."""
-
-    decode: Callable[[Envelope], Any]
-    steps: list[tuple[Step, StateTable | None]]
+_Segment = list[tuple[Step, "StateTable | None"]]  # the steps run over some consumed topics
 
 
 class StateTable:
@@ -134,6 +135,10 @@ class PipelineRunner:
         self.tables = [StateTable(spec) for spec in pipeline.aggregates]
         self._segments = self._split(pipeline)
         self._first = self._segments[pipeline.topics[0]]
+        self._readers = {topic: source_reader(topic, pipeline.format_of(topic), pipeline.decode,
+                                              pipeline.with_meta) for topic in pipeline.topics}
+        self._readers.update({hop.topic: hop_reader(hop.topic, hop.decode)
+                              for hop in pipeline.repartitions})
         self._load = load
         self._claim = claim
         self._dead_letter_topic = dead_letter_topic
@@ -142,16 +147,14 @@ class PipelineRunner:
     def _split(self, pipeline: Pipeline) -> dict[str, _Segment]:
         """Consumed topic -> segment: a repartition step ends one segment and starts the next."""
         tables = iter(self.tables)
-        segment = _Segment(pipeline.decode, [])
+        segment: _Segment = []
         segments = dict.fromkeys(pipeline.topics, segment)
         for step in pipeline.steps:
             if isinstance(step, Repartition):
-                hop = Republish(step.id, step.topic, step.encode, step.key)
-                segment.steps.append((hop, None))
-                segment = _Segment(_payload_decoder(step.decode), [])
-                segments[step.topic] = segment
+                segment.append((Republish(step.id, step.topic, step.encode, step.key), None))
+                segment = segments[step.topic] = []
             else:
-                segment.steps.append((step, next(tables) if isinstance(step, Aggregate) else None))
+                segment.append((step, next(tables) if isinstance(step, Aggregate) else None))
         return segments
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
@@ -170,7 +173,7 @@ class PipelineRunner:
             next_offsets[(record.topic, record.partition)] = record.offset + 1
             try:
                 plan = self._plan(record)
-            except (StageFailure, _Undecodable) as failure:
+            except (StageFailure, FormatError) as failure:
                 self._dead_letter(outcome, record, failure)
                 continue
             for share in plan.folds:
@@ -206,19 +209,17 @@ class PipelineRunner:
             table.states.clear()
 
     def _plan(self, record: ConsumedRecord) -> _Plan:
-        try:
-            envelope = Envelope.FromString(record.value or b"")
-        except DecodeError as error:
-            raise _Undecodable(f"undecodable envelope: {error}") from error
+        reader: Reader = self._readers.get(record.topic) or self._readers[self.pipeline.topics[0]]
+        value, envelope = reader.parse(record)  # FormatError: a dead letter naming the formats
         root, position = root_of(envelope, record.topic, record.partition, record.offset)
         plan = _Plan(record, root, [], [], [])
-        segment = self._segments.get(record.topic, self._first)
         stage = "decode"
         try:
+            value = reader.decode(value)
             # Parallel lists: values and their positions, one entry per value.
-            values: list[Any] = [segment.decode(envelope)]
+            values: list[Any] = [(value, meta_of(record, envelope)) if reader.with_meta else value]
             positions: list[Position] = [position]
-            for step, table in segment.steps:
+            for step, table in self._segments.get(record.topic, self._first):
                 stage = step.id
                 if isinstance(step, Map):
                     values = list(map(step.fn, values))
@@ -248,25 +249,26 @@ class PipelineRunner:
     def _republish(
         self,
         step: Republish,
-        envelope: Envelope,
+        envelope: Envelope | None,
         record: ConsumedRecord,
         root: RootPartition,
         values: list[tuple[Position, Any]],
     ) -> list[Output]:
         outputs = []
+        time_ms, key = _defaults(envelope, record)
         for j, (pos, value) in enumerate(values):
             out = Envelope(
                 event_id=event_id(root, pos),
-                event_time_ms=step.event_time_ms(value) if step.event_time_ms
-                else envelope.event_time_ms,
-                key=step.key(value) if step.key else envelope.key,
+                event_time_ms=step.event_time_ms(value) if step.event_time_ms else time_ms,
+                key=step.key(value) if step.key else key,
                 payload=step.encode(value),
                 payload_type=step.payload_type,
                 source_chain=extended_chain(
                     envelope, record.topic, record.partition, record.offset, j
                 ),
             )
-            outputs.append(Output(step.topic, out.key.encode() or None, out.SerializeToString()))
+            outputs.append(Output(step.topic, out.key.encode() or None, out.SerializeToString(),
+                                  (ENVELOPE_MARK,)))
         return outputs
 
     def _load_into(self, table: StateTable, feeders: dict[str, TopicPartition]) -> None:
@@ -381,20 +383,18 @@ class PipelineRunner:
     def _dead_letter(
         self, outcome: BatchOutcome, record: ConsumedRecord, reason: Exception
     ) -> None:
-        outcome.dead_letters += 1
-        outcome.outputs.append(
-            dead_letter(self._dead_letter_topic, record, self.pipeline.id, reason))
+        outcome.dead_letter(
+            dead_letter(self._dead_letter_topic, record, self.pipeline.id, reason), reason)
 
 
-def _payload_decoder(decode: Callable[[bytes], Any]) -> Callable[[Envelope], Any]:
-    """A repartition topic's envelopes carry the encoded value as their payload."""
-    return lambda envelope: decode(envelope.payload)
+def _defaults(envelope: Envelope | None, record: ConsumedRecord) -> tuple[int, str]:
+    """Event time and key of outputs whose step gives none: the envelope's, or for a raw
+    record its Kafka timestamp and key (UTF-8)."""
+    if envelope is not None:
+        return envelope.event_time_ms, envelope.key
+    return record.timestamp or 0, (record.key or b"").decode(errors="replace")
 
 
 def _is_stopped(position: Position, stopped: list[tuple[int, set[Position]]]) -> bool:
     """True if ``position`` derives from a value an earlier aggregate did not fold."""
     return any(position[:length] in positions for length, positions in stopped)
-
-
-class _Undecodable(Exception):
-    """The record's bytes are not an Envelope."""

@@ -28,6 +28,9 @@ class Rec:
     partition: int
     offset: int
     value: bytes | None
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
+    timestamp: int | None = None
 
 
 def envelope(payload: Any, chain: Sequence[tuple[str, int, int, int]] = ()) -> bytes:

@@ -1,0 +1,190 @@
+"""Source formats: how a consumed record's bytes become the first step's input.
+
+A pipeline declares per source topic what its records hold: ``envelope``
+(onceflow's own protobuf records), ``json``, ``bytes``, ``str``, or a user
+deserializer ``Callable[[bytes], Any]``. Every record onceflow produces
+carries the header ``onceflow-format: envelope``, so a raw source that gets
+one says so in the dead letter instead of guessing. A value that does not
+parse is a ``FormatError``: the runner dead-letters the record with the
+message and goes on. A raw record has no chain: it is its own root, exactly
+like an envelope with an empty source chain.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages.outcome import ConsumedRecord
+
+#: ``"envelope"``, ``"json"``, ``"bytes"``, ``"str"`` or a deserializer of the value bytes.
+Format = str | Callable[[bytes], Any]
+NAMED_FORMATS = ("envelope", "json", "bytes", "str")
+FORMAT_HEADER = "onceflow-format"
+#: The header on every record onceflow produces (republish steps, repartition hops).
+ENVELOPE_MARK = (FORMAT_HEADER, b"envelope")
+
+#: Parses one record: (the value decode gets, the envelope if the record is one).
+Parser = Callable[[ConsumedRecord], tuple[Any, Envelope | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMeta:
+    """What Kafka says about a source record, for a pipeline built ``with_meta=True``.
+
+    ``timestamp_ms`` is the record's Kafka timestamp (create or log-append
+    time, as the topic is configured); ``envelope`` is the parsed envelope on
+    an ``envelope`` topic (event id, event time, key, source chain), else None.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int | None
+    envelope: Envelope | None = None
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header ``name``, or None when the record has none."""
+        found = None
+        for header, value in self.headers:
+            if header == name:
+                found = value
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """How one consumed topic's records become the first value of their segment.
+
+    ``parse`` raises ``FormatError`` (a dead letter naming the topic and the
+    formats); ``decode`` is the user's, run as stage ``decode``.
+    """
+
+    parse: Parser
+    decode: Callable[[Any], Any]
+    with_meta: bool = False
+
+
+def source_reader(topic: str, fmt: Format, decode: Callable[[Any], Any] | None,
+                  with_meta: bool) -> Reader:
+    """A source topic: ``decode`` gets the envelope, or the parsed value of a raw format
+    (default: the envelope's payload bytes, or the parsed value itself)."""
+    if decode is None:
+        decode = payload_bytes if fmt == "envelope" else _itself
+    return Reader(parser_for(topic, fmt), decode, with_meta)
+
+
+def hop_reader(topic: str, decode: Callable[[bytes], Any]) -> Reader:
+    """A repartition topic: always envelopes, whose payload is the encoded value."""
+    return Reader(parser_for(topic, "envelope"), lambda envelope: decode(envelope.payload))
+
+
+def payload_bytes(envelope: Envelope) -> Any:
+    """Default decoder of an envelope topic: hand the payload bytes to the first step."""
+    return envelope.payload
+
+
+def _itself(value: Any) -> Any:
+    return value
+
+
+class FormatError(Exception):
+    """A record is not in its topic's declared format; ``kind`` names the case."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def format_name(fmt: Format) -> str:
+    """``json``, ..., or a deserializer's name, for reasons and errors."""
+    if isinstance(fmt, str):
+        return fmt
+    return f"deserializer {getattr(fmt, '__qualname__', None) or repr(fmt)}"
+
+
+def check_format(owner: str, fmt: Format) -> None:
+    """Refuse a format that is neither one of the names nor callable, at build time."""
+    if isinstance(fmt, str) and fmt in NAMED_FORMATS:
+        return
+    if not isinstance(fmt, str) and callable(fmt):
+        return
+    raise ValueError(f"{owner}: format {fmt!r}: expected one of {', '.join(NAMED_FORMATS)} "
+                     "or a callable taking the value bytes")
+
+
+def parser_for(topic: str, fmt: Format) -> Parser:
+    """The parser of ``topic``'s records in format ``fmt``."""
+    if fmt == "envelope":
+        return lambda record: _envelope(topic, record)
+    name = format_name(fmt)
+    read = fmt if callable(fmt) else _RAW[fmt]
+
+    def parse(record: ConsumedRecord) -> tuple[Any, Envelope | None]:
+        if is_marked(record.headers):
+            raise FormatError("wrong-format", f"topic {topic!r} is declared {name} but holds "
+                              "onceflow envelopes (header onceflow-format=envelope): declare "
+                              "format='envelope' for it")
+        value = record.value
+        if value is None:
+            if fmt == "bytes":
+                return None, None
+            raise FormatError("unparsable", f"topic {topic!r} is declared {name} but the record "
+                              "has no value (a tombstone)")
+        try:
+            return read(value), None
+        except Exception as error:
+            raise FormatError("unparsable", f"topic {topic!r} is declared {name} but the value "
+                              f"does not parse: {type(error).__name__}: {error}") from error
+
+    return parse
+
+
+_RAW: dict[str, Callable[[bytes], Any]] = {
+    "json": json.loads, "str": bytes.decode, "bytes": lambda value: value}
+
+
+def is_marked(headers: Sequence[tuple[str, bytes]] | None) -> bool:
+    """True if the record carries onceflow's envelope header."""
+    return bool(headers) and any(h == FORMAT_HEADER and v == b"envelope" for h, v in headers or ())
+
+
+def meta_of(record: ConsumedRecord, envelope: Envelope | None) -> RecordMeta:
+    return RecordMeta(record.topic, record.partition, record.offset, record.key,
+                      tuple(record.headers or ()), record.timestamp, envelope)
+
+
+def _envelope(topic: str, record: ConsumedRecord) -> tuple[Envelope, Envelope]:
+    try:
+        envelope = Envelope.FromString(record.value or b"")
+    except DecodeError as error:
+        raise FormatError("unparsable", f"undecodable envelope on topic {topic!r} (declared "
+                          f"envelope, {_marking(record)}): {error}{_hint(record.value)}"
+                          ) from error
+    return envelope, envelope
+
+
+def _marking(record: ConsumedRecord) -> str:
+    headers = getattr(record, "headers", None)  # bare test records may have none
+    return ("it has the onceflow-format=envelope header" if is_marked(headers)
+            else "it has no onceflow-format header")
+
+
+def _hint(value: bytes | None) -> str:
+    """Only on the failure path: say which format the bytes would fit."""
+    try:
+        json.loads(value or b"")
+    except ValueError:
+        try:
+            (value or b"").decode()
+        except UnicodeDecodeError:
+            return ""
+        return "; the value is text: declare format='str' (or 'bytes', or a deserializer)"
+    return "; the value parses as JSON: declare format='json' for this topic"
