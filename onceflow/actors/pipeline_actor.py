@@ -19,6 +19,7 @@ import pykka
 
 from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.dead_letter_log import DeadLetterWarnings
 from onceflow.actors.ledger import LedgerError, SharedLedger
 from onceflow.actors.messages import (
     Batch,
@@ -68,6 +69,7 @@ class PipelineActor(ReportingActor):
         self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic, late_events_topic,
                                       claim=None if single_worker else self._claim_homes)
         self._warned_misaligned: set[str] = set()
+        self._dead_letter_warnings = DeadLetterWarnings(log)
         self._producer = producer
         self._persistence = persistence
         self._ledger = ledger
@@ -100,6 +102,7 @@ class PipelineActor(ReportingActor):
                     self._persist(snapshot)
             case LogStats():
                 log.info("stats %s", dict(sorted(self._totals.items())))
+                self._dead_letter_warnings.flush()
             case Flush():
                 return self._flush()
             case Forget():
@@ -167,6 +170,8 @@ class PipelineActor(ReportingActor):
         self._stats.update(batch)
         metrics.RECORDS.inc(len(records))
         metrics.DEAD_LETTERS.inc(outcome.dead_letters)
+        if outcome.rejected:
+            self._dead_letter_warnings.record(outcome.rejected, outcome.first_rejection)
         for family, counts in ((metrics.FOLDED, outcome.folded),
                                (metrics.DUPLICATES, outcome.duplicates),
                                (metrics.LATE, outcome.late)):
