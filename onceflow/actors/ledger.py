@@ -61,6 +61,9 @@ class Ledger:
         self._durable: dict[TopicPartition, int] = {}
         self._committed: dict[TopicPartition, int] = {}  # or the position an assignment began at
         self._owned: set[TopicPartition] = set()
+        self._stale: set[TopicPartition] = set()  # reported by assigned(), not forgotten yet
+        self._starts: dict[TopicPartition, int] = {}  # where each stale one resumes
+        self._forgotten_at: dict[TopicPartition, int] = {}  # last checkpoint taken before
         self._outboxed = 0
 
     # -- what happened ---------------------------------------------------
@@ -104,8 +107,12 @@ class Ledger:
                               f"{self.why_not_writable(checkpoint)}")
         self._taken.popleft()
         for tp, offset in checkpoint.offsets.items():
+            if self._forgotten_at.get(tp, -1) >= checkpoint.number:
+                continue  # taken before the partition was forgotten: not its progress now
             if offset > self._durable.get(tp, -1):
                 self._durable[tp] = offset
+        self._forgotten_at = {tp: n for tp, n in self._forgotten_at.items()
+                              if n > checkpoint.number}
 
     def outboxed(self, delta: int) -> None:
         """Records entered (+) or left (-) the outbox."""
@@ -122,13 +129,17 @@ class Ledger:
         Answers the partitions whose in-memory progress is stale: known here
         but resumed from elsewhere than this worker last committed (another
         member processed and committed them meanwhile), or known here and not
-        assigned again. The caller writes what is dirty and forgets them.
+        assigned again. The caller forgets them (nothing of them is committable
+        until then); one still assigned stays owned and starts over at its
+        position.
         """
         stale = {tp for tp in self._known() if tp not in positions
                  or positions[tp] != self._committed.get(tp, positions[tp])}
         self._owned = set(positions)
+        self._stale = set(stale)  # the caller's copy is its own
+        self._starts = {tp: positions[tp] for tp in stale if tp in positions}
         for tp, position in positions.items():
-            if tp in stale or tp not in self._committed:
+            if tp not in self._committed:
                 self._committed[tp] = position
         return stale
 
@@ -147,10 +158,16 @@ class Ledger:
         if unwritten:
             raise LedgerError(f"forgetting {unwritten} would lose processed records that are "
                               "not written yet")
-        self._owned -= partitions
-        for table in (self._processed, self._durable, self._committed):
-            for tp in partitions:
-                table.pop(tp, None)
+        for tp in partitions:
+            self._processed.pop(tp, None)
+            self._durable.pop(tp, None)
+            self._forgotten_at[tp] = self._last_taken.number
+            if tp in self._starts:  # stale but still assigned: progress starts over there
+                self._committed[tp] = self._starts.pop(tp)
+            else:
+                self._committed.pop(tp, None)
+                self._owned.discard(tp)
+        self._stale -= partitions
         # Replays after a re-assignment start again below the last checkpoint's offsets.
         last = self._last_taken
         self._last_taken = Checkpoint(last.number, {tp: o for tp, o in last.offsets.items()
@@ -171,11 +188,14 @@ class Ledger:
 
     def committable(self) -> dict[TopicPartition, int]:
         """Durable offsets of owned partitions not committed yet; none while the
-        outbox holds records (their inputs are behind them)."""
+        outbox holds records (their inputs are behind them), and none of a stale
+        partition before it is forgotten (its durable offset is this worker's
+        old progress, maybe behind the group's)."""
         if self._outboxed:
             return {}
         return {tp: offset for tp, offset in self._durable.items()
-                if tp in self._owned and self._committed.get(tp) != offset}
+                if tp in self._owned and tp not in self._stale
+                and self._committed.get(tp) != offset}
 
     def processed_offsets(self) -> dict[TopicPartition, int]:
         return dict(self._processed)
