@@ -42,7 +42,7 @@ from aiokafka.partitioner import murmur2
 
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Aggregate, Pipeline
-from onceflow.stages.producer_dedup import SEQUENCE_STAGE
+from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import (
     AggregateState,
@@ -190,6 +190,13 @@ class TestRun:
         """Persist, then commit every offset processed so far."""
         self.persist()
         self._committed.update(self._processed)
+
+    @property
+    def producer_duplicates(self) -> int:
+        """Producer duplicates dropped, as the persisted sequence rows count them (``dedup=``):
+        exact across crashes, unlike ``counters``, which also count replayed work."""
+        return sum(PartitionSequences.decode(row).duplicates
+                   for (stage, _), row in self._stored.items() if stage == SEQUENCE_STAGE)
 
     @property
     def committed(self) -> dict[TopicPartition, int]:

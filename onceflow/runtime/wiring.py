@@ -15,6 +15,7 @@ from onceflow.actors.delivery import DeliverySettings
 from onceflow.runtime import extras
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.producer_dedup import NO_STORE
 from onceflow.stores.base import StateStore
 from onceflow.stores.redis_store import RedisStore
 
@@ -79,6 +80,9 @@ def check_stores(settings: Settings, pipeline: Pipeline) -> None:
                 f"aggregate {spec.id!r} uses store {spec.store!r}; supported: {', '.join(STORES)}",
             )
     store = pipeline.dedup_store
+    if pipeline.dedup is not None and store is None:
+        raise ConfigError(settings.source, "onceflow.pipeline", f"pipeline {pipeline.id!r}: "
+                          + NO_STORE)
     if store is not None and store not in STORES:
         raise ConfigError(settings.source, f"onceflow.stores.{store}", f"dedup= names store "
                           f"{store!r} for the producer sequences; supported: {', '.join(STORES)}")

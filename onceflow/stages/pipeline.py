@@ -165,10 +165,6 @@ class Pipeline:
             if step.id in seen or step.id == SEQUENCE_STAGE:
                 raise ValueError(f"pipeline {self.id!r}: duplicate stage id {step.id!r}")
             seen.add(step.id)
-        if self.dedup is not None and self.dedup_store is None:
-            raise ValueError(f"pipeline {self.id!r}: dedup= needs a store for the producer "
-                             "sequences and the pipeline has no aggregate: name one with "
-                             "ProducerDedup(..., store='redis')")
         hops = [step.topic for step in self.repartitions]
         for hop in self.repartitions:
             if hop.topic in self.topics or hops.count(hop.topic) > 1:

@@ -36,6 +36,8 @@ SEQUENCE_STAGE = "__producer_seq__"
 DEFAULT_IDLE_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week
 #: A header name, or a function of the record's parsed value (before ``decode``).
 Extract = str | Callable[[Any], Any]
+NO_STORE = ("dedup= needs a store for the producer sequences and the pipeline has no "
+            "aggregate: name one with ProducerDedup(..., store='redis')")
 #: Reads stored rows by key ``topic|partition``; absent keys are absent.
 SequenceLoader = Callable[[Sequence[str]], Mapping[str, bytes]]
 
@@ -126,9 +128,10 @@ class DedupError(FormatError):
 class SequenceTables:
     """The cached tables of the source partitions this runner has seen, and which changed."""
 
-    def __init__(self, spec: ProducerDedup, sources: Iterable[str], load: SequenceLoader | None):
-        if load is None:
-            raise ValueError("a pipeline with dedup= needs a store for its producer sequences")
+    def __init__(self, spec: ProducerDedup, sources: Iterable[str], load: SequenceLoader | None,
+                 store: str | None):
+        if load is None or store is None:
+            raise ValueError(NO_STORE)
         self.spec = spec
         self._sources = frozenset(sources)
         self._load = load

@@ -126,7 +126,7 @@ class PipelineRunner:
         self._dead_letter_topic = dead_letter_topic
         self._late_topic = late_topic
         self.sequences = None if pipeline.dedup is None else SequenceTables(  # producer dedup
-            pipeline.dedup, pipeline.topics, load_sequences)
+            pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
 
     def _split(self, pipeline: Pipeline) -> dict[str, _Segment]:
         """Consumed topic -> segment: a repartition step ends one segment and starts the next."""
