@@ -36,133 +36,36 @@ from __future__ import annotations
 import json
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from aiokafka.partitioner import murmur2
 
-from onceflow.protos.envelope_pb2 import Envelope, SourceRef
-from onceflow.stages.formats import Format, format_name
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Aggregate, Pipeline
-from onceflow.stages.runner import PipelineRunner, StateTable
-from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
+from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
+from onceflow.stages.runner import PipelineRunner
+from onceflow.stages.state import (
+    AggregateState,
+    StateTable,
+    TopicPartition,
+    decode_state,
+    encode_state,
+)
+from onceflow.testing_records import (
+    Consumed,
+    DeadLetter,
+    Hop,
+    LateEvent,
+    Produced,
+    Record,
+    envelope,
+)
 
 DEAD_LETTER_TOPIC = "onceflow-dead-letters"  # the defaults of reference.conf
 LATE_EVENTS_TOPIC = "onceflow-late-events"
 
-#: A source chain entry: (topic, partition, offset, fan-out index).
-Hop = tuple[str, int, int, int]
-
-
-def envelope(value: Any = None, *, payload: bytes | None = None, key: str = "",
-             event_time_ms: int = 0, chain: Sequence[Hop | SourceRef] = (),
-             payload_type: str = "") -> Envelope:
-    """An envelope with ``value`` as its JSON payload (or raw ``payload`` bytes).
-
-    ``chain`` makes it a republished record: its first entry is the root the
-    aggregates deduplicate on, e.g. ``chain=[("raw", 0, 40, 1)]`` is output 1
-    of offset 40 of ``raw/0``.
-    """
-    env = Envelope(payload=json.dumps(value).encode() if payload is None else payload, key=key,
-                   event_time_ms=event_time_ms, payload_type=payload_type)
-    for hop in chain:
-        env.source_chain.append(hop if isinstance(hop, SourceRef) else SourceRef(
-            topic=hop[0], partition=hop[1], offset=hop[2], index=hop[3]))
-    return env
-
-
-@dataclass(frozen=True)
-class Record:
-    """One input record, before it has an offset.
-
-    ``value`` is sent in the topic's declared format: on an ``envelope``
-    topic a JSON-able object becomes the payload of an envelope with ``key``;
-    on a ``json`` topic it is sent as JSON, a ``str`` as UTF-8. An
-    ``Envelope`` or bytes are sent as they are, whatever the format (a
-    serialized envelope, or garbage to test dead letters). ``key`` is also
-    the Kafka key; ``headers`` and ``timestamp`` (ms) are the Kafka record's.
-    ``topic`` defaults to the pipeline's first topic; ``offset`` to the
-    partition's next one.
-    """
-
-    value: Any
-    topic: str | None = None
-    partition: int = 0
-    offset: int | None = None
-    key: str | None = None
-    headers: Sequence[tuple[str, bytes]] = ()
-    timestamp: int | None = None
-
-    def to_bytes(self, fmt: Format = "envelope") -> bytes:
-        """The value as a producer of a topic in format ``fmt`` would write it."""
-        if isinstance(self.value, bytes):
-            return self.value
-        if isinstance(self.value, Envelope):
-            return self.value.SerializeToString()
-        if fmt == "envelope":
-            return envelope(self.value, key=self.key or "").SerializeToString()
-        if isinstance(self.value, str) and fmt != "json":
-            return self.value.encode()
-        if fmt == "json":
-            return json.dumps(self.value).encode()
-        raise TypeError(f"a record for a {format_name(fmt)} topic needs bytes or str, "
-                        f"got {self.value!r}")
-
-
-@dataclass(frozen=True)
-class Consumed:
-    """A record at its place in a partition, as the worker's consumer hands it over."""
-
-    topic: str
-    partition: int
-    offset: int
-    value: bytes
-    key: bytes | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
-    timestamp: int | None = None
-
-    @property
-    def envelope(self) -> Envelope:
-        return Envelope.FromString(self.value)
-
-
-@dataclass(frozen=True)
-class Produced:
-    """A record the pipeline produced (republish, repartition, dead letter, late event)."""
-
-    topic: str
-    key: bytes | None
-    value: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def envelope(self) -> Envelope:
-        return Envelope.FromString(self.value)
-
-    @property
-    def json(self) -> Any:
-        """The envelope's payload parsed as JSON (how repartition steps encode by default)."""
-        return json.loads(self.envelope.payload)
-
-
-@dataclass(frozen=True)
-class DeadLetter:
-    """A record a user function (or the envelope decoder) failed on, and why."""
-
-    record: Consumed
-    reason: str
-
-
-@dataclass(frozen=True)
-class LateEvent:
-    """A value too late for its window: not folded, routed to the late-events topic."""
-
-    record: Consumed
-    stage: str
-    key: str
-    position: str  # the value's position in its root partition, e.g. "4.0"
-    reason: str
+__all__ = ["Consumed", "DeadLetter", "Hop", "LateEvent", "Produced", "Record", "TestRun",
+           "envelope", "partition_for"]
 
 
 def partition_for(key: bytes | None, partitions: int) -> int:
@@ -210,7 +113,8 @@ class TestRun:
         self.dead_letters: list[DeadLetter] = []
         self.late: list[LateEvent] = []
         #: The worker's stats: ``records``, ``dead_letters``, ``<stage>.folded``,
-        #: ``<stage>.duplicates``, ``<stage>.late``, ``<stage>.misaligned``.
+        #: ``<stage>.duplicates``, ``<stage>.late``, ``<stage>.misaligned``, and with
+        #: ``dedup=`` ``source.producer_duplicates`` and ``source.duplicates`` (replays).
         self.counters: Counter[str] = Counter()
         self.crashes = 0
         self.runner = self._new_runner()  # the worker's runner; crash() replaces it
@@ -252,16 +156,29 @@ class TestRun:
             (r.topic, r.partition), 0))
         self._drain()
 
-    def crash(self) -> None:
+    def crash(self, *, mid_persist: bool = False) -> None:
         """Kill and restart the worker: unpersisted states are lost, the log replays from
-        the committed offsets (states persisted since are reloaded and discard the replay)."""
+        the committed offsets (states persisted since are reloaded and discard the replay).
+
+        ``mid_persist``: the kill lands inside a persist, after the states are written
+        and before the producer sequences (``dedup=``), which a worker writes last.
+        """
+        if mid_persist:
+            self._persist_states()
         self.crashes += 1
         self._processed = {}
         self.runner = self._new_runner()
         self.replay()
 
     def persist(self) -> None:
-        """Write changed states and closed windows, as a persistence interval does."""
+        """Write changed states and closed windows, then the producer sequences (``dedup=``),
+        as a persistence interval does."""
+        self._persist_states()
+        if self.runner.sequences is not None:
+            for key, row in self.runner.sequences.take_dirty().items():
+                self._stored[(SEQUENCE_STAGE, key)] = row
+
+    def _persist_states(self) -> None:
         for table in self.runner.tables:
             stage = table.spec.id
             for (key, start), value in table.take_closed().items():
@@ -273,6 +190,13 @@ class TestRun:
         """Persist, then commit every offset processed so far."""
         self.persist()
         self._committed.update(self._processed)
+
+    @property
+    def producer_duplicates(self) -> int:
+        """Producer duplicates dropped, as the persisted sequence rows count them (``dedup=``):
+        exact across crashes, unlike ``counters``, which also count replayed work."""
+        return sum(PartitionSequences.decode(row).duplicates
+                   for (stage, _), row in self._stored.items() if stage == SEQUENCE_STAGE)
 
     @property
     def committed(self) -> dict[TopicPartition, int]:
@@ -332,7 +256,12 @@ class TestRun:
     def _new_runner(self) -> PipelineRunner:
         return PipelineRunner(self.pipeline, self._load, self.dead_letter_topic,
                               self.late_events_topic,
-                              claim=None if self.single_worker else self._claim)
+                              claim=None if self.single_worker else self._claim,
+                              load_sequences=self._load_sequences)
+
+    def _load_sequences(self, keys: Sequence[str]) -> dict[str, bytes]:
+        found = ((key, self._stored.get((SEQUENCE_STAGE, key))) for key in keys)
+        return {key: value for key, value in found if value is not None}
 
     def _load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
         found = ((key, self._stored.get((spec.id, key))) for key in keys)

@@ -19,6 +19,9 @@ RECORDS = Counter("onceflow_records", "Records consumed and processed", registry
 FOLDED = Counter("onceflow_folded", "Values folded into aggregates", ["stage"], registry=REGISTRY)
 DUPLICATES = Counter("onceflow_duplicates_discarded", "Replayed values discarded", ["stage"],
                      registry=REGISTRY)
+PRODUCER_DUPLICATES = Counter("onceflow_producer_duplicates", "Source records dropped as a "
+                              "producer's re-send (sequence not above the last)", ["stage"],
+                              registry=REGISTRY)
 LATE = Counter("onceflow_late_events", "Values too late for their window", ["stage"],
                registry=REGISTRY)
 DEAD_LETTERS = Counter("onceflow_dead_letters", "Records sent to the dead-letter topic",

@@ -15,7 +15,7 @@ crash before the states replays the windows' closing
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 import pykka
@@ -71,9 +71,8 @@ class PersistenceActor(ReportingActor):
             if not ledger.writable(checkpoint):
                 raise LedgerError(f"checkpoint {checkpoint.number} may not be written: "
                                   f"{ledger.why_not_writable(checkpoint)}")
-        order = message.rows if faults.UPSTREAM_FIRST else reversed(message.rows)
         landed = False
-        for rows in order:  # downstream first
+        for rows in write_order(message.rows):
             landed |= self._save(self._stores[rows.store], rows, checkpoint.offsets)
             if rows.stage_id == faults.KILL_AFTER_SAVE:
                 faults.die()
@@ -103,3 +102,9 @@ class PersistenceActor(ReportingActor):
             retrying(f"save {rows.stage_id}", lambda: store.save(rows.stage_id, rows.states))
         metrics.PERSISTED.labels(rows.stage_id).inc(len(rows.states))
         return landed
+
+
+def write_order(rows: Sequence[StageRows]) -> Iterable[StageRows]:
+    """Downstream first: the snapshot's rows reversed (the producer sequences, first in
+    the list, are written last)."""
+    return rows if faults.UPSTREAM_FIRST else reversed(rows)

@@ -36,6 +36,7 @@ from onceflow.actors.messages import (
 )
 from onceflow.actors.retry import retrying
 from onceflow.stages.pipeline import Aggregate, Pipeline
+from onceflow.stages.producer_dedup import SEQUENCE_STAGE
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
 from onceflow.stores.base import StateStore
@@ -67,7 +68,9 @@ class PipelineActor(ReportingActor):
         super().__init__(on_fatal)
         self._stores = stores
         self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic, late_events_topic,
-                                      claim=None if single_worker else self._claim_homes)
+                                      claim=None if single_worker else self._claim_homes,
+                                      load_sequences=self._load_sequences)
+        self._sequence_store = pipeline.dedup_store
         self._warned_misaligned: set[str] = set()
         self._dead_letter_warnings = DeadLetterWarnings(log)
         self._producer = producer
@@ -81,6 +84,11 @@ class PipelineActor(ReportingActor):
         rows = retrying(f"load {spec.id}", lambda: self._stores[spec.store].load(spec.id, keys))
         metrics.STATE_LOADS.labels(spec.id).inc(len(keys))
         return {key: decode_state(value) for key, value in rows.items()}
+
+    def _load_sequences(self, keys: Sequence[str]) -> Mapping[str, bytes]:
+        assert self._sequence_store is not None
+        store = self._stores[self._sequence_store]
+        return retrying("load producer sequences", lambda: store.load(SEQUENCE_STAGE, keys))
 
     def _claim_homes(self, spec: Aggregate, feeders: Mapping[str, TopicPartition]
                      ) -> dict[str, TopicPartition]:
@@ -174,7 +182,8 @@ class PipelineActor(ReportingActor):
             self._dead_letter_warnings.record(outcome.rejected, outcome.first_rejection)
         for family, counts in ((metrics.FOLDED, outcome.folded),
                                (metrics.DUPLICATES, outcome.duplicates),
-                               (metrics.LATE, outcome.late)):
+                               (metrics.LATE, outcome.late),
+                               (metrics.PRODUCER_DUPLICATES, outcome.producer_duplicates)):
             for stage_id, n in counts.items():
                 family.labels(stage_id).inc(n)
         metrics.progressed()
@@ -189,17 +198,7 @@ class PipelineActor(ReportingActor):
 
     def _snapshot(self, force: bool) -> Snapshot | None:
         """Encode dirty states now: later folds cannot change what gets written."""
-        rows = []
-        for table in self._runner.tables:
-            dirty = table.take_dirty()
-            closed = table.take_closed()
-            if dirty or closed:
-                rows.append(StageRows(
-                    table.spec.id,
-                    table.spec.store,
-                    {key: encode_state(state) for key, state in dirty.items()},
-                    {slot: json.dumps(value).encode() for slot, value in closed.items()},
-                ))
+        rows = snapshot_rows(self._runner, self._sequence_store)
         with self._ledger() as ledger:
             checkpoint = ledger.take(dirty=bool(rows), force=force)
         if checkpoint is None:
@@ -207,6 +206,29 @@ class PipelineActor(ReportingActor):
         stats = dict(self._stats)
         self._stats.clear()
         return Snapshot(rows, checkpoint, stats)
+
+
+def snapshot_rows(runner: PipelineRunner, sequence_store: str | None) -> list[StageRows]:
+    """Each table's dirty states and closed windows, in pipeline order, and the changed
+    producer sequences FIRST: persistence writes the list reversed (downstream first),
+    so they are written after every state of the snapshot, never claiming more than
+    the states hold (docs/architecture.md, "Producer sequences")."""
+    rows = []
+    for table in runner.tables:
+        dirty = table.take_dirty()
+        closed = table.take_closed()
+        if dirty or closed:
+            rows.append(StageRows(
+                table.spec.id,
+                table.spec.store,
+                {key: encode_state(state) for key, state in dirty.items()},
+                {slot: json.dumps(value).encode() for slot, value in closed.items()},
+            ))
+    sequences = runner.sequences
+    if sequences is not None and sequences.dirty:
+        assert sequence_store is not None
+        rows.insert(0, StageRows(SEQUENCE_STAGE, sequence_store, sequences.take_dirty(), {}))
+    return rows
 
 
 def _partition_of(home: str) -> TopicPartition:

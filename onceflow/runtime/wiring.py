@@ -15,6 +15,7 @@ from onceflow.actors.delivery import DeliverySettings
 from onceflow.runtime import extras
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.producer_dedup import NO_STORE
 from onceflow.stores.base import StateStore
 from onceflow.stores.redis_store import RedisStore
 
@@ -70,7 +71,7 @@ STORES = ("redis", "cassandra")
 
 
 def check_stores(settings: Settings, pipeline: Pipeline) -> None:
-    """Every aggregate names a store kind this build supports."""
+    """Every aggregate (and dedup=) names a store kind this build supports."""
     for spec in pipeline.aggregates:
         if spec.store not in STORES:
             raise ConfigError(
@@ -78,6 +79,13 @@ def check_stores(settings: Settings, pipeline: Pipeline) -> None:
                 f"onceflow.stores.{spec.store}",
                 f"aggregate {spec.id!r} uses store {spec.store!r}; supported: {', '.join(STORES)}",
             )
+    store = pipeline.dedup_store
+    if pipeline.dedup is not None and store is None:
+        raise ConfigError(settings.source, "onceflow.pipeline", f"pipeline {pipeline.id!r}: "
+                          + NO_STORE)
+    if store is not None and store not in STORES:
+        raise ConfigError(settings.source, f"onceflow.stores.{store}", f"dedup= names store "
+                          f"{store!r} for the producer sequences; supported: {', '.join(STORES)}")
 
 
 def check_landing(settings: Settings, pipeline: Pipeline) -> None:
@@ -103,6 +111,8 @@ def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]
     first call. Names are in the order the aggregates first use them.
     """
     names = dict.fromkeys(spec.store for spec in pipeline.aggregates)
+    if pipeline.dedup_store is not None:  # the producer sequences' store
+        names[pipeline.dedup_store] = None
     return {name: open_store(settings, name, pipeline.id) for name in names}
 
 

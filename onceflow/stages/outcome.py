@@ -54,6 +54,7 @@ class BatchOutcome:
     duplicates: Counter[str] = field(default_factory=Counter)
     folded: Counter[str] = field(default_factory=Counter)
     late: Counter[str] = field(default_factory=Counter)
+    producer_duplicates: Counter[str] = field(default_factory=Counter)  # re-sent, dropped
     next_offsets: dict[TopicPartition, int] = field(default_factory=dict)
     misaligned: Counter[str] = field(default_factory=Counter)  # records of keys homed elsewhere
     misaligned_reason: dict[str, str] = field(default_factory=dict)  # the first one per stage
@@ -75,7 +76,8 @@ class BatchOutcome:
         """The batch's counters under the worker's stat names (``<stage>.folded`` ...)."""
         batch = Counter({"records": records, "dead_letters": self.dead_letters})
         for name, counts in (("folded", self.folded), ("duplicates", self.duplicates),
-                             ("late", self.late), ("misaligned", self.misaligned)):
+                             ("late", self.late), ("misaligned", self.misaligned),
+                             ("producer_duplicates", self.producer_duplicates)):
             batch.update({f"{stage}.{name}": n for stage, n in counts.items()})
         return batch
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from onceflow.stages.formats import Format, check_format
 from onceflow.stages.formats import payload_bytes as payload_bytes  # the default decode, kept here
+from onceflow.stages.producer_dedup import SEQUENCE_STAGE, ProducerDedup
 from onceflow.stages.windows import Tumbling
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
@@ -128,6 +129,8 @@ class Pipeline:
     With ``with_meta=True`` the first step gets ``(value, meta)``, where meta
     is a ``RecordMeta`` (key, headers, timestamp, topic, partition, offset,
     and the envelope if there is one); records from repartition topics do not.
+    ``dedup`` (a ``ProducerDedup``) drops the source records a producer sent
+    twice, by producer id and sequence (see ``onceflow.stages.producer_dedup``).
 
     Example:
         >>> p = (Pipeline("robots", topics=("reports",))
@@ -144,6 +147,7 @@ class Pipeline:
     format: Format = "envelope"
     formats: Mapping[str, Format] = field(default_factory=dict)
     with_meta: bool = False
+    dedup: ProducerDedup | None = None
 
     def __post_init__(self) -> None:
         _check_id("pipeline", self.id)
@@ -158,7 +162,7 @@ class Pipeline:
         seen: set[str] = set()
         for step in self.steps:
             _check_id(type(step).__name__.lower(), step.id)
-            if step.id in seen:
+            if step.id in seen or step.id == SEQUENCE_STAGE:
                 raise ValueError(f"pipeline {self.id!r}: duplicate stage id {step.id!r}")
             seen.add(step.id)
         hops = [step.topic for step in self.repartitions]
@@ -260,6 +264,13 @@ class Pipeline:
     @property
     def aggregates(self) -> tuple[Aggregate, ...]:
         return tuple(s for s in self.steps if isinstance(s, Aggregate))
+
+    @property
+    def dedup_store(self) -> str | None:
+        """Where the producer sequences live: ``dedup.store``, else the first aggregate's."""
+        if self.dedup is None:
+            return None
+        return self.dedup.store or next((spec.store for spec in self.aggregates), None)
 
     @property
     def repartitions(self) -> tuple[Repartition, ...]:

@@ -55,7 +55,8 @@ from onceflow.stages.pipeline import (
     Republish,
     Step,
 )
-from onceflow.stages.state import AggregateState, TopicPartition
+from onceflow.stages.producer_dedup import SequenceLoader, SequenceTables
+from onceflow.stages.state import AggregateState, StateTable, TopicPartition
 from onceflow.stages.windows import empty_windows, fold_windowed
 
 StateLoader = Callable[[Aggregate, Sequence[str]], Mapping[str, AggregateState]]
@@ -95,26 +96,6 @@ class _Emit:
 _Segment = list[tuple[Step, "StateTable | None"]]  # the steps run over some consumed topics
 
 
-class StateTable:
-    """The in-memory states of one aggregate and which of them changed."""
-
-    def __init__(self, spec: Aggregate):
-        self.spec = spec
-        self.states: dict[str, AggregateState] = {}
-        self.dirty: set[str] = set()
-        self.closed: dict[tuple[str, int], Any] = {}  # windows closed since the last snapshot
-
-    def take_dirty(self) -> dict[str, AggregateState]:
-        taken = {key: self.states[key] for key in self.dirty}
-        self.dirty = set()
-        return taken
-
-    def take_closed(self) -> dict[tuple[str, int], Any]:
-        """Closed windows (key, start) -> final value, to be written before the states."""
-        taken, self.closed = self.closed, {}
-        return taken
-
-
 class PipelineRunner:
     """Runs a pipeline's steps over batches; owns the in-memory state tables.
 
@@ -130,6 +111,7 @@ class PipelineRunner:
         dead_letter_topic: str,
         late_topic: str = "onceflow-late-events",
         claim: HomeClaimer | None = None,
+        load_sequences: SequenceLoader | None = None,
     ):
         self.pipeline = pipeline
         self.tables = [StateTable(spec) for spec in pipeline.aggregates]
@@ -143,6 +125,8 @@ class PipelineRunner:
         self._claim = claim
         self._dead_letter_topic = dead_letter_topic
         self._late_topic = late_topic
+        self.sequences = None if pipeline.dedup is None else SequenceTables(  # producer dedup
+            pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
 
     def _split(self, pipeline: Pipeline) -> dict[str, _Segment]:
         """Consumed topic -> segment: a repartition step ends one segment and starts the next."""
@@ -169,13 +153,21 @@ class PipelineRunner:
         held: list[_Plan] = []
         missing: dict[StateTable, dict[str, TopicPartition]] = {}  # key -> first feeder
         next_offsets = outcome.next_offsets
+        sequences = self.sequences
+        if sequences is not None:
+            records = list(records)
+            sequences.prepare(records)
         for record in records:
             next_offsets[(record.topic, record.partition)] = record.offset + 1
+            if sequences is not None and sequences.replayed(record):
+                continue
             try:
                 plan = self._plan(record)
             except (StageFailure, FormatError) as failure:
                 self._dead_letter(outcome, record, failure)
                 continue
+            if plan is None:
+                continue  # a producer duplicate
             for share in plan.folds:
                 states = share.table.states
                 for key in share.keys:
@@ -190,6 +182,8 @@ class PipelineRunner:
             self._load_into(table, dict(sorted(feeders.items())))
         for plan in held:
             self._apply_or_dead_letter(plan, outcome)
+        if sequences is not None:
+            sequences.count(outcome)
         return outcome
 
     def _apply_or_dead_letter(self, plan: _Plan, outcome: BatchOutcome) -> None:
@@ -207,10 +201,15 @@ class PipelineRunner:
             if table.dirty:
                 raise RuntimeError(f"forget() with unpersisted states in {table.spec.id!r}")
             table.states.clear()
+        if self.sequences is not None:
+            self.sequences.forget()
 
-    def _plan(self, record: ConsumedRecord) -> _Plan:
+    def _plan(self, record: ConsumedRecord) -> _Plan | None:
+        """The record through the stateless steps; None for a producer duplicate."""
         reader: Reader = self._readers.get(record.topic) or self._readers[self.pipeline.topics[0]]
         value, envelope = reader.parse(record)  # FormatError: a dead letter naming the formats
+        if self.sequences is not None and not self.sequences.admit(record, value):
+            return None
         root, position = root_of(envelope, record.topic, record.partition, record.offset)
         plan = _Plan(record, root, [], [], [])
         stage = "decode"

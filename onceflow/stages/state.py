@@ -9,9 +9,12 @@ pipeline may run on several workers (``onceflow.stages.runner``).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.stages.lineage import Position, RootPartition
+
+if TYPE_CHECKING:
+    from onceflow.stages.pipeline import Aggregate
 
 TopicPartition = tuple[str, int]
 
@@ -44,3 +47,23 @@ def decode_state(data: bytes) -> AggregateState:
     marks = {(topic, partition): tuple(pos) for topic, partition, pos in doc["w"]}
     home = doc.get("h")
     return AggregateState(doc["v"], marks, None if home is None else (home[0], home[1]))
+
+
+class StateTable:
+    """The in-memory states of one aggregate and which of them changed."""
+
+    def __init__(self, spec: Aggregate):
+        self.spec = spec
+        self.states: dict[str, AggregateState] = {}
+        self.dirty: set[str] = set()
+        self.closed: dict[tuple[str, int], Any] = {}  # windows closed since the last snapshot
+
+    def take_dirty(self) -> dict[str, AggregateState]:
+        taken = {key: self.states[key] for key in self.dirty}
+        self.dirty = set()
+        return taken
+
+    def take_closed(self) -> dict[tuple[str, int], Any]:
+        """Closed windows (key, start) -> final value, to be written before the states."""
+        taken, self.closed = self.closed, {}
+        return taken

@@ -118,3 +118,21 @@ def test_bad_override_exits_2(tmp_path: Path) -> None:
     result = run(tmp_path, GOOD_PIPELINE, "--set", "onceflow.commit.interval=forever")
     assert result.returncode == 2
     assert "onceflow.commit.interval: expected a duration" in result.stderr
+
+
+def test_dedup_without_a_store_exits_2_naming_the_fix(tmp_path: Path) -> None:
+    (tmp_path / "stateless_dedup.py").write_text(
+        "from onceflow import Pipeline, ProducerDedup\n"
+        "pipeline = Pipeline('fwd', topics=('in',), format='json',\n"
+        "    dedup=ProducerDedup(producer='pid', sequence='seq')).republish(\n"
+        "    'out', 'out', encode=bytes)\n")
+    conf = tmp_path / "app.conf"
+    conf.write_text('onceflow.pipeline = "stateless_dedup:pipeline"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONCEFLOW_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, "-m", "onceflow", "run", "-c", str(conf)],
+                            capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert result.returncode == 2, result.stderr
+    assert ("app.conf: onceflow.pipeline: pipeline 'fwd': dedup= needs a store for the producer "
+            "sequences and the pipeline has no aggregate: name one with "
+            "ProducerDedup(..., store='redis')") in result.stderr.replace(str(tmp_path) + "/", "")

@@ -1,0 +1,234 @@
+"""Producer-sequence dedup: drop the records an at-least-once producer sent twice.
+
+A producer that re-sends after a lost ack writes the same event again at a
+new offset, which offset watermarks cannot recognise. With ``dedup=`` a
+source record names its producer and a strictly increasing sequence number
+(from a header or the parsed value, never the Kafka key), optionally an
+epoch that a producer bumps when it restarts its numbering. Per (root
+partition, producer) the table keeps the highest (epoch, sequence) seen; a
+record not above it is a producer duplicate, dropped before any step.
+
+Crash safety (docs/architecture.md, "Producer sequences"): the table follows
+the stream, not the folds, and each partition's row also holds the next
+offset it covers. Rows are written last in a snapshot, after every state, so
+a durable row never claims more than the states hold: records below its
+offset are replays of records whose effects are durable (skipped whole),
+and the records from it on are classified again exactly as the first time.
+
+Idle producers are forgotten by the records' Kafka timestamps (never the
+wall clock, so a replay decides the same): a producer whose last record is
+older than ``idle_timeout_ms`` before the partition's newest is unknown again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from onceflow.stages.formats import FormatError
+from onceflow.stages.outcome import BatchOutcome, ConsumedRecord
+from onceflow.stages.state import TopicPartition
+
+#: The stage id under which the tables are stored (refused as a user stage id).
+SEQUENCE_STAGE = "__producer_seq__"
+DEFAULT_IDLE_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week
+#: A header name, or a function of the record's parsed value (before ``decode``).
+Extract = str | Callable[[Any], Any]
+NO_STORE = ("dedup= needs a store for the producer sequences and the pipeline has no "
+            "aggregate: name one with ProducerDedup(..., store='redis')")
+#: Reads stored rows by key ``topic|partition``; absent keys are absent.
+SequenceLoader = Callable[[Sequence[str]], Mapping[str, bytes]]
+
+
+@dataclass(frozen=True)
+class ProducerDedup:
+    """Declares how a source record names its producer, sequence and (optionally) epoch.
+
+    ``store`` keeps the tables (default: the first aggregate's store; a
+    pipeline without aggregates must name one). ``idle_timeout_ms``: a
+    producer with no record for that long (by record timestamps) is forgotten.
+    """
+
+    producer: Extract
+    sequence: Extract
+    epoch: Extract | None = None
+    store: str | None = None
+    idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS
+
+    def __post_init__(self) -> None:
+        for name in ("producer", "sequence", "epoch"):
+            extract = getattr(self, name)
+            if not (isinstance(extract, str) or callable(extract)
+                    or (name == "epoch" and extract is None)):
+                raise ValueError(f"dedup {name}: expected a header name or a function of the "
+                                 f"parsed value, got {extract!r}")
+        if not isinstance(self.idle_timeout_ms, int) or self.idle_timeout_ms < 1:
+            raise ValueError(f"dedup idle_timeout_ms: expected a positive integer, "
+                             f"got {self.idle_timeout_ms!r}")
+
+
+@dataclass(slots=True)
+class PartitionSequences:
+    """One source partition's table: what a stored row holds.
+
+    ``producers``: producer -> [epoch, highest sequence, last record timestamp].
+    ``next_offset``: every record below it is already classified.
+    ``duplicates``: producer duplicates dropped so far (durable, so exact).
+    """
+
+    next_offset: int = 0
+    newest_ms: int = 0
+    duplicates: int = 0
+    producers: dict[str, list[int]] = field(default_factory=dict)
+
+    def admit(self, producer: str, epoch: int, sequence: int, timestamp_ms: int | None,
+              idle_timeout_ms: int) -> bool:
+        """Register one record; False if it is a producer duplicate (then counted)."""
+        if timestamp_ms is not None and timestamp_ms > self.newest_ms:
+            self.newest_ms = timestamp_ms
+        seen = self.newest_ms if timestamp_ms is None else timestamp_ms
+        entry = self.producers.get(producer)
+        if entry is None or entry[2] < self.newest_ms - idle_timeout_ms:  # new, or forgotten
+            self.producers[producer] = [epoch, sequence, seen]
+            return True
+        entry[2] = max(entry[2], seen)
+        if epoch > entry[0] or (epoch == entry[0] and sequence > entry[1]):
+            entry[0], entry[1] = epoch, sequence
+            return True
+        self.duplicates += 1
+        return False
+
+    def expire(self, idle_timeout_ms: int) -> None:
+        """Drop producers ``admit`` already treats as unknown (memory only, no change of rule)."""
+        horizon = self.newest_ms - idle_timeout_ms
+        for producer in [p for p, entry in self.producers.items() if entry[2] < horizon]:
+            del self.producers[producer]
+
+    def encode(self) -> bytes:
+        return json.dumps({"next": self.next_offset, "newest": self.newest_ms,
+                           "dups": self.duplicates, "producers": self.producers},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> PartitionSequences:
+        doc = json.loads(data)
+        return cls(doc["next"], doc["newest"], doc["dups"],
+                   {p: list(entry) for p, entry in doc["producers"].items()})
+
+
+class DedupError(FormatError):
+    """A source record lacks a usable producer id, sequence or epoch: a dead letter."""
+
+    def __init__(self, message: str):
+        super().__init__("dedup", message)
+
+
+class SequenceTables:
+    """The cached tables of the source partitions this runner has seen, and which changed."""
+
+    def __init__(self, spec: ProducerDedup, sources: Iterable[str], load: SequenceLoader | None,
+                 store: str | None):
+        if load is None or store is None:
+            raise ValueError(NO_STORE)
+        self.spec = spec
+        self._sources = frozenset(sources)
+        self._load = load
+        self.partitions: dict[TopicPartition, PartitionSequences] = {}
+        self.dirty: set[TopicPartition] = set()
+        self._replayed = 0
+        self._duplicates = 0
+
+    def prepare(self, records: Iterable[ConsumedRecord]) -> None:
+        """Load the tables of source partitions not cached yet, in one batched read."""
+        missing = {(r.topic, r.partition) for r in records
+                   if r.topic in self._sources and (r.topic, r.partition) not in self.partitions}
+        if not missing:
+            return
+        keys = {f"{topic}|{partition}": (topic, partition) for topic, partition in missing}
+        rows = self._load(sorted(keys))
+        for key, tp in keys.items():
+            row = rows.get(key)
+            self.partitions[tp] = PartitionSequences() if row is None else \
+                PartitionSequences.decode(row)
+
+    def replayed(self, record: ConsumedRecord) -> bool:
+        """True for a source record below its table's offset: classified before, its effects
+        durable or in memory, so it is skipped whole. Otherwise the table now covers it."""
+        table = self.partitions.get((record.topic, record.partition))
+        if table is None:
+            return False  # not a source topic
+        if record.offset < table.next_offset:
+            self._replayed += 1
+            return True
+        table.next_offset = record.offset + 1
+        self.dirty.add((record.topic, record.partition))
+        return False
+
+    def admit(self, record: ConsumedRecord, value: Any) -> bool:
+        """False for a producer duplicate; ``value`` is the record parsed in its format."""
+        table = self.partitions.get((record.topic, record.partition))
+        if table is None:
+            return True
+        spec = self.spec
+        producer = str(_extract(record, value, spec.producer, "producer"))
+        sequence = _integer(record, value, spec.sequence, "sequence")
+        epoch = 0 if spec.epoch is None else _integer(record, value, spec.epoch, "epoch")
+        if table.admit(producer, epoch, sequence, record.timestamp, spec.idle_timeout_ms):
+            return True
+        self._duplicates += 1
+        return False
+
+    def count(self, outcome: BatchOutcome) -> None:
+        """Move this batch's counts into the outcome (stage ``source``)."""
+        if self._replayed:
+            outcome.duplicates["source"] += self._replayed
+        if self._duplicates:
+            outcome.producer_duplicates["source"] += self._duplicates
+        self._replayed = self._duplicates = 0
+
+    def take_dirty(self) -> dict[str, bytes]:
+        """Rows of the tables changed since the last call (idle producers dropped first)."""
+        rows = {}
+        for topic, partition in sorted(self.dirty):
+            table = self.partitions[(topic, partition)]
+            table.expire(self.spec.idle_timeout_ms)
+            rows[f"{topic}|{partition}"] = table.encode()
+        self.dirty = set()
+        return rows
+
+    def forget(self) -> None:
+        """Drop every cached table (they reload); refused while some are unwritten."""
+        if self.dirty:
+            raise RuntimeError("forget() with unpersisted producer sequences")
+        self.partitions.clear()
+
+
+def _extract(record: ConsumedRecord, value: Any, extract: Extract, what: str) -> Any:
+    if not isinstance(extract, str):
+        try:
+            found = extract(value)
+        except Exception as error:
+            raise DedupError(f"dedup: the {what} extractor raised {type(error).__name__}: "
+                             f"{error}") from error
+        if found is None:
+            raise DedupError(f"dedup: the {what} extractor found nothing")
+        return found
+    header = None
+    for name, data in record.headers or ():
+        if name == extract:
+            header = data
+    if header is None:
+        raise DedupError(f"dedup: the record has no {what} header {extract!r}")
+    return header.decode(errors="replace")
+
+
+def _integer(record: ConsumedRecord, value: Any, extract: Extract, what: str) -> int:
+    found = _extract(record, value, extract, what)
+    try:
+        if isinstance(found, (bool, float)):
+            raise ValueError(found)
+        return int(found)
+    except (ValueError, TypeError) as error:
+        raise DedupError(f"dedup: the {what} must be an integer, got {found!r}") from error

@@ -1,0 +1,191 @@
+"""Producer-sequence dedup: the sequence rules, the stored row, the write order, and
+exactness under crashes and replays (TestRun runs the worker's runner)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from onceflow import Pipeline, ProducerDedup
+from onceflow.actors.messages import StageRows
+from onceflow.actors.persistence import write_order
+from onceflow.actors.pipeline_actor import snapshot_rows
+from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
+from onceflow.testing import Record, TestRun
+
+DAY = 24 * 3600 * 1000
+
+
+def admit(table: PartitionSequences, producer: str, seq: int, epoch: int = 0,
+          ts: int | None = 0, idle: int = DAY) -> bool:
+    return table.admit(producer, epoch, seq, ts, idle)
+
+
+def test_gap_accepted_equal_and_lower_dropped() -> None:
+    table = PartitionSequences()
+    assert admit(table, "a", 1)
+    assert admit(table, "a", 5)  # a gap is fine
+    assert not admit(table, "a", 5)
+    assert not admit(table, "a", 3)
+    assert admit(table, "a", 6)
+    assert table.duplicates == 2
+
+
+def test_new_producer_accepted_whatever_its_sequence() -> None:
+    table = PartitionSequences()
+    assert admit(table, "a", 100)
+    assert admit(table, "b", 1)
+    assert admit(table, "c", 0)
+
+
+def test_epochs_higher_resets_lower_is_stale() -> None:
+    table = PartitionSequences()
+    assert admit(table, "a", 50, epoch=1)
+    assert admit(table, "a", 0, epoch=2)  # restarted numbering
+    assert admit(table, "a", 1, epoch=2)
+    assert not admit(table, "a", 60, epoch=1)  # the old incarnation
+    assert not admit(table, "a", 1, epoch=2)
+
+
+def test_two_partitions_of_one_producer_are_independent() -> None:
+    pipeline = _pipeline()
+    run = TestRun(pipeline, partitions=2)
+    run.feed([_report("a", 1, 10, partition=0), _report("a", 1, 20, partition=1),
+              _report("a", 2, 30, partition=1), _report("a", 1, 40, partition=0)])
+    assert run.states("total") == {"d": 60}
+    assert run.counters["source.producer_duplicates"] == 1
+
+
+def test_idle_producers_are_forgotten_by_record_timestamps() -> None:
+    table = PartitionSequences()
+    assert admit(table, "a", 5, ts=1_000, idle=100)
+    assert admit(table, "b", 1, ts=1_050, idle=100)
+    assert not admit(table, "a", 5, ts=1_090, idle=100)  # 10 ms before the newest: known
+    assert admit(table, "b", 2, ts=1_300, idle=100)  # newest now 1300; a last seen at 1090
+    assert admit(table, "a", 5, ts=None, idle=100)  # forgotten: the re-send passes
+    table.expire(100)
+    assert set(table.producers) == {"a", "b"}  # both seen at the newest time
+    assert admit(table, "c", 1, ts=2_000, idle=100)
+    table.expire(100)
+    assert set(table.producers) == {"c"}
+
+
+def test_row_round_trip() -> None:
+    table = PartitionSequences(next_offset=7, newest_ms=123)
+    admit(table, "dev-1", 4, epoch=2, ts=100)
+    admit(table, "dev-1", 4, epoch=2, ts=110)
+    back = PartitionSequences.decode(table.encode())
+    assert back == table
+    assert json.loads(table.encode())["producers"] == {"dev-1": [2, 4, 110]}
+
+
+def test_sequence_rows_are_written_last_in_a_snapshot() -> None:
+    pipeline = (Pipeline("p", topics=("in",), format="json",
+                         dedup=ProducerDedup(producer="pid", sequence="seq"))
+                .aggregate("first", key=lambda v: v["d"], init=lambda: 0,
+                           fold=lambda s, v: s + v["n"])
+                .aggregate("second", key=lambda v: v["d"], init=lambda: 0,
+                           fold=lambda s, _: s + 1))
+    run = TestRun(pipeline)
+    run.feed([_report("a", 1, 1)])
+    rows: list[StageRows] = snapshot_rows(run.runner, pipeline.dedup_store)
+    assert [r.stage_id for r in write_order(rows)] == ["second", "first", SEQUENCE_STAGE]
+
+
+def test_missing_sequence_is_a_dead_letter_and_the_run_goes_on() -> None:
+    run = TestRun(_pipeline())
+    run.feed([Record({"d": "d", "n": 1}, headers=[("pid", b"a")]), _report("a", 1, 2)])
+    assert run.states("total") == {"d": 2}
+    assert "no sequence header 'seq'" in run.dead_letters[0].reason
+
+
+def test_a_stateless_republisher_drops_re_sends() -> None:
+    pipeline = Pipeline("r", topics=("in",), format="json", dedup=ProducerDedup(
+        producer="pid", sequence=lambda v: v["s"], store="redis")).republish(
+        "out", "out", encode=lambda v: json.dumps(v).encode())
+    run = TestRun(pipeline)
+    run.feed([Record({"s": 1}, headers=[("pid", b"a")]), Record({"s": 2}, headers=[("pid", b"a")]),
+              Record({"s": 1}, headers=[("pid", b"a")])])
+    assert [json.loads(p.envelope.payload)["s"] for p in run.outputs("out")] == [1, 2]
+
+
+def test_dedup_without_any_store_is_refused() -> None:
+    stateless = Pipeline("r", topics=("in",), dedup=ProducerDedup(producer="pid", sequence="seq"))
+    with pytest.raises(ValueError, match="needs a store"):
+        TestRun(stateless)
+
+
+def _pipeline() -> Pipeline:
+    return (Pipeline("sums", topics=("in",), format="json",
+                     dedup=ProducerDedup(producer="pid", sequence="seq"))
+            .aggregate("total", key=lambda v: v["d"], init=lambda: 0,
+                       fold=lambda s, v: s + v["n"]))
+
+
+def _report(producer: str, seq: int, n: int, partition: int = 0, device: str = "d",
+            ts: int | None = None) -> Record:
+    return Record({"d": device, "n": n}, partition=partition, timestamp=ts,
+                  headers=[("pid", producer.encode()), ("seq", str(seq).encode())])
+
+
+@st.composite
+def streams(draw: Any) -> tuple[list[tuple[str, int, int, int]], list[tuple[str, int]]]:
+    """Events (producer, seq, partition, amount) with some re-sent later, and the actions."""
+    events = []
+    for producer in ("p", "q", "r"):
+        partition = draw(st.integers(0, 1))
+        for seq in range(draw(st.integers(1, 12))):
+            if draw(st.booleans()):  # gaps
+                events.append((producer, seq * 2, partition, draw(st.integers(1, 9))))
+    order = draw(st.permutations(events))
+    per_producer: dict[str, list[tuple[str, int, int, int]]] = {}
+    for event in order:  # a producer's own events stay in sequence order
+        per_producer.setdefault(event[0], []).append(event)
+    for sent in per_producer.values():
+        sent.sort(key=lambda e: e[1])
+    stream: list[tuple[str, int, int, int]] = []
+    cursors = dict.fromkeys(per_producer, 0)
+    for event in order:
+        producer = event[0]
+        stream.append(per_producer[producer][cursors[producer]])
+        cursors[producer] += 1
+        if stream and draw(st.integers(0, 4)) == 0:  # a re-send of one already sent
+            stream.append(draw(st.sampled_from([e for e in stream if e[0] == producer])))
+    actions = draw(st.lists(st.tuples(st.sampled_from(["commit", "persist", "crash",
+                                                        "crash-mid-persist"]),
+                                      st.integers(0, max(len(stream) - 1, 0))), max_size=6))
+    return stream, actions
+
+
+@settings(max_examples=150, deadline=None)
+@given(streams(), st.integers(1, 4))
+def test_crashes_and_replays_admit_each_distinct_event_once(
+        generated: tuple[list[tuple[str, int, int, int]], list[tuple[str, int]]],
+        batch: int) -> None:
+    stream, actions = generated
+    run = TestRun(_pipeline(), partitions=2, batch_size=batch)
+    at: dict[int, list[str]] = {}
+    for action, index in actions:
+        at.setdefault(index, []).append(action)
+    for index, (producer, seq, partition, n) in enumerate(stream):
+        run.feed([_report(producer, seq, n, partition=partition, device=producer,
+                          ts=1_000 + index)])
+        for action in at.get(index, []):
+            if action == "commit":
+                run.commit()
+            elif action == "persist":
+                run.persist()
+            else:
+                run.crash(mid_persist=action == "crash-mid-persist")
+    distinct = {(p, s, part): n for p, s, part, n in stream}
+    expected: dict[str, int] = {}
+    for (producer, _, _), n in distinct.items():
+        expected[producer] = expected.get(producer, 0) + n
+    assert run.states("total") == expected
+    run.commit()
+    run.crash()  # the durable rows count every re-send exactly once
+    assert run.producer_duplicates == len(stream) - len(distinct)
