@@ -153,3 +153,11 @@ def test_a_landing_zone_without_pyarrow_is_a_config_error(tmp_path: Path) -> Non
         f"onceflow: config error: {conf}: onceflow.landing.dir: the Parquet landing zone "
         "needs the analytics extra: pip install 'onceflow[analytics]' (missing: pyarrow), "
         "or leave the key unset")
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test modules by basename (the test folders are not packages):
+    two files of one name make collection fail for the whole suite."""
+    tests = Path(__file__).parents[1]
+    names = sorted(path.name for path in tests.rglob("test_*.py"))
+    assert [n for n in set(names) if names.count(n) > 1] == []
