@@ -6,8 +6,8 @@ lost ack it sends a report again, same sequence, new offset. Every pipeline
 here declares ``format="json"`` and dedup on those headers, so the copies
 are dropped before any step.
 
-``totals`` splits each report into units (``n`` units of its device, one
-of ``n`` for its fleet) and sums them per key. ``normalize`` is a stateless
+``totals`` splits each report into ``n`` units of its device (one unit of
+fan-out each, folded together) and sums them per device. ``normalize`` is a stateless
 republisher of the reports to another topic (its dedup tables live in
 Redis), and ``normalized_totals`` sums per device from that topic. Topics
 come from ``ONCEFLOW_DEVICES_TOPIC`` and ``ONCEFLOW_DEVICES_NORMALIZED_TOPIC``.
@@ -24,21 +24,14 @@ from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages import Pipeline
 from onceflow.stages.producer_dedup import ProducerDedup
 
-FLEETS = 8
 DEDUP = ProducerDedup(producer="producer", sequence="seq")
 
 
-def fleet(device: str) -> str:
-    """A device's fleet, from its number (``d-17`` -> ``f-1``)."""
-    return f"f-{int(device.removeprefix('d-')) % FLEETS}"
-
-
 def units(report: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """``n`` units of 1 for the device, then one unit of ``n`` for its fleet."""
-    device, n = report["device"], int(report["n"])
-    for _ in range(n):
-        yield {"key": f"device/{device}", "n": 1}
-    yield {"key": f"fleet/{fleet(device)}", "n": n}
+    """``n`` units of 1 for the report's device (a key fed only from the device's partition:
+    a fleet-wide key would be fed from every partition, see "Scaling out")."""
+    for _ in range(int(report["n"])):
+        yield {"device": str(report["device"]), "n": 1}
 
 
 def add(total: int, unit: dict[str, Any]) -> int:
@@ -62,7 +55,7 @@ def build_totals(topic: str) -> Pipeline:
     return (
         Pipeline("devices", topics=(topic,), format="json", dedup=DEDUP)
         .flat_map("units", units)
-        .aggregate("totals", key=lambda unit: str(unit["key"]), init=int, fold=add)
+        .aggregate("totals", key=lambda unit: str(unit["device"]), init=int, fold=add)
     )
 
 

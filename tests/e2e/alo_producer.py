@@ -29,7 +29,6 @@ from aiokafka import AIOKafkaProducer
 
 PRODUCERS = 3
 DEVICES = 200
-FLEETS = 8
 BATCH = 250
 RESEND_RATE = 0.05
 
@@ -40,10 +39,6 @@ def report(seed: int, i: int) -> dict[str, object]:
     """Event ``i``'s device report: the same for every copy of it."""
     rng = random.Random(seed * 1_000_003 + i)
     return {"device": f"d-{rng.randrange(DEVICES)}", "n": rng.randrange(1, 6)}
-
-
-def fleet(device: str) -> str:
-    return f"f-{int(device.removeprefix('d-')) % FLEETS}"
 
 
 def message(seed: int, i: int) -> Message:
