@@ -175,8 +175,8 @@ def test_re_sends_of_a_killed_producer_are_counted_once_by_a_killed_worker(
     finally:
         store.close()
     context = (f"{len(topic.first)} events, {len(topic.resent)} re-sends, {worker.kills} worker "
-               f"kills, {producer.kills} producer kills, {time.monotonic() - began:.0f}s; "
-               f"logs in {tmp_path}")
+               f"kills, {producer.kills} producer kills, stats {stats}, "
+               f"{time.monotonic() - began:.0f}s; logs in {tmp_path}")
     print(context)
     assert len(topic.first) == total, context  # every event reached the topic
     assert len(topic.resent) > total // 25, context  # ~5% on purpose, more after the kills
@@ -194,16 +194,16 @@ def test_no_re_send_gets_past_a_killed_republisher(
 ) -> None:
     run, rng = Run(kafka_service, redis_service, tmp_path, unique_name), random.Random()
     rep_group, agg_group = unique_name("rep"), unique_name("agg")
-    total = 20_000
-    producer = run.producer(total, rate=1_000)
+    total = 30_000
+    producer = run.producer(total, rate=1_500)
     republisher = run.worker("normalize", rep_group, "republisher")
     aggregator = run.worker("normalized_totals", agg_group, "aggregator")
 
     async def scenario() -> tuple[Topic, list[Envelope], dict[int, int]]:
         producer.start()
         aggregator.start()
-        await asyncio.gather(kill_producer(producer, [rng.uniform(3, 15)]),
-                             kill_worker(republisher, 3, rng))
+        await asyncio.gather(kill_producer(producer, [rng.uniform(3, 9), rng.uniform(11, 17)]),
+                             kill_worker(republisher, 4, rng))
         await finished(producer)
         topic = await Topic.read(run.bootstrap, run.topic)
         await drained(run.bootstrap, rep_group, run.topic, topic.ends, republisher)
@@ -221,7 +221,7 @@ def test_no_re_send_gets_past_a_killed_republisher(
     assert {e.source_chain[0].topic for e in outputs} == {run.topic}
     firsts = {at for at, _ in topic.first.values()}
     context = (f"{len(topic.first)} events, {len(topic.resent)} re-sends, {len(outputs)} "
-               f"outputs, {republisher.kills} republisher kills, "
+               f"outputs, {republisher.kills} republisher kills, {producer.kills} producer kills, "
                f"{time.monotonic() - began:.0f}s; logs in {tmp_path}")
     print(context)
     assert len(topic.first) == total and len(topic.resent) > total // 25, context
