@@ -7,7 +7,9 @@ device, with the headers ``producer`` and ``seq``: event ``i`` is sequence
 ``i // PRODUCERS`` of producer ``gw-{i % PRODUCERS}``, and its payload is a
 function of ``(SEED, i)`` only, so any copy of an event is byte-identical.
 After each acknowledged batch it writes ``STATE_FILE`` (fsynced, atomically
-renamed): the next event and the re-sends acknowledged so far. SIGKILLed, it
+renamed): the next event and the deliberate re-sends acknowledged so far.
+Sends are paced at ``RATE`` events/s within each batch, so a batch is in
+flight most of the time and a kill usually lands in the middle of one. SIGKILLed, it
 resumes from that record, so the events of the batch it had not recorded are
 sent again with the same sequences: an at-least-once re-send, as are the
 ~5% of records it sends twice on purpose (a copy of an acknowledged record
@@ -31,6 +33,7 @@ PRODUCERS = 3
 DEVICES = 200
 BATCH = 250
 RESEND_RATE = 0.05
+PACE = 25  # records sent between two pauses
 
 Message = tuple[bytes, bytes, list[tuple[str, bytes]]]  # key, value, headers
 
@@ -87,15 +90,16 @@ async def run(bootstrap: str, topic: str, path: Path, total: int, rate: float,
             out = list(batch)  # new records in sequence order; re-sends anywhere among them
             for copy in resends:
                 out.insert(rng.randrange(len(out) + 1), copy)
-            acks = [await producer.send(topic, value, key=key, headers=headers)
-                    for key, value, headers in out]
+            acks = []
+            for k, (key, value, headers) in enumerate(out):
+                acks.append(await producer.send(topic, value, key=key, headers=headers))
+                if k % PACE == PACE - 1:  # paced within the batch: a kill lands mid-batch
+                    sent = state["next"] - first + k * len(batch) / len(out)
+                    await asyncio.sleep(max(0.0, started + sent / rate - time.monotonic()))
             await asyncio.gather(*acks)
             state = {"next": state["next"] + len(batch), "resent": state["resent"] + len(resends)}
             save_state(path, state)
             previous = batch
-            ahead = (state["next"] - first) / rate - (time.monotonic() - started)
-            if ahead > 0:
-                await asyncio.sleep(ahead)
     finally:
         await producer.stop()
 
