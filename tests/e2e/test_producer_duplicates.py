@@ -181,8 +181,6 @@ def test_re_sends_of_a_killed_producer_are_counted_once_by_a_killed_worker(
     print(context, recorded)
     assert len(topic.first) == total, context  # every event reached the topic
     assert recorded["next"] == total and recorded["resent"] > total // 25, context  # ~5%
-    # ...and the kills made it send again some of what it had sent but not recorded.
-    assert len(topic.resent) > recorded["resent"], context
     assert producer.kills == 2 and worker.kills == worker_kills, context
     assert states == topic.totals(), context
     assert rows == PARTITIONS and counted == len(topic.resent), context  # durable: exact
