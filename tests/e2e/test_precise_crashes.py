@@ -152,20 +152,27 @@ def test_one_key_fed_by_every_partition_stays_exact_under_replay(
     stream = generate(20_000, seed=random.SystemRandom().randrange(10**6))
     asyncio.run(harness.create_topic(s.bootstrap, topic, 4))
     # One worker owns every partition, so a key may draw from all of them.
-    worker = s.worker("fleet", "onceflow.examples.robots:fleet", group,
-                      extra={"onceflow.single-worker": "true"})
+    single = {"onceflow.single-worker": "true"}
+    # The first one dies right after its first state write, before any commit: its
+    # successor surely replays records already folded (random kills may not).
+    crashing = s.worker("crashing", "onceflow.examples.robots:fleet", group,
+                        {"ONCEFLOW_FAULT_KILL_AFTER_SAVE": "fleet"}, single)
 
-    async def produce_while_killing() -> dict[int, int]:
+    async def produce_while_killing() -> tuple[dict[int, int], harness.WorkerProcess]:
         producing = asyncio.create_task(harness.produce(s.bootstrap, topic, stream.messages, 12))
+        while crashing.exited() is None:
+            await asyncio.sleep(0.05)
+        assert crashing.exited() == -9, f"expected a SIGKILL; see {crashing.logs[-1]}"
+        worker = s.worker("fleet", "onceflow.examples.robots:fleet", group, extra=single)
         rng = random.Random()
         for _ in range(3):
             await worker.assigned()
             await asyncio.sleep(rng.uniform(0.3, 2.0))
             worker.kill()
             worker.start()
-        return await producing
+        return await producing, worker
 
-    ends = asyncio.run(produce_while_killing())
+    ends, worker = asyncio.run(produce_while_killing())
     asyncio.run(drained(s.bootstrap, group, topic, ends, worker))
     asyncio.run(worker.assigned())
     assert worker.terminate(10) == 0
