@@ -6,6 +6,8 @@ feeding per-robot daily counts). While events flow, each process is
 SIGKILLed at random moments and restarted. Afterwards every window of both
 stages (closed ones from the history rows, open ones from the current
 states) is compared with the ground truth recomputed from the input alone.
+The robots re-send a share of their reports (plain JSON, as after a lost
+acknowledgement); the republisher must drop exactly those, by ``(serial, seq)``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from onceflow.devtools.harness import (
     read_ends,
     worker_command,
 )
-from onceflow.devtools.robot_stream import RobotStream, generate
+from onceflow.devtools.robot_stream import RobotStream, generate, parse_report
 from onceflow.devtools.services import ServiceInfo
 from onceflow.devtools.tables import measures
 from onceflow.examples.robot_chain import (
@@ -46,6 +48,7 @@ from onceflow.examples.robot_chain import (
     MINUTE_MS,
     MINUTE_STAGE,
 )
+from onceflow.stages.producer_dedup import SEQUENCE_STAGE, dropped_duplicates
 from onceflow.stages.state import decode_state
 from onceflow.stores.base import StateStore
 
@@ -62,6 +65,7 @@ class ChaosOptions:
     store: str = "redis"
     partitions: int = 4
     disorder: float = 0.05  # share of results arriving out of order (some too late)
+    resend: float = 0.02  # share of reports a robot sends twice (dropped by the republisher)
     timeout: float = 300.0
 
 
@@ -70,6 +74,8 @@ class ChaosReport:
     messages: int = 0
     events: int = 0
     kills: dict[str, int] = field(default_factory=dict)
+    resends: int = 0  # reports the robots sent twice
+    producer_duplicates: int = 0  # re-sends the republisher dropped (its dedup tables)
     duplicates: dict[str, int] = field(default_factory=dict)
     late: dict[str, int] = field(default_factory=dict)
     windows: dict[str, int] = field(default_factory=dict)  # windows checked per stage
@@ -83,7 +89,7 @@ class ChaosReport:
     @property
     def exact(self) -> bool:
         return (self.caught_up and self.lost == 0 and self.double == 0
-                and not any(self.mismatched.values())
+                and self.producer_duplicates == self.resends and not any(self.mismatched.values())
                 and all(code == 0 for code in self.exit_codes.values()))
 
 
@@ -93,14 +99,19 @@ def expected_windows(stream: RobotStream) -> tuple[dict[str, Windows], dict[str,
     Written independently of ``onceflow.stages.windows`` on purpose: a robot's
     events in produce order; a window closes once the robot's highest event
     time reaches its end plus the allowed lateness; later events for it are
-    late and go no further (the daily stage never sees them).
+    late and go no further (the daily stage never sees them). A re-sent
+    report (a ``(serial, seq)`` seen before) goes nowhere.
     """
     windows: dict[str, Windows] = {stage: {} for stage in STAGES}
     late: Counter[str] = Counter()
     max_ts: dict[tuple[str, str], int] = {}
+    reports: set[tuple[str, int]] = set()
     for _, value in stream.messages:
-        report = json.loads(_payload(value))
-        robot = report["robot"]
+        report = parse_report(value)
+        robot = report["serial"]
+        if (robot, report["seq"]) in reports:
+            continue
+        reports.add((robot, report["seq"]))
         for result in report["results"]:
             outcome, ts = ("ok" if result["ok"] else "failed"), result["ts"]
             for stage, (size, lateness) in STAGES.items():
@@ -112,12 +123,6 @@ def expected_windows(stream: RobotStream) -> tuple[dict[str, Windows], dict[str,
                 windows[stage].setdefault((robot, start), Counter())[outcome] += 1
                 max_ts[(stage, robot)] = ts if seen is None else max(seen, ts)
     return windows, dict(late)
-
-
-def _payload(envelope_bytes: bytes) -> bytes:
-    from onceflow.protos.envelope_pb2 import Envelope
-
-    return Envelope.FromString(envelope_bytes).payload
 
 
 def stored_windows(store: StateStore, stage: str) -> tuple[Windows, int]:
@@ -165,8 +170,9 @@ class _Chaos:
 
     async def run(self) -> ChaosReport:
         started = time.monotonic()
-        stream = generate(self.o.messages, seed=self.o.seed, disorder=self.o.disorder)
-        self.report.events = stream.events
+        stream = generate(self.o.messages, seed=self.o.seed, disorder=self.o.disorder,
+                          resend=self.o.resend)
+        self.report.events, self.report.resends = stream.events, stream.resends
         for topic in (self.raw, self.normalized):
             await create_topic(self.bootstrap, topic, self.o.partitions)
         for worker in self.workers.values():
@@ -216,6 +222,12 @@ class _Chaos:
 
     def _check(self, stream: RobotStream) -> None:
         truth, _ = expected_windows(stream)
+        republisher = self.open_store("robots-normalize")
+        try:
+            self.report.producer_duplicates = dropped_duplicates(
+                row for _, row in republisher.scan(SEQUENCE_STAGE))
+        finally:
+            republisher.close()
         store = self.open_store("robots-windows")
         try:
             stats = store.read_stats()
@@ -269,8 +281,10 @@ def run_chaos(options: ChaosOptions, *, bootstrap: str, store_settings: Mapping[
 
 def report_table(report: ChaosReport) -> Table:
     return measures("onceflow chaos: republisher + windowed aggregator under SIGKILL", [
-        ("messages produced", f"{report.messages:,}"),
+        ("reports produced (without re-sends)", f"{report.messages:,}"),
         ("fastening events", f"{report.events:,}"),
+        ("re-sent reports / dropped by (serial, seq)",
+         f"{report.resends:,} / {report.producer_duplicates:,}"),
         *[(f"SIGKILLs: {name}", str(n)) for name, n in report.kills.items()],
         *[(f"duplicates discarded: {s}", f"{n:,}") for s, n in report.duplicates.items()],
         *[(f"late events routed: {s}", f"{n:,}") for s, n in report.late.items()],

@@ -1,7 +1,8 @@
 """The robot pipeline as two processes, for ``onceflow chaos`` and its tests.
 
 ``normalize`` is a stateless republisher: raw robot reports -> one
-fastening event per result on the normalized topic, keyed by robot (so a
+fastening event per result on the normalized topic (robots' re-sent
+reports dropped by their ``(serial, seq)``), keyed by robot (so a
 robot's events stay in order). ``windows`` aggregates the normalized events
 in two stages: per-robot-per-minute counts (tumbling, 30 s allowed
 lateness) feeding per-robot daily counts; only what the minute stage folds
@@ -17,7 +18,7 @@ import json
 import os
 from operator import attrgetter
 
-from onceflow.examples.robots import Fastening, count, decode_report, fastenings, new_counts
+from onceflow.examples.robots import Fastening, count, fastenings, new_counts, report_dedup
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages import Pipeline, Tumbling
 
@@ -38,9 +39,9 @@ def decode_fastening(envelope: Envelope) -> Fastening:
     return Fastening(robot, ok, ts)
 
 
-def build_normalize(raw: str, normalized: str) -> Pipeline:
+def build_normalize(raw: str, normalized: str, store: str = "redis") -> Pipeline:
     return (
-        Pipeline("robots-normalize", topics=(raw,), decode=decode_report)
+        Pipeline("robots-normalize", topics=(raw,), format="json", dedup=report_dedup(store))
         .flat_map("fastenings", fastenings)
         .republish("normalized", normalized, encode=encode_fastening, key=attrgetter("robot"),
                    event_time_ms=attrgetter("ts"), payload_type="application/json")
@@ -55,7 +56,8 @@ def build_counting_normalize(raw: str, normalized: str, store: str) -> Pipeline:
     before it writes the state.
     """
     return (
-        Pipeline("robots-counting-normalize", topics=(raw,), decode=decode_report)
+        Pipeline("robots-counting-normalize", topics=(raw,), format="json",
+                 dedup=report_dedup(store))
         .flat_map("fastenings", fastenings)
         .aggregate(SEEN_STAGE, key=attrgetter("robot"), init=new_counts, fold=count, store=store)
         .republish("normalized", normalized, encode=encode_fastening, key=attrgetter("robot"),
@@ -78,6 +80,6 @@ def build_windows(normalized: str, store: str) -> Pipeline:
 _RAW = os.environ.get("ONCEFLOW_CHAIN_RAW_TOPIC", "robot-reports")
 _NORMALIZED = os.environ.get("ONCEFLOW_CHAIN_NORMALIZED_TOPIC", "robot-fastenings")
 _STORE = os.environ.get("ONCEFLOW_ROBOTS_STORE", "redis")
-normalize = build_normalize(_RAW, _NORMALIZED)
+normalize = build_normalize(_RAW, _NORMALIZED, _STORE)
 counting_normalize = build_counting_normalize(_RAW, _NORMALIZED, _STORE)
 windows = build_windows(_NORMALIZED, _STORE)

@@ -1,7 +1,12 @@
 """The robot screw-fastening pipeline: per-robot ok/failed counts, exactly once.
 
-Each record reports 1-5 fastening results of one robot; the flat-map splits
-them into single results that are folded as one unit. The input topic is
+Robots write plain JSON, ``{"serial": "robot-0042", "seq": 17, "results":
+[{"ok": true, "ts": ...}, ...]}``, keyed by serial; ``seq`` counts each
+robot's reports, and a robot that missed an acknowledgement sends a report
+again with the same ``seq``. The pipelines declare ``format="json"`` and
+producer-sequence dedup on ``(serial, seq)``, so those copies are dropped
+before any step. Each record reports 1-5 fastening results; the flat-map
+splits them into single results that are folded as one unit. The input topic is
 ``robot-reports`` unless ``ONCEFLOW_ROBOTS_TOPIC`` names another (tests use
 one topic per run); the counts live in Redis unless ``ONCEFLOW_ROBOTS_STORE``
 names another store (``cassandra``).
@@ -9,13 +14,12 @@ names another store (``cassandra``).
 
 from __future__ import annotations
 
-import json
 import os
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, NamedTuple
 
-from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages import Pipeline
+from onceflow.stages.producer_dedup import ProducerDedup
 
 Counts = dict[str, int]
 
@@ -28,14 +32,14 @@ class Fastening(NamedTuple):
     ts: int
 
 
-def decode_report(envelope: Envelope) -> dict[str, Any]:
-    report: dict[str, Any] = json.loads(envelope.payload)
-    return report
+def report_dedup(store: str = "redis") -> ProducerDedup:
+    """Each robot is a producer; its ``seq`` is the sequence (tables kept in ``store``)."""
+    return ProducerDedup(producer=itemgetter("serial"), sequence=itemgetter("seq"), store=store)
 
 
 def fastenings(report: dict[str, Any]) -> list[Fastening]:
     """One event per fastening result, each tagged with its robot."""
-    robot = report["robot"]
+    robot = report["serial"]
     return [Fastening(robot, bool(r["ok"]), r["ts"]) for r in report["results"]]
 
 
@@ -65,7 +69,7 @@ def build_fleet(topic: str, store: str = "redis") -> Pipeline:
     add ``.repartition("by_outcome", key=outcome_of)`` before the aggregate.
     """
     return (
-        Pipeline("fleet", topics=(topic,), decode=decode_report)
+        Pipeline("fleet", topics=(topic,), format="json", dedup=report_dedup(store))
         .flat_map("fastenings", fastenings)
         .aggregate("fleet", key=outcome_of, init=int, fold=tally, store=store)
     )
@@ -73,7 +77,7 @@ def build_fleet(topic: str, store: str = "redis") -> Pipeline:
 
 def build(topic: str, store: str = "redis") -> Pipeline:
     return (
-        Pipeline("robots", topics=(topic,), decode=decode_report)
+        Pipeline("robots", topics=(topic,), format="json", dedup=report_dedup(store))
         .flat_map("fastenings", fastenings)
         .aggregate("per_robot", key=attrgetter("robot"), init=new_counts, fold=count,
                    store=store)

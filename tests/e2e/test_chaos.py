@@ -23,6 +23,8 @@ def check(report: object, context: str) -> None:
     assert report.double == 0, context
     assert report.mismatched == {"per_robot_minute": 0, "per_robot_day": 0}, context
     assert report.duplicates["per_robot_minute"] > 0, context  # the republisher re-sent
+    assert report.resends > 300, context  # the robots re-sent reports ...
+    assert report.producer_duplicates == report.resends, context  # ... none got through
     assert report.late["per_robot_minute"] > 0, context  # lateness really exercised
     assert report.exit_codes == {"republisher": 0, "aggregator": 0}, context
 

@@ -2,7 +2,8 @@
 
 Real Tansu broker and real Redis; the worker is a separate process killed
 with SIGKILL and restarted; afterwards every robot's totals must equal the
-ground truth recomputed from the produced events.
+ground truth recomputed from the produced events (each report once, though
+the robots re-sent some), and the re-sends dropped must equal those produced.
 """
 
 from __future__ import annotations
@@ -33,4 +34,6 @@ def test_totals_exact_after_random_sigkills(
     assert report.lost == 0, context
     assert report.double == 0, context
     assert report.duplicates > 0, context  # replays really happened and were discarded
+    assert report.resends > 500, context  # the robots re-sent reports (plain JSON) ...
+    assert report.producer_duplicates == report.resends, context  # ... each dropped once
     assert report.final_exit_code == 0, context

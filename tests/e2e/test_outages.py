@@ -78,7 +78,8 @@ def test_broker_frozen_longer_than_every_timeout_recovers_without_process_restar
     topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
     redis_url = f"redis://{redis_service.address}/0"
     create_topic(kafka.address, topic, 4)
-    first, second = generate(10_000, seed=31), generate(10_000, seed=32)
+    first = generate(10_000, seed=31)
+    second = generate(10_000, seed=32, after=first)
     settings = {**quick_recovery(kafka.address, redis_url, prefix),
                 "onceflow.pipeline": "onceflow.examples.robots:pipeline",
                 "onceflow.kafka.group-id": group,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import json
 import os
 import random
 import time
@@ -21,9 +20,8 @@ from helpers import expected_counts, stored_states
 
 from onceflow.devtools import harness
 from onceflow.devtools.chaos import expected_windows, stored_windows
-from onceflow.devtools.robot_stream import fastening_events, generate
+from onceflow.devtools.robot_stream import fastening_events, generate, parse_report
 from onceflow.devtools.services import ServiceInfo
-from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
@@ -114,8 +112,7 @@ def test_republisher_killed_in_the_middle_of_one_inputs_fan_out(
     raw, normalized = unique_name("raw"), unique_name("norm")
     s.env |= {"ONCEFLOW_CHAIN_RAW_TOPIC": raw, "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": normalized}
     stream = generate(3_000, robots=100, seed=5)
-    sizes = [len(json.loads(Envelope.FromString(v).payload)["results"])
-             for _, v in stream.messages]
+    sizes = [len(parse_report(v)["results"]) for _, v in stream.messages]
     record = next(i for i, n in enumerate(sizes) if n >= 4 and i > 100)
     kill_after = sum(sizes[:record]) + 2  # two of this record's outputs are out, the rest not
     for topic in (raw, normalized):

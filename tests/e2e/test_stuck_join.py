@@ -69,7 +69,8 @@ def test_a_rebalance_that_cannot_complete_is_reported_and_the_consumer_re_create
     worker: harness.WorkerProcess | None = None
     try:
         create_topic(bootstrap, topic, 4)
-        first, second = generate(2_000, seed=51), generate(2_000, seed=52)
+        first = generate(2_000, seed=51)
+        second = generate(2_000, seed=52, after=first)
         ends = produce(bootstrap, topic, first.messages)
         settings = {"onceflow.pipeline": "onceflow.examples.robots:pipeline",
                     "onceflow.kafka.bootstrap-servers": bootstrap,

@@ -38,7 +38,8 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
     topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
     redis_url = f"redis://{redis_service.address}/0"
     create_topic(kafka_service.address, topic, 2)
-    first, second = generate(3_000, robots=200, seed=9), generate(3_000, robots=200, seed=10)
+    first = generate(3_000, robots=200, seed=9)
+    second = generate(3_000, robots=200, seed=10, after=first)
     first_ends = produce(kafka_service.address, topic, first.messages)
     port = free_port()
     supervision = ["--set", "onceflow.supervision.max-restarts=3",

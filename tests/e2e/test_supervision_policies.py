@@ -46,7 +46,8 @@ def test_broker_outage_recreates_what_the_policy_says_and_keeps_totals_exact(
     try:
         create_topic(bootstrap, topic, 4)
         # The same 100 robots before and after the outage: no key is new afterwards.
-        first, second = generate(6_000, robots=100, seed=51), generate(6_000, robots=100, seed=52)
+        first = generate(6_000, robots=100, seed=51)
+        second = generate(6_000, robots=100, seed=52, after=first)
         settings = {**quick_recovery(bootstrap, redis_url, prefix),
                     "onceflow.pipeline": "onceflow.examples.robots:pipeline",
                     "onceflow.kafka.group-id": group,

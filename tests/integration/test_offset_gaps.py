@@ -56,7 +56,7 @@ from aiokafka import AIOKafkaProducer
 from onceflow.devtools.robot_stream import generate
 
 bootstrap, topic, seed, stop, hold, batch, pause, most, robots = sys.argv[1:10]
-messages = generate(int(most), robots=int(robots), seed=int(seed)).messages
+messages = generate(int(most), robots=int(robots), seed=int(seed), fleet=f"r{seed}").messages
 
 async def main():
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
@@ -175,7 +175,8 @@ def test_tailing_worker_under_cpu_load_refetches_holes_and_counts_every_record(
           f"processed {processed}, re-fetches {refetches}, holes accepted {accepted}")
     assert code == 0, log.read_text()[-3000:]
     assert processed == total
-    truths = [generate(count, robots=ROBOTS, seed=seed).truth for seed, count in sent.items()]
+    truths = [generate(count, robots=ROBOTS, seed=seed, fleet=f"r{seed}").truth
+              for seed, count in sent.items()]
     store = RedisStore(redis_url, prefix, "robots")
     try:
         assert stored_states(store, "per_robot") == expected_counts(*truths)

@@ -11,7 +11,6 @@ were installed, waited for the join, and exited 1 after a drain timeout).
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import time
@@ -31,9 +30,8 @@ from helpers import (
     wait_for_log,
 )
 
-from onceflow.devtools.robot_stream import generate
+from onceflow.devtools.robot_stream import generate, parse_report, report_id
 from onceflow.devtools.services import ServiceInfo
-from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stores.redis_store import RedisStore
 
 SHUTDOWN_TIMEOUT = 10.0  # reference.conf's onceflow.shutdown.timeout
@@ -86,8 +84,8 @@ class Run:
         truth: dict[str, Counter[str]] = {}
         for record in consume_all(self.bootstrap, self.topic, produced):
             if record.offset < offsets.get(record.partition, 0):
-                report = json.loads(Envelope.FromString(record.value).payload)
-                counts = truth.setdefault(report["robot"], Counter())
+                report = parse_report(record.value)
+                counts = truth.setdefault(report["serial"], Counter())
                 counts.update("ok" if r["ok"] else "failed" for r in report["results"])
         return expected_counts(truth)
 
@@ -169,7 +167,7 @@ def test_sigterm_while_the_supervisor_backs_off_before_a_restart(
     stream = generate(200, seed=4)
     produce(run.bootstrap, run.topic, stream.messages)
     # The pipeline actor fails on the first record, so the pipeline restarts after 60 s.
-    poison = Envelope.FromString(stream.messages[0][1]).event_id
+    poison = report_id(stream.messages[0][1]).decode()
     monkeypatch.setenv("ONCEFLOW_FAULT_STAGE_RAISES_ON", poison)  # the worker inherits it
     worker = run.start(["--set", "onceflow.supervision.backoff.initial=60s"])
     wait_for_log(worker, run.log, "restarting ['core', 'consumer'] in", timeout=60)

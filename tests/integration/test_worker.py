@@ -20,7 +20,6 @@ from helpers import (
 
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
-from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stores.redis_store import RedisStore
 
 NEVER = ["--set", "onceflow.persistence.interval=1h", "--set", "onceflow.commit.interval=1h"]
@@ -77,9 +76,9 @@ def test_undecodable_records_go_to_dead_letters_with_reason_and_nothing_is_lost(
     create_topic(kafka_service.address, topic, 1)
     create_topic(kafka_service.address, dead, 1)
     good = generate(200, robots=10, seed=5).messages
-    not_protobuf = (b"robot-0001", b"\xff\xfe definitely not an envelope")
-    bad_json = (b"robot-0002", Envelope(key="robot-0002", payload=b"{oops").SerializeToString())
-    messages = [*good[:100], not_protobuf, *good[100:150], bad_json, *good[150:]]
+    not_json = (b"robot-0001", b"\xff\xfe definitely not JSON")
+    no_seq = (b"robot-0002", b'{"serial":"robot-0002","results":[{"ok":true,"ts":1}]}')
+    messages = [*good[:100], not_json, *good[100:150], no_seq, *good[150:]]
     ends = produce(kafka_service.address, topic, messages)
     log = tmp_path / "worker.log"
     worker = start_worker(kafka_service.address, redis_url, group, prefix, topic, log,
@@ -93,9 +92,10 @@ def test_undecodable_records_go_to_dead_letters_with_reason_and_nothing_is_lost(
             worker.kill()
     letters = consume_all(kafka_service.address, dead, expected=2)
     reasons = [dict(r.headers)["onceflow.reason"].decode() for r in letters]
-    assert [r.value for r in letters] == [not_protobuf[1], bad_json[1]]
-    assert reasons[0].startswith("undecodable envelope")
-    assert reasons[1].startswith("stage 'decode': JSONDecodeError")
+    assert [r.value for r in letters] == [not_json[1], no_seq[1]]
+    assert reasons[0].startswith(f"topic {topic!r} is declared json but the value does not "
+                                 "parse: JSONDecodeError: "), reasons
+    assert reasons[1] == "dedup: the sequence extractor raised KeyError: 'seq'", reasons
     assert dict(letters[0].headers)["onceflow.source"] == f"{topic}/0/100".encode()
     truth = generate(200, robots=10, seed=5).truth
     assert robot_totals(redis_url, prefix) == expected_counts(truth)

@@ -26,6 +26,7 @@ from helpers import (
 
 from onceflow.devtools.robot_stream import RobotStream, generate
 from onceflow.devtools.services import ServiceInfo, free_port
+from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stores.cassandra_store import CassandraStore
 
 PIPELINE_ID, STAGE_ID = "robots", "per_robot"  # fixed by onceflow.examples.robots
@@ -87,6 +88,15 @@ class Run:
     def totals(self) -> dict[str, dict[str, int]]:
         return robot_totals(self.cassandra, self.keyspace)
 
+    def sequences_cover(self) -> int:
+        """Source records the stored producer-sequence tables cover (sum of next offsets)."""
+        store = open_store(self.cassandra, self.keyspace)
+        try:
+            return sum(PartitionSequences.decode(row).next_offset
+                       for _, row in store.scan(SEQUENCE_STAGE))
+        finally:
+            store.close()
+
     def stats(self) -> dict[str, int]:
         store = open_store(self.cassandra, self.keyspace)
         try:
@@ -127,14 +137,15 @@ def test_worker_on_cassandra_totals_match_and_offsets_are_committed(run: Run) ->
     assert run.stats()["records"] == 5000
 
 
-def test_replay_after_sigkill_is_discarded_by_the_watermarks_in_cassandra(run: Run) -> None:
+def test_replay_after_sigkill_is_skipped_by_the_sequence_tables_in_cassandra(run: Run) -> None:
     stream = generate(3_000, seed=12)
     ends = run.produce(stream)
     # Commits only at shutdown: everything the first worker persisted is replayed.
     first = run.start("first.log", [*NO_COMMIT_TICKS, *FAST_STATS])
     try:
         deadline = time.monotonic() + 120
-        while run.totals() != truth(stream):  # every state persisted by the ticks
+        # Every state and every sequence table persisted by the ticks.
+        while run.totals() != truth(stream) or run.sequences_cover() != len(stream.messages):
             assert first.poll() is None, (run.tmp_path / "first.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "states never reached the ground truth"
             time.sleep(0.5)
@@ -149,4 +160,30 @@ def test_replay_after_sigkill_is_discarded_by_the_watermarks_in_cassandra(run: R
 
     assert run.committed() == ends
     assert run.totals() == truth(stream)  # the replay folded nothing twice
-    assert run.stats()[f"{STAGE_ID}.duplicates"] == stream.events
+    # Each replayed record was skipped whole, before any step.
+    assert run.stats()["source.duplicates"] == len(stream.messages)
+
+
+def test_replay_after_sigkill_is_discarded_by_the_watermarks_in_cassandra(
+    run: Run, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stream = generate(3_000, seed=13)
+    ends = run.produce(stream)
+    # The first worker dies right after its first states are written, before the
+    # snapshot's sequence tables: the replay passes the source and must be
+    # discarded by the states' own watermarks.
+    monkeypatch.setenv("ONCEFLOW_FAULT_KILL_AFTER_SAVE", STAGE_ID)
+    first = run.start("first.log", [*NO_COMMIT_TICKS, *FAST_STATS])
+    assert first.wait(timeout=120) == -signal.SIGKILL, \
+        (run.tmp_path / "first.log").read_text()[-3000:]
+    monkeypatch.delenv("ONCEFLOW_FAULT_KILL_AFTER_SAVE")
+    assert run.totals(), "the first worker wrote no state"
+    assert run.sequences_cover() == 0
+
+    second = run.start("second.log", [*NO_COMMIT_TICKS, *FAST_STATS])
+    wait_for_log(second, run.tmp_path / "second.log", "'records': 3000", timeout=120)
+    stop(second, run.tmp_path / "second.log")
+
+    assert run.committed() == ends
+    assert run.totals() == truth(stream)  # the replay folded nothing twice
+    assert run.stats()[f"{STAGE_ID}.duplicates"] > 0
