@@ -33,7 +33,7 @@ def test_totals_exact_after_random_sigkills(
     assert report.robots == report.robots_matching == 1000, context
     assert report.lost == 0, context
     assert report.double == 0, context
-    assert report.duplicates > 0, context  # replays really happened and were discarded
+    assert report.replayed + report.duplicates > 0, context  # replays happened, were discarded
     assert report.resends > 500, context  # the robots re-sent reports (plain JSON) ...
     assert report.producer_duplicates == report.resends, context  # ... each dropped once
     assert report.final_exit_code == 0, context
