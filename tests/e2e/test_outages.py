@@ -137,7 +137,8 @@ def test_proxy_cutting_every_connection_ten_times_keeps_totals_exact(
             # never retries (a retried send could duplicate an input record);
             # the cuts hit the worker's fetches, heartbeats and commits.
             await worker.assigned()
-            chunks = [stream.messages[i::11] for i in range(11)]
+            size = -(-len(stream.messages) // 11)  # contiguous: each robot's seq in order
+            chunks = [stream.messages[i:i + size] for i in range(0, len(stream.messages), size)]
             for n, chunk in enumerate(chunks):
                 await harness.produce(bootstrap, topic, chunk, 0, ends)
                 if n < 10:

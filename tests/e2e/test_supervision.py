@@ -39,7 +39,7 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
     redis_url = f"redis://{redis_service.address}/0"
     create_topic(kafka_service.address, topic, 2)
     first = generate(3_000, robots=200, seed=9)
-    second = generate(3_000, robots=200, seed=10, after=first)
+    second = generate(3_000, robots=200, seed=10, fleet="spare")
     first_ends = produce(kafka_service.address, topic, first.messages)
     port = free_port()
     supervision = ["--set", "onceflow.supervision.max-restarts=3",
@@ -48,9 +48,9 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
                    "--set", "onceflow.supervision.escalation-grace=3s",
                    "--set", f"onceflow.metrics.port={port}"]
     log = tmp_path / "failing.log"
-    # Records of the second part carry event ids "report-10-...": the stage
+    # Records of the second part come from the "spare" robots: the stage
     # fails on every batch holding one, in every incarnation.
-    os.environ["ONCEFLOW_FAULT_STAGE_RAISES_ON"] = "report-10-"
+    os.environ["ONCEFLOW_FAULT_STAGE_RAISES_ON"] = '"serial":"spare-'
     try:
         failing = start_worker(kafka_service.address, redis_url, group, prefix, topic, log,
                                supervision)
