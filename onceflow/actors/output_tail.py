@@ -106,8 +106,8 @@ class TailReader:
                 scan.feed((o.value, o.headers) for o in pending.get((topic, partition), ()))
                 read = await self._scan(consumer, KafkaPartition(topic, partition), scan)
                 found[(topic, partition)] = scan.written
-                log.info("exclusive output %s[%d]: read %d records back, resuming after %s",
-                         topic, partition, read, scan.written)
+                log.info("exclusive output %s[%d]: read %d records back; replays from %s "
+                         "skip up to %s", topic, partition, read, dict(committed), scan.written)
             return found
         finally:
             await consumer.stop()
