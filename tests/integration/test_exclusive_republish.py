@@ -27,8 +27,9 @@ def items(n: int) -> list[tuple[bytes | None, bytes]]:
 
 def worker(kafka: ServiceInfo, redis: ServiceInfo, tmp_path: Path, name: str, group: str,
            prefix: str, topics: dict[str, str], pipeline: str = "onceflow.examples.mirror:mirror",
-           env: dict[str, str] | None = None, commit: str = "2s") -> harness.WorkerProcess:
-    settings = {"onceflow.pipeline": pipeline,
+           env: dict[str, str] | None = None, commit: str = "2s",
+           extra: dict[str, str] | None = None) -> harness.WorkerProcess:
+    settings = {**(extra or {}), "onceflow.pipeline": pipeline,
                 "onceflow.kafka.bootstrap-servers": kafka.address,
                 "onceflow.kafka.group-id": group,
                 "onceflow.stores.redis.url": f"redis://{redis.address}/0",
@@ -109,6 +110,38 @@ def test_a_restarted_exclusive_republisher_writes_each_output_once_in_order(
     outputs = asyncio.run(harness.read_all(kafka_service.address, output, PARTITIONS, quiet=1.0))
     assert written_parts(outputs) == want  # each part once, in order, nothing missing
     assert len(outputs) == total
+
+
+def test_outputs_parked_in_the_outbox_count_as_written_and_are_sent_once(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    topics, ends, inputs = setup(kafka_service, unique_name, 200)
+    want = expected_parts(inputs)
+    group, prefix = unique_name("g"), unique_name("p")
+    output = topics["ONCEFLOW_MIRROR_OUTPUT"]
+    # Every send to the output fails: after the delivery timeout all outputs go to the
+    # outbox (Redis), the inputs stay uncommitted, and the worker is SIGKILLed.
+    parking = worker(kafka_service, redis_service, tmp_path, "parking", group, prefix, topics,
+                     env={"ONCEFLOW_FAULT_PRODUCE_FAILS": output},
+                     extra={"onceflow.kafka.producer.delivery-timeout": "1s"})
+    log = parking.logs[-1]
+    deadline = time.monotonic() + 60
+    while "to the outbox" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "to the outbox" in log.read_text(), f"see {log}"
+    time.sleep(1.0)  # the outbox writer stores the rows
+    parking.kill()
+    # The successor adopts the rows (re-sent first), counts them as written, and
+    # replays every input from offset 0 without writing any output again.
+    successor = worker(kafka_service, redis_service, tmp_path, "successor", group, prefix,
+                       topics)
+    asyncio.run(drained(kafka_service, group, topics["ONCEFLOW_MIRROR_TOPIC"], ends, successor))
+    assert successor.terminate(10) == 0
+    text = successor.logs[-1].read_text()
+    assert "adopted" in text and "skip up to {(" in text, f"see {successor.logs[-1]}"
+    outputs = asyncio.run(harness.read_all(kafka_service.address, output, PARTITIONS, quiet=1.0))
+    assert written_parts(outputs) == want
 
 
 def test_plain_json_outputs_are_ordinary_records_with_their_origin_in_headers(
