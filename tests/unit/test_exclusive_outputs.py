@@ -277,3 +277,12 @@ def test_a_partition_map_that_is_no_function_of_the_input_partition_stops_the_wo
         with pytest.raises(ConfigError, match=answer):
             check_exclusive(config, pipeline)
     check_exclusive(config, Pipeline("p", topics=("in",)).republish("r", "o", exclusive=True))
+
+
+def test_a_plain_output_read_as_envelopes_is_dead_lettered_naming_its_format() -> None:
+    outputs = runner(mirror(format="json")).process([item(0, 0, 1)]).outputs
+    reader = runner(Pipeline("e", topics=("out",)).map("m", lambda e: e))
+    plain = Rec("out", 0, 0, outputs[0].value, headers=outputs[0].headers)
+    dead = reader.process([plain]).outputs[0]
+    assert "it has the onceflow-format=json header" in dict(dead.headers)[
+        "onceflow.reason"].decode()
