@@ -46,6 +46,7 @@ from onceflow.actors.messages import (
     StopFetching,
     unexpected,
 )
+from onceflow.actors.output_tail import ExclusiveResume
 from onceflow.actors.rebalance import RebalanceListener, warn_partial_assignment
 from onceflow.stages.state import TopicPartition
 
@@ -86,8 +87,10 @@ class ConsumerActor(ReportingActor):
         join_watch: JoinWatch | None = None,
         stop_timeout: float | None = None,
         single_worker: bool = False,
+        exclusive: ExclusiveResume | None = None,
     ):
         super().__init__(on_fatal)
+        self._exclusive = exclusive  # what exclusive republish steps wrote: read on assignment
         self._single_worker = single_worker
         self._settling: set[KafkaPartition] = set()  # assigned, paused until adoption is done
         self._gap_backoff = gap_check.backoff if gap_check else 0.0
@@ -121,7 +124,7 @@ class ConsumerActor(ReportingActor):
     async def _begin(self) -> None:
         """Create the stream and let it join in the background (see the module doc)."""
         self._consumer = AIOKafkaConsumer(**self._options)
-        self._consumer.subscribe(self._topics, listener=RebalanceListener(self))
+        self._consumer.subscribe(self._topics, listener=RebalanceListener(self, self._exclusive))
         metrics.STREAM_STARTS.inc()
         self.join_began()
         self._opening = self._background(self._open())

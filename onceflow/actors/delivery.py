@@ -84,6 +84,7 @@ def encode_record(output: Output) -> bytes:
         "key": None if output.key is None else b64(output.key).decode(),
         "value": b64(output.value).decode(),
         "headers": [[name, b64(value).decode()] for name, value in output.headers],
+        "partition": output.partition,
     }).encode()
 
 
@@ -91,7 +92,7 @@ def decode_record(row: bytes) -> Output:
     d = json.loads(row)
     b64 = base64.b64decode
     return Output(d["topic"], None if d["key"] is None else b64(d["key"]), b64(d["value"]),
-                  tuple((name, b64(value)) for name, value in d["headers"]))
+                  tuple((name, b64(value)) for name, value in d["headers"]), d.get("partition"))
 
 
 def lane_name(topic: str, partition: int) -> str:
@@ -227,6 +228,10 @@ class Lane:
 
     def __len__(self) -> int:
         return len(self._queue)
+
+    def unacknowledged(self) -> list[Output]:
+        """The records the broker has not acknowledged yet, in order."""
+        return [e.output for e in self._queue if not e.delivered]
 
     def known(self) -> set[int]:
         return {e.seq for e in self._queue}
@@ -374,6 +379,12 @@ class Lanes:
 
     def undelivered(self) -> int:
         return sum(map(len, self.by_partition.values()))
+
+    def pending(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, list[Output]]:
+        """The records of these partitions not acknowledged yet (queued, or outboxed and
+        being re-sent), in order: they reach the broker before anything sent later."""
+        return {tp: lane.unacknowledged()
+                for tp in partitions if (lane := self.by_partition.get(tp)) is not None}
 
     def tasks(self) -> list[asyncio.Task[None]]:
         lanes = [lane.task for lane in self.by_partition.values()]

@@ -84,6 +84,23 @@ class Adopt:
 
 
 @dataclass(frozen=True)
+class Pending:
+    """(ask) The records of these output partitions not acknowledged yet, per partition."""
+
+    partitions: frozenset[TopicPartition]
+
+
+@dataclass(frozen=True)
+class ResumeOutputs:
+    """(ask) What an exclusive republish finds already in its output ``topic``: per input
+    partition the highest position written, for the input partitions ``scanned``."""
+
+    topic: str
+    written: dict[TopicPartition, tuple[int, ...]]
+    scanned: frozenset[TopicPartition]
+
+
+@dataclass(frozen=True)
 class StageRows:
     """One aggregate's share of a snapshot."""
 
@@ -120,10 +137,10 @@ class Commit:
     offsets: dict[TopicPartition, int]
 
 
-PipelineMessage = Batch | PersistTick | LogStats | Flush | Forget
+PipelineMessage = Batch | PersistTick | LogStats | Flush | Forget | ResumeOutputs
 PersistenceMessage = Snapshot
 CommitMessage = CommitTick | CommitNow
-ProducerMessage = Send | Barrier | Adopt
+ProducerMessage = Send | Barrier | Adopt | Pending
 ConsumerMessage = BatchDone | Commit | StopFetching
 
 

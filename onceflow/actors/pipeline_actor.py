@@ -29,6 +29,7 @@ from onceflow.actors.messages import (
     LogStats,
     PersistTick,
     PipelineMessage,
+    ResumeOutputs,
     Send,
     Snapshot,
     StageRows,
@@ -115,6 +116,8 @@ class PipelineActor(ReportingActor):
                 return self._flush()
             case Forget():
                 self._forget(message.partitions)
+            case ResumeOutputs():
+                self._runner.written.resume(message.topic, message.written, message.scanned)
             case _:
                 unexpected("PipelineActor", message)
         return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -32,10 +32,16 @@ from onceflow.actors.delivery import (
     OutboxWriter,
 )
 from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import Adopt, Barrier, ProducerMessage, Send, unexpected
+from onceflow.actors.messages import Adopt, Barrier, Pending, ProducerMessage, Send, unexpected
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
+
+
+async def _now(read: Callable[[], dict[TopicPartition, list[Output]]]
+               ) -> dict[TopicPartition, list[Output]]:
+    """Run ``read`` on the loop that owns the lanes."""
+    return read()
 
 
 class ProducerActor(ReportingActor):
@@ -79,8 +85,10 @@ class ProducerActor(ReportingActor):
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
         await self._producer.start()
 
-    def on_receive(self, message: ProducerMessage) -> int | None:
-        """``Barrier`` answers the number of the last send, ``Adopt`` the rows adopted."""
+    def on_receive(self, message: ProducerMessage
+                   ) -> int | dict[TopicPartition, list[Output]] | None:
+        """``Barrier`` answers the number of the last send, ``Adopt`` the rows adopted,
+        ``Pending`` the unacknowledged records of some partitions."""
         match message:
             case Send():
                 self._last_send = max(self._last_send, message.number)
@@ -94,6 +102,10 @@ class ProducerActor(ReportingActor):
             case Adopt():
                 assert self._lanes is not None
                 return self._io.run(self._lanes.adopt())
+            case Pending():
+                assert self._lanes is not None
+                lanes = self._lanes
+                return self._io.run(_now(lambda: lanes.pending(message.partitions)))
             case _:
                 unexpected("ProducerActor", message)
         return None
@@ -114,8 +126,15 @@ class ProducerActor(ReportingActor):
             partitions = {topic: await self._partitions_of(topic)
                           for topic in {o.topic for o in outputs}}
             by_lane: dict[TopicPartition, list[Output]] = {}
-            for o in outputs:  # Kafka's default partitioner: murmur2 of the key
-                partition = int(self._partitioner(o.key, partitions[o.topic], partitions[o.topic]))
+            for o in outputs:  # Kafka's default partitioner (murmur2 of the key), or the step's
+                if o.partition is None:
+                    partition = int(self._partitioner(o.key, partitions[o.topic],
+                                                      partitions[o.topic]))
+                elif o.partition in partitions[o.topic]:
+                    partition = o.partition
+                else:
+                    raise ValueError(f"partition {o.partition} of {o.topic!r} does not exist "
+                                     f"(it has {len(partitions[o.topic])})")
                 by_lane.setdefault((o.topic, partition), []).append(o)
             settled = [f for (topic, partition), outs in by_lane.items()
                        for f in self._lanes.lane(topic, partition).add(outs)]

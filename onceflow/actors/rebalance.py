@@ -4,7 +4,8 @@ Revoke: flush and commit before another member takes them (the actor's
 ``on_revoked``), then count the time to the next assignment as join time.
 Assign: pause the new partitions first (before any await), learn where
 each resumes, tell the checkpoint ledger (which finds stale cached
-progress), adopt the outbox, and only then let them be fetched.
+progress), adopt the outbox, read what exclusive republish steps already
+wrote (``onceflow.actors.output_tail``), and only then let them be fetched.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Protocol
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaPartition
 
+from onceflow.actors.output_tail import ExclusiveResume
 from onceflow.stages.state import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -37,8 +39,9 @@ class Rebalancing(Protocol):
 
 
 class RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, actor: Rebalancing):
+    def __init__(self, actor: Rebalancing, exclusive: ExclusiveResume | None = None):
         self._actor = actor
+        self._exclusive = exclusive
 
     async def on_partitions_revoked(self, revoked: set[KafkaPartition]) -> None:
         try:
@@ -53,9 +56,15 @@ class RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
             log.info("partitions assigned: %s",
                      sorted((tp.topic, tp.partition) for tp in assigned))
             self._actor.check_single_worker(assigned)
-            await self._actor.resume(await self._actor.learn_positions(assigned))
+            positions = await self._actor.learn_positions(assigned)
+            await self._actor.resume(positions)
             await self._actor.adopt()
-        finally:
+        except BaseException:
+            self._actor.settled()
+            raise
+        # After the adoption: outbox rows count as written. If this fails, the stream
+        # is failed and the partitions stay paused (replayed without it, outputs double).
+        if self._exclusive is None or await self._exclusive.resume(positions):
             self._actor.settled()
 
 

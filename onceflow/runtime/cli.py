@@ -125,7 +125,12 @@ def _run(config: str, assignments: list[str]) -> int:
     # Handlers first: loading the worker's modules takes about a second, and
     # a SIGTERM meanwhile would take the default action (killed, exit -15).
     signals = StopSignals().install()
-    from onceflow.runtime.wiring import check_landing, check_stores, load_pipeline
+    from onceflow.runtime.wiring import (
+        check_exclusive,
+        check_landing,
+        check_stores,
+        load_pipeline,
+    )
     from onceflow.runtime.worker import Worker
 
     try:
@@ -134,6 +139,7 @@ def _run(config: str, assignments: list[str]) -> int:
         pipeline = load_pipeline(settings)
         check_stores(settings, pipeline)
         check_landing(settings, pipeline)
+        check_exclusive(settings, pipeline)
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG

@@ -88,6 +88,30 @@ def check_stores(settings: Settings, pipeline: Pipeline) -> None:
                           f"{store!r} for the producer sequences; supported: {', '.join(STORES)}")
 
 
+MAP_SAMPLE = 64  # input partitions each exclusive partition map is tried on at start
+
+
+def check_exclusive(settings: Settings, pipeline: Pipeline) -> None:
+    """Each exclusive republish step's partition map is a function of the input partition:
+    a non-negative int, the same on every call (its range is checked against the output
+    topic on assignment, when the partition counts are known)."""
+    for step, inputs in pipeline.exclusive_outputs:
+        for topic in inputs:
+            for partition in range(MAP_SAMPLE):
+                try:
+                    first, again = (step.partition_of(topic, partition) for _ in range(2))
+                except Exception as error:
+                    raise ConfigError(settings.source, "onceflow.pipeline",
+                                      f"republish {step.id!r}: partition({topic!r}, {partition}) "
+                                      f"raised {type(error).__name__}: {error}") from None
+                if type(first) is not int or first < 0 or first != again:
+                    raise ConfigError(
+                        settings.source, "onceflow.pipeline",
+                        f"republish {step.id!r}: partition({topic!r}, {partition}) answered "
+                        f"{first!r}, then {again!r}: an exclusive step needs a non-negative int "
+                        "that depends on the input topic and partition only")
+
+
 def check_landing(settings: Settings, pipeline: Pipeline) -> None:
     """A landing zone needs pyarrow, which only the analytics extra installs.
 

@@ -43,6 +43,12 @@ from onceflow.actors.messages import (
     PersistTick,
     StopFetching,
 )
+from onceflow.actors.output_tail import (
+    ExclusiveResume,
+    TailReader,
+    exclusive_outputs,
+    tail_options,
+)
 from onceflow.actors.persistence import PersistenceActor
 from onceflow.actors.pipeline_actor import PipelineActor
 from onceflow.actors.producer import ProducerActor
@@ -226,6 +232,7 @@ class ConsumerStream:
             join_watch=self.join,
             single_worker=s.single_worker,
             stop_timeout=s.shutdown.timeout / 2,  # leaving the group: half the budget
+            exclusive=exclusive_resume(core, on_fatal),
         )
         core.commit.proxy().use_consumer(self.actor).get()
 
@@ -241,6 +248,15 @@ class ConsumerStream:
             self.actor.stop(timeout=self._timeout)
         except Exception as error:  # a failed actor is already stopped
             log.debug("stopping the consumer: %r", error)
+
+
+def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveResume | None:
+    """The tail reads of exclusive republish steps on assignment; None without any."""
+    outputs = exclusive_outputs(core.pipeline)
+    if not outputs:
+        return None
+    reader = TailReader(tail_options(consumer_options(core.settings)), core.start_timeout)
+    return ExclusiveResume(outputs, reader, core.pipeline_actor, core.producer, on_fatal)
 
 
 class Worker:

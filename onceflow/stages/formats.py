@@ -39,7 +39,9 @@ class RecordMeta:
 
     ``timestamp_ms`` is the record's Kafka timestamp (create or log-append
     time, as the topic is configured); ``envelope`` is the parsed envelope on
-    an ``envelope`` topic (event id, event time, key, source chain), else None.
+    an ``envelope`` topic (event id, event time, key, source chain), on a raw
+    topic the chain of a plain onceflow output (``onceflow.stages.origin``),
+    else None.
     """
 
     topic: str
@@ -172,9 +174,11 @@ def _envelope(topic: str, record: ConsumedRecord) -> tuple[Envelope, Envelope]:
 
 
 def _marking(record: ConsumedRecord) -> str:
-    headers = getattr(record, "headers", None)  # bare test records may have none
-    return ("it has the onceflow-format=envelope header" if is_marked(headers)
-            else "it has no onceflow-format header")
+    headers = getattr(record, "headers", None) or ()  # bare test records may have none
+    marks = [value for name, value in headers if name == FORMAT_HEADER]
+    if not marks:
+        return "it has no onceflow-format header"
+    return f"it has the {FORMAT_HEADER}={marks[-1].decode(errors='replace')} header"
 
 
 def _hint(value: bytes | None) -> str:

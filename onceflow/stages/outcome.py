@@ -39,12 +39,13 @@ class ConsumedRecord(Protocol):
 
 @dataclass(frozen=True)
 class Output:
-    """A record to produce; ``headers`` as Kafka wants them."""
+    """A record to produce; ``headers`` as Kafka wants them; ``partition`` None: by key."""
 
     topic: str
     key: bytes | None
     value: bytes
     headers: tuple[tuple[str, bytes], ...] = ()
+    partition: int | None = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ unique and must not change between deployments of the same pipeline.
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -74,9 +75,33 @@ class Aggregate:
     window: Tumbling | None = None
 
 
+def json_bytes(value: Any) -> bytes:
+    """Default encoding of values crossing a repartition topic (and of plain JSON outputs)."""
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+#: An output partition as a function of the input record's (topic, partition).
+PartitionMap = Callable[[str, int], int]
+#: What a republish step writes: onceflow envelopes, or the plain encoded value.
+OUTPUT_FORMATS = ("envelope", "json", "bytes")
+
+
+def same_partition(topic: str, partition: int) -> int:
+    """The default partition map of an exclusive republish: output partition = input's."""
+    return partition
+
+
 @dataclass(frozen=True)
 class Republish:
-    """Produce the values at this point to ``topic``, extending the source chain."""
+    """Produce the values at this point to ``topic``, extending the source chain.
+
+    ``partition``: ``"key"`` (Kafka's default partitioner over the key) or a
+    ``PartitionMap``. ``exclusive``: this step is the only writer of its
+    output partitions, so a restarted worker reads their tails and skips
+    what is already there (``onceflow.stages.output_tail``). ``format``:
+    ``"envelope"``, or ``"json"``/``"bytes"`` for the plain encoded value
+    with the origin in headers (``onceflow.stages.origin``).
+    """
 
     id: str
     topic: str
@@ -84,11 +109,42 @@ class Republish:
     key: Callable[[Any], str] | None = None
     event_time_ms: Callable[[Any], int] | None = None
     payload_type: str = ""
+    exclusive: bool = False
+    partition: PartitionMap | str = "key"
+    format: str = "envelope"
 
+    def __post_init__(self) -> None:
+        owner = f"republish {self.id!r}"
+        if self.format not in OUTPUT_FORMATS:
+            raise ValueError(f"{owner}: format {self.format!r}: expected one of "
+                             f"{', '.join(OUTPUT_FORMATS)}")
+        if isinstance(self.partition, str):
+            if self.partition != "key":
+                raise ValueError(f"{owner}: partition {self.partition!r}: expected 'key' or a "
+                                 "function (input topic, input partition) -> output partition")
+            if self.exclusive:
+                raise ValueError(
+                    f"{owner}: exclusive=True needs each output partition to be a function of "
+                    "the input partition, and partition='key' spreads one input partition's "
+                    "outputs over every output partition (several writers each): give "
+                    "partition=<function (topic, partition) -> partition> or leave it unset")
+            return
+        if not callable(self.partition):
+            raise ValueError(f"{owner}: partition must be 'key' or a function "
+                             "(input topic, input partition) -> output partition")
+        try:
+            inspect.signature(self.partition).bind("topic", 0)
+        except TypeError as error:
+            raise ValueError(f"{owner}: partition must be a function of the input (topic, "
+                             f"partition) only, it cannot take two arguments: {error}") from None
+        except ValueError:  # a builtin without a signature: trust it
+            pass
 
-def json_bytes(value: Any) -> bytes:
-    """Default encoding of values crossing a repartition topic."""
-    return json.dumps(value, separators=(",", ":")).encode()
+    def partition_of(self, topic: str, partition: int) -> int | None:
+        """The output partition of records consumed from topic/partition; None: by key."""
+        if isinstance(self.partition, str):
+            return None
+        return self.partition(topic, partition)
 
 
 @dataclass(frozen=True)
@@ -173,6 +229,12 @@ class Pipeline:
             if hop.partitions is not None and hop.partitions < 1:
                 raise ValueError(f"pipeline {self.id!r}: repartition {hop.id!r}: partitions "
                                  f"must be at least 1, got {hop.partitions}")
+        writers = [s.topic for s in self.steps if isinstance(s, Republish | Repartition)]
+        for step, _ in self.exclusive_outputs:
+            if writers.count(step.topic) > 1 or step.topic in self.consumed_topics:
+                raise ValueError(f"pipeline {self.id!r}: republish {step.id!r}: its exclusive "
+                                 f"topic {step.topic!r} must be written by no other step and "
+                                 "read by none of this pipeline")
 
     def map(self, id: str, fn: Callable[[Any], Any]) -> Pipeline:
         """Turn each value into one new value; ``fn`` must be deterministic."""
@@ -219,20 +281,35 @@ class Pipeline:
         id: str,
         topic: str,
         *,
-        encode: Callable[[Any], bytes],
+        encode: Callable[[Any], bytes] = json_bytes,
         key: Callable[[Any], str] | None = None,
         event_time_ms: Callable[[Any], int] | None = None,
         payload_type: str = "",
+        exclusive: bool = False,
+        partition: PartitionMap | str | None = None,
+        format: str = "envelope",
     ) -> Pipeline:
         """Produce each value to ``topic`` as an envelope whose source chain grows by one.
 
-        ``encode`` makes the payload, ``key`` the Kafka key (default: the
-        input envelope's key), ``event_time_ms`` the event time (default: the
-        input's). Aggregates downstream, in this or another pipeline, dedup on
-        the chain's root, so a republisher that re-sends after a crash double
-        counts nothing.
+        ``encode`` makes the payload (default: compact JSON), ``key`` the Kafka
+        key (default: the input envelope's key), ``event_time_ms`` the event
+        time (default: the input's). Aggregates downstream, in this or another
+        pipeline, dedup on the chain's root, so a republisher that re-sends
+        after a crash double counts nothing.
+
+        ``exclusive=True``: outputs go to ``partition(input topic, input
+        partition)`` (default: the input's partition number) and this step is
+        their partitions' only writer, so after a crash it skips what is
+        already in the topic and the topic holds each output once.
+        ``partition`` is ``"key"`` (the default without ``exclusive``) or such
+        a function. ``format="json"`` or ``"bytes"`` writes ``encode(value)``
+        as the record value with the origin in headers, for consumers that
+        know nothing of onceflow.
         """
-        return self._then(Republish(id, topic, encode, key, event_time_ms, payload_type))
+        if partition is None:
+            partition = same_partition if exclusive else "key"
+        return self._then(Republish(id, topic, encode, key, event_time_ms, payload_type,
+                                    exclusive, partition, format))
 
     def repartition(
         self,
@@ -275,6 +352,18 @@ class Pipeline:
     @property
     def repartitions(self) -> tuple[Repartition, ...]:
         return tuple(s for s in self.steps if isinstance(s, Repartition))
+
+    @property
+    def exclusive_outputs(self) -> tuple[tuple[Republish, tuple[str, ...]], ...]:
+        """Each exclusive republish step with the topics its input records come from."""
+        found = []
+        inputs = self.topics
+        for step in self.steps:
+            if isinstance(step, Repartition):
+                inputs = (step.topic,)
+            elif isinstance(step, Republish) and step.exclusive:
+                found.append((step, inputs))
+        return tuple(found)
 
     @property
     def consumed_topics(self) -> tuple[str, ...]:

@@ -28,14 +28,14 @@ from typing import Any
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.formats import (
-    ENVELOPE_MARK,
     FormatError,
     Reader,
     hop_reader,
     meta_of,
     source_reader,
 )
-from onceflow.stages.lineage import Position, RootPartition, event_id, extended_chain, root_of
+from onceflow.stages.lineage import Position, RootPartition, root_of
+from onceflow.stages.origin import chain_envelope
 from onceflow.stages.outcome import (
     BatchOutcome,
     ConsumedRecord,
@@ -56,6 +56,7 @@ from onceflow.stages.pipeline import (
     Step,
 )
 from onceflow.stages.producer_dedup import SequenceLoader, SequenceTables
+from onceflow.stages.republish import WrittenOutputs, republished
 from onceflow.stages.state import AggregateState, StateTable, TopicPartition
 from onceflow.stages.windows import empty_windows, fold_windowed
 
@@ -127,6 +128,7 @@ class PipelineRunner:
         self._late_topic = late_topic
         self.sequences = None if pipeline.dedup is None else SequenceTables(  # producer dedup
             pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
+        self.written = WrittenOutputs()  # what exclusive republish steps find written
 
     def _split(self, pipeline: Pipeline) -> dict[str, _Segment]:
         """Consumed topic -> segment: a repartition step ends one segment and starts the next."""
@@ -208,6 +210,8 @@ class PipelineRunner:
         """The record through the stateless steps; None for a producer duplicate."""
         reader: Reader = self._readers.get(record.topic) or self._readers[self.pipeline.topics[0]]
         value, envelope = reader.parse(record)  # FormatError: a dead letter naming the formats
+        if envelope is None:  # a plain output of another onceflow step: root it at its chain
+            envelope = chain_envelope(record.key, record.timestamp, record.headers)
         if self.sequences is not None and not self.sequences.admit(record, value):
             return None
         root, position = root_of(envelope, record.topic, record.partition, record.offset)
@@ -238,7 +242,7 @@ class PipelineRunner:
                     plan.order.append(share)
                 elif isinstance(step, Republish):
                     pairs = list(zip(positions, values, strict=True))
-                    emit = _Emit(positions, self._republish(step, envelope, record, root, pairs))
+                    emit = self._republish(step, envelope, record, root, pairs)
                     plan.emits.append(emit)
                     plan.order.append(emit)
         except Exception as error:
@@ -252,23 +256,11 @@ class PipelineRunner:
         record: ConsumedRecord,
         root: RootPartition,
         values: list[tuple[Position, Any]],
-    ) -> list[Output]:
-        outputs = []
+    ) -> _Emit:
         time_ms, key = _defaults(envelope, record)
-        for j, (pos, value) in enumerate(values):
-            out = Envelope(
-                event_id=event_id(root, pos),
-                event_time_ms=step.event_time_ms(value) if step.event_time_ms else time_ms,
-                key=step.key(value) if step.key else key,
-                payload=step.encode(value),
-                payload_type=step.payload_type,
-                source_chain=extended_chain(
-                    envelope, record.topic, record.partition, record.offset, j
-                ),
-            )
-            outputs.append(Output(step.topic, out.key.encode() or None, out.SerializeToString(),
-                                  (ENVELOPE_MARK,)))
-        return outputs
+        positions, outputs = republished(step, envelope, record, root, values, time_ms, key,
+                                         self.written)
+        return _Emit(positions, outputs)
 
     def _load_into(self, table: StateTable, feeders: dict[str, TopicPartition]) -> None:
         """Load states (new keys start from ``init``); claim a home for those without one."""

@@ -1,0 +1,190 @@
+"""Reads the tails of exclusive republish outputs on assignment (the Kafka side of
+``onceflow.stages.output_tail``).
+
+Runs on the consumer's loop inside the assignment callback, while the new
+partitions are still paused: first everything processed so far is settled
+(a flush), then per output partition the records the producer still holds
+for it (unacknowledged, or adopted from the outbox: they reach the broker
+before anything newer, so they count as written), then the partition is read
+backwards in chunks from its high watermark, which a fetch reports (never
+ListOffsets, wrong on some brokers for multi-record batches). The pipeline
+actor gets the marks before any record of those partitions is fetched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import pykka
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaPartition
+
+from onceflow.actors.base import FatalHandler
+from onceflow.actors.messages import Flush, Pending, ResumeOutputs
+from onceflow.stages.origin import Header
+from onceflow.stages.outcome import Output
+from onceflow.stages.output_tail import TailScan, Written, windows
+from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.state import TopicPartition
+
+log = logging.getLogger(__name__)
+
+CHUNK = 2000  # records read per step backwards
+
+
+class ExclusiveSetupError(RuntimeError):
+    """An exclusive output cannot be resumed: its topic or partition is missing."""
+
+
+@dataclass(frozen=True)
+class ExclusiveOutput:
+    """An exclusive republish step as the consumer sees it."""
+
+    step_id: str
+    topic: str
+    inputs: tuple[str, ...]  # the topics its input records are consumed from
+    partition_of: Callable[[str, int], int | None]
+
+    def plan(self, positions: Mapping[TopicPartition, int]
+             ) -> dict[TopicPartition, dict[TopicPartition, int]]:
+        """Output partition -> the assigned input partitions mapped there, with the
+        offsets their replays start at."""
+        plan: dict[TopicPartition, dict[TopicPartition, int]] = {}
+        for (topic, partition), start in sorted(positions.items()):
+            if topic in self.inputs:
+                out = self.partition_of(topic, partition)
+                assert out is not None  # exclusive steps always map partitions
+                plan.setdefault((self.topic, out), {})[(topic, partition)] = start
+        return plan
+
+
+def exclusive_outputs(pipeline: Pipeline) -> tuple[ExclusiveOutput, ...]:
+    return tuple(ExclusiveOutput(step.id, step.topic, inputs, step.partition_of)
+                 for step, inputs in pipeline.exclusive_outputs)
+
+
+def tail_options(consumer_options: Mapping[str, Any]) -> dict[str, Any]:
+    """A group-less reader on the same cluster as the worker's consumer."""
+    keep = ("bootstrap_servers", "client_id", "request_timeout_ms")
+    return {**{k: v for k, v in consumer_options.items() if k in keep},
+            "enable_auto_commit": False, "auto_offset_reset": "earliest",
+            "fetch_max_wait_ms": 100}
+
+
+class TailReader:
+    """One group-less consumer reading output partitions backwards."""
+
+    def __init__(self, options: Mapping[str, Any], timeout: float, chunk: int = CHUNK):
+        self._options = dict(options)
+        self._timeout = timeout
+        self._chunk = chunk
+
+    async def written(self, plan: Mapping[TopicPartition, Mapping[TopicPartition, int]],
+                      pending: Mapping[TopicPartition, Sequence[Output]]
+                      ) -> dict[TopicPartition, Written]:
+        """Per output partition of ``plan``: what its input partitions already have there."""
+        consumer = AIOKafkaConsumer(**self._options)
+        await consumer.start()
+        try:
+            known = await consumer.topics()
+            found = {}
+            for (topic, partition), committed in plan.items():
+                partitions = consumer.partitions_for_topic(topic) if topic in known else None
+                if not partitions or partition not in partitions:
+                    raise ExclusiveSetupError(
+                        f"exclusive republish topic {topic!r} has no partition {partition} "
+                        f"(it has {len(partitions or ())}) for input partitions "
+                        f"{sorted(committed)}: create the topic with enough partitions, or "
+                        "give the step a partition map that stays within it")
+                scan = TailScan(committed)
+                scan.feed((o.value, o.headers) for o in pending.get((topic, partition), ()))
+                read = await self._scan(consumer, KafkaPartition(topic, partition), scan)
+                found[(topic, partition)] = scan.written
+                log.info("exclusive output %s[%d]: read %d records back; replays from %s "
+                         "skip up to %s", topic, partition, read, dict(committed), scan.written)
+            return found
+        finally:
+            await consumer.stop()
+
+    async def _scan(self, consumer: AIOKafkaConsumer, tp: KafkaPartition, scan: TailScan) -> int:
+        """Feed ``scan`` chunks from the end backwards until it is done; records read."""
+        consumer.assign([tp])
+        high = await self._high_watermark(consumer, tp)
+        read = 0
+        for start, end in windows(0, high, self._chunk):
+            if scan.done:
+                break
+            records = await self._read(consumer, tp, start, end)
+            if not records:
+                break  # the start of the log (or nothing onceflow wrote below)
+            read += len(records)
+            scan.feed(records)
+        return read
+
+    async def _high_watermark(self, consumer: AIOKafkaConsumer, tp: KafkaPartition) -> int:
+        consumer.seek(tp, 0)
+        deadline = time.monotonic() + self._timeout
+        while (high := consumer.highwater(tp)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no fetch answer for {tp.topic}[{tp.partition}] within "
+                                   f"{self._timeout:g}s")
+            await consumer.getmany(tp, timeout_ms=100, max_records=1)
+        return int(high)
+
+    async def _read(self, consumer: AIOKafkaConsumer, tp: KafkaPartition, start: int, end: int
+                    ) -> list[tuple[bytes | None, Sequence[Header]]]:
+        """The records at offsets [start, end)."""
+        consumer.seek(tp, start)
+        records: list[tuple[bytes | None, Sequence[Header]]] = []
+        deadline = time.monotonic() + self._timeout
+        while await consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {tp.topic}[{tp.partition}] {start}..{end} took "
+                                   f"over {self._timeout:g}s")
+            batch = await consumer.getmany(tp, timeout_ms=100, max_records=end - start)
+            records += [(r.value, r.headers) for r in batch.get(tp, ()) if r.offset < end]
+        return records
+
+
+class ExclusiveResume:
+    """The consumer's step on assignment for a pipeline with exclusive republish steps."""
+
+    def __init__(self, outputs: Sequence[ExclusiveOutput], reader: TailReader,
+                 pipeline: pykka.ActorRef[Any], producer: pykka.ActorRef[Any],
+                 on_fatal: FatalHandler):
+        self._outputs = tuple(outputs)
+        self._reader = reader
+        self._pipeline = pipeline
+        self._producer = producer
+        self._on_fatal = on_fatal
+
+    async def resume(self, positions: Mapping[TopicPartition, int]) -> bool:
+        """Settle what was processed, then tell the pipeline actor, per exclusive output
+        partition of the newly assigned inputs, what is written there already.
+
+        False when it failed: the stream is reported failed (aiokafka would
+        only log an exception from the assignment callback).
+        """
+        try:
+            plans = [(out, plan) for out in self._outputs if (plan := out.plan(positions))]
+            if plans:
+                await self._ask(Flush())
+            for out, plan in plans:
+                pending = await self._ask(Pending(frozenset(plan)), self._producer)
+                for out_tp, written in (await self._reader.written(plan, pending)).items():
+                    await self._ask(ResumeOutputs(out.topic, written, frozenset(plan[out_tp])))
+        except Exception as error:
+            log.error("cannot resume exclusive republish outputs: %r", error)
+            self._on_fatal("ConsumerActor.exclusive_resume", error)
+            return False
+        return True
+
+    async def _ask(self, message: Any, actor: pykka.ActorRef[Any] | None = None) -> Any:
+        ref = self._pipeline if actor is None else actor
+        return await asyncio.get_running_loop().run_in_executor(None, partial(ref.ask, message))

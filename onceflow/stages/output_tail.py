@@ -1,0 +1,119 @@
+"""Where an exclusive republish resumes: what its output partitions already hold.
+
+Pure logic; ``onceflow.actors.output_tail`` does the Kafka reading. An
+exclusive republish step is the one writer of its output partitions (each is
+fed by the input partitions its partition map sends there, and the worker
+that owns those inputs writes it). Its outputs carry their input's position
+(the last hop of the source chain: input topic, partition, offset, fan-out
+index), and one writer keeps them in order per partition (a lane, and the
+resume below). So after a crash, before replaying an input partition from
+its committed offset, the worker reads the output partition backwards from
+its end and keeps, per input partition it owns, the highest position found;
+the replay then skips every output at or below it.
+
+The scan of an input partition ends at the first record of it found below
+its committed offset (everything older is older still, and the replay starts
+at the commit anyway), so it reads about one commit interval of outputs. An
+input partition with no output after its commit ends at its newest output,
+however far back; with no output at all, the scan reads to the partition's
+start. Records of other roots (input partitions owned by other workers, or
+that this worker does not own) are read past.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from google.protobuf.message import DecodeError
+
+from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages.formats import is_marked
+from onceflow.stages.lineage import Position
+from onceflow.stages.origin import CHAIN_HEADER, Header, decode_chain, header
+from onceflow.stages.state import TopicPartition
+
+#: Input partition -> the highest (offset, fan-out index) already written for it.
+Written = dict[TopicPartition, Position]
+
+
+def written_origin(value: bytes | None, headers: Sequence[Header] | None
+                   ) -> tuple[TopicPartition, Position] | None:
+    """The input partition and position a onceflow output came from: the last hop of its
+    chain (the ``onceflow-chain`` header of a plain output, or the envelope's chain).
+    None for a record onceflow did not write."""
+    text = header(headers, CHAIN_HEADER)
+    if text:
+        try:
+            hop = decode_chain(text)[-1]
+        except ValueError:
+            return None
+    elif is_marked(headers):
+        try:
+            chain = Envelope.FromString(value or b"").source_chain
+        except DecodeError:
+            return None
+        if not chain:
+            return None
+        hop = chain[-1]
+    else:
+        return None
+    return (hop.topic, hop.partition), (hop.offset, hop.index)
+
+
+@dataclass
+class TailScan:
+    """The backward scan of one output partition.
+
+    ``committed``: each input partition mapped here that this worker owns,
+    with the offset its replay starts at (-1 when unknown: the scan of it
+    then ends at its newest output). Feed it chunks newest first; each chunk
+    in any order.
+    """
+
+    committed: Mapping[TopicPartition, int]
+    written: Written = field(default_factory=dict)
+    open: set[TopicPartition] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.open = set(self.committed)
+
+    def feed(self, records: Iterable[tuple[bytes | None, Sequence[Header] | None]]) -> None:
+        """One chunk of (value, headers); chunks newest first."""
+        settled = set()
+        for value, headers in records:
+            found = written_origin(value, headers)
+            if found is None or found[0] not in self.committed:
+                continue
+            tp, position = found
+            if position > self.written.get(tp, (-1,)):
+                self.written[tp] = position
+            start = self.committed[tp]
+            if start < 0 or position[0] < start:
+                settled.add(tp)
+        self.open -= settled
+
+    @property
+    def done(self) -> bool:
+        return not self.open
+
+
+def windows(low: int, high: int, size: int) -> Iterator[tuple[int, int]]:
+    """Offset ranges [start, end) from ``high`` back to ``low``, ``size`` at a time."""
+    if size < 1:
+        raise ValueError(f"chunk size must be at least 1, got {size}")
+    end = high
+    while end > low:
+        start = max(low, end - size)
+        yield start, end
+        end = start
+
+
+def merge(*found: Written) -> Written:
+    """The highest position per input partition over several sources (tail, pending sends)."""
+    merged: Written = {}
+    for written in found:
+        for tp, position in written.items():
+            if position > merged.get(tp, (-1,)):
+                merged[tp] = position
+    return merged
