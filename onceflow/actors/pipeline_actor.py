@@ -115,6 +115,7 @@ class PipelineActor(ReportingActor):
                 snapshot = self._snapshot(force=False)
                 if snapshot is not None:
                     self._persist(snapshot)
+                self._bound_cache()  # an idle worker too drops what its last write freed
             case LogStats():
                 log.info("stats %s", dict(sorted(self._totals.items())))
                 log.info("state cache %s", self._cache_stats())
@@ -186,7 +187,8 @@ class PipelineActor(ReportingActor):
             table.written(number)
 
     def _bound_cache(self) -> None:
-        """Evict written states beyond the limit, after each batch, and update the gauges."""
+        """Evict written states beyond the limit (after each batch and persistence tick) and
+        update the gauges."""
         self._reap()
         for table in self._runner.tables:
             stage = table.spec.id
