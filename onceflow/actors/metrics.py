@@ -30,8 +30,8 @@ MISALIGNED = Counter("onceflow_misaligned_records", "Records dead-lettered becau
                      "feed has its home on another input partition (repartition needed)",
                      ["stage"], registry=REGISTRY)
 STATE_LOADS = Counter("onceflow_state_loads", "Keys read from the store because they were not "
-                      "cached: first sight, or again after a restart or rebalance dropped "
-                      "the cache", ["stage"], registry=REGISTRY)
+                      "cached: first sight, after an eviction, or after a restart or "
+                      "rebalance dropped the cache", ["stage"], registry=REGISTRY)
 STATE_RELOADS = Counter("onceflow_state_reloads", "Keys loaded that the store already held: "
                         "evicted from the cache earlier, or cached before a restart or "
                         "rebalance", ["stage"], registry=REGISTRY)

@@ -171,7 +171,8 @@ class PipelineActor(ReportingActor):
         restarts the pipeline from what is durable).
         """
         self._reap()
-        self._pending.append((self._snapshots, self._persistence.ask(snapshot, block=False)))
+        number = self._snapshots  # the snapshot just taken (``_snapshot`` numbered it)
+        self._pending.append((number, self._persistence.ask(snapshot, block=False)))
         while len(self._pending) > MAX_UNWRITTEN_SNAPSHOTS:
             number, written = self._pending.pop(0)
             written.get()
@@ -212,7 +213,6 @@ class PipelineActor(ReportingActor):
         if poison and any(poison in (record.value or b"") for record in records):
             raise faults.InjectedFailure("injected stage failure")
         outcome = self._runner.process(records)
-        self._bound_cache()
         with self._ledger() as ledger:
             number = ledger.processed(outcome.next_offsets, sent=bool(outcome.outputs))
         if outcome.outputs:
@@ -238,6 +238,7 @@ class PipelineActor(ReportingActor):
                 log.warning("dead-lettered a record fed from the wrong partition (%d in this "
                             "batch; see onceflow_misaligned_records): %s", n,
                             outcome.misaligned_reason[stage_id])
+        self._bound_cache()
 
     def _snapshot(self, force: bool) -> Snapshot | None:
         """Encode dirty states now: later folds cannot change what gets written."""
