@@ -117,6 +117,7 @@ class TestRun:
         #: ``dedup=`` ``source.producer_duplicates`` and ``source.duplicates`` (replays).
         self.counters: Counter[str] = Counter()
         self.crashes = 0
+        self._snapshots = 0
         self.runner = self._new_runner()  # the worker's runner; crash() replaces it
 
     def feed(self, records: Iterable[Record]) -> list[Consumed]:
@@ -183,8 +184,10 @@ class TestRun:
             stage = table.spec.id
             for (key, start), value in table.take_closed().items():
                 self._history[(stage, key, start)] = json.dumps(value).encode()
-            for key, state in table.take_dirty().items():
-                self._stored[(stage, key)] = encode_state(state)
+            for key, data in table.take_dirty(self._snapshots).items():
+                self._stored[(stage, key)] = data
+            table.written(self._snapshots)  # in memory, written at once
+        self._snapshots += 1
 
     def commit(self) -> None:
         """Persist, then commit every offset processed so far."""

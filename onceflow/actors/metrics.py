@@ -30,8 +30,20 @@ MISALIGNED = Counter("onceflow_misaligned_records", "Records dead-lettered becau
                      "feed has its home on another input partition (repartition needed)",
                      ["stage"], registry=REGISTRY)
 STATE_LOADS = Counter("onceflow_state_loads", "Keys read from the store because they were not "
-                      "cached: first sight, or again after a restart or rebalance dropped "
-                      "the cache", ["stage"], registry=REGISTRY)
+                      "cached: first sight, after an eviction, or after a restart or "
+                      "rebalance dropped the cache", ["stage"], registry=REGISTRY)
+STATE_RELOADS = Counter("onceflow_state_reloads", "Keys loaded that the store already held: "
+                        "evicted from the cache earlier, or cached before a restart or "
+                        "rebalance", ["stage"], registry=REGISTRY)
+STATE_EVICTIONS = Counter("onceflow_state_evictions", "Written states dropped from the cache "
+                          "(onceflow.state.cache.max-states); they reload on their next record",
+                          ["stage"], registry=REGISTRY)
+CACHED_STATES = Gauge("onceflow_cached_states", "States held in memory", ["stage"],
+                      registry=REGISTRY)
+CACHED_STATE_BYTES = Gauge("onceflow_cached_state_encoded_bytes", "Sum of the cached states' "
+                           "encoded sizes as last loaded or written (a cheap proxy: in memory "
+                           "a small state takes about 12 times its encoding)", ["stage"],
+                           registry=REGISTRY)
 PERSISTED = Counter("onceflow_persisted_states", "State rows written", ["stage"],
                     registry=REGISTRY)
 STORE_SECONDS = Histogram("onceflow_store_write_seconds", "Time to write one stage's rows",

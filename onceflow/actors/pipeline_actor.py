@@ -39,7 +39,7 @@ from onceflow.actors.retry import retrying
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
 from onceflow.stages.runner import PipelineRunner
-from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
+from onceflow.stages.state import AggregateState, TopicPartition, decode_state
 from onceflow.stores.base import StateStore
 
 if TYPE_CHECKING:
@@ -65,12 +65,13 @@ class PipelineActor(ReportingActor):
         ledger: SharedLedger,
         on_fatal: FatalHandler,
         single_worker: bool = False,
+        max_states: int | None = None,
     ):
         super().__init__(on_fatal)
         self._stores = stores
         self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic, late_events_topic,
                                       claim=None if single_worker else self._claim_homes,
-                                      load_sequences=self._load_sequences)
+                                      load_sequences=self._load_sequences, max_states=max_states)
         self._sequence_store = pipeline.dedup_store
         self._warned_misaligned: set[str] = set()
         self._dead_letter_warnings = DeadLetterWarnings(log)
@@ -79,11 +80,17 @@ class PipelineActor(ReportingActor):
         self._ledger = ledger
         self._stats: Counter[str] = Counter()
         self._totals: Counter[str] = Counter()
-        self._pending: list[pykka.Future[Any]] = []  # snapshots handed over, maybe unwritten
+        # Snapshots handed over, maybe unwritten: (number, persistence's answer).
+        self._pending: list[tuple[int, pykka.Future[Any]]] = []
+        self._snapshots = 0  # numbers the snapshots, so the cache knows which are written
+        self._cache_totals: Counter[str] = Counter()  # evictions and reloads, for the stats line
 
     def _load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
         rows = retrying(f"load {spec.id}", lambda: self._stores[spec.store].load(spec.id, keys))
         metrics.STATE_LOADS.labels(spec.id).inc(len(keys))
+        if rows:
+            metrics.STATE_RELOADS.labels(spec.id).inc(len(rows))
+            self._cache_totals[f"{spec.id}.reloaded"] += len(rows)
         return {key: decode_state(value) for key, value in rows.items()}
 
     def _load_sequences(self, keys: Sequence[str]) -> Mapping[str, bytes]:
@@ -109,8 +116,10 @@ class PipelineActor(ReportingActor):
                 snapshot = self._snapshot(force=False)
                 if snapshot is not None:
                     self._persist(snapshot)
+                self._bound_cache()  # an idle worker too drops what its last write freed
             case LogStats():
                 log.info("stats %s", dict(sorted(self._totals.items())))
+                log.info("state cache %s", self._cache_stats())
                 self._dead_letter_warnings.flush()
             case Flush():
                 return self._flush()
@@ -132,7 +141,9 @@ class PipelineActor(ReportingActor):
         assert snapshot is not None
         self._persist(snapshot)
         while self._pending:
-            self._pending.pop(0).get()
+            number, written = self._pending.pop(0)
+            written.get()
+            self._runner_written(number)
         return dict(snapshot.checkpoint.offsets)
 
     def _forget(self, partitions: frozenset[TopicPartition]) -> None:
@@ -162,11 +173,43 @@ class PipelineActor(ReportingActor):
         A failed write surfaces here and fails this actor (the supervisor
         restarts the pipeline from what is durable).
         """
-        while self._pending and _written(self._pending[0]):
-            self._pending.pop(0)
-        self._pending.append(self._persistence.ask(snapshot, block=False))
+        self._reap()
+        number = self._snapshots  # the snapshot just taken (``_snapshot`` numbered it)
+        self._pending.append((number, self._persistence.ask(snapshot, block=False)))
         while len(self._pending) > MAX_UNWRITTEN_SNAPSHOTS:
-            self._pending.pop(0).get()
+            number, written = self._pending.pop(0)
+            written.get()
+            self._runner_written(number)
+
+    def _reap(self) -> None:
+        """Forget the snapshots persistence has written; their states may now be evicted."""
+        while self._pending and _written(self._pending[0][1]):
+            self._runner_written(self._pending.pop(0)[0])
+
+    def _runner_written(self, number: int) -> None:
+        for table in self._runner.tables:
+            table.written(number)
+
+    def _bound_cache(self) -> None:
+        """Evict written states beyond the limit (after each batch and persistence tick) and
+        update the gauges."""
+        self._reap()
+        for table in self._runner.tables:
+            stage = table.spec.id
+            evicted = table.evict()
+            if evicted:
+                metrics.STATE_EVICTIONS.labels(stage).inc(evicted)
+                self._cache_totals[f"{stage}.evicted"] += evicted
+            metrics.CACHED_STATES.labels(stage).set(len(table.states))
+            metrics.CACHED_STATE_BYTES.labels(stage).set(table.encoded_bytes)
+
+    def _cache_stats(self) -> dict[str, int]:
+        """Per stage: states cached, their encoded bytes, evictions and reloads so far."""
+        stats = dict(self._cache_totals)
+        for table in self._runner.tables:
+            stats[f"{table.spec.id}.cached"] = len(table.states)
+            stats[f"{table.spec.id}.encoded_bytes"] = table.encoded_bytes
+        return dict(sorted(stats.items()))
 
     def _process(self, records: Sequence[Any]) -> None:
         poison = faults.STAGE_RAISES_ON
@@ -198,10 +241,12 @@ class PipelineActor(ReportingActor):
                 log.warning("dead-lettered a record fed from the wrong partition (%d in this "
                             "batch; see onceflow_misaligned_records): %s", n,
                             outcome.misaligned_reason[stage_id])
+        self._bound_cache()
 
     def _snapshot(self, force: bool) -> Snapshot | None:
         """Encode dirty states now: later folds cannot change what gets written."""
-        rows = snapshot_rows(self._runner, self._sequence_store)
+        self._snapshots += 1
+        rows = snapshot_rows(self._runner, self._sequence_store, self._snapshots)
         with self._ledger() as ledger:
             checkpoint = ledger.take(dirty=bool(rows), force=force)
         if checkpoint is None:
@@ -211,20 +256,21 @@ class PipelineActor(ReportingActor):
         return Snapshot(rows, checkpoint, stats)
 
 
-def snapshot_rows(runner: PipelineRunner, sequence_store: str | None) -> list[StageRows]:
+def snapshot_rows(runner: PipelineRunner, sequence_store: str | None,
+                  snapshot: int) -> list[StageRows]:
     """Each table's dirty states and closed windows, in pipeline order, and the changed
     producer sequences FIRST: persistence writes the list reversed (downstream first),
     so they are written after every state of the snapshot, never claiming more than
     the states hold (docs/architecture.md, "Producer sequences")."""
     rows = []
     for table in runner.tables:
-        dirty = table.take_dirty()
+        dirty = table.take_dirty(snapshot)
         closed = table.take_closed()
         if dirty or closed:
             rows.append(StageRows(
                 table.spec.id,
                 table.spec.store,
-                {key: encode_state(state) for key, state in dirty.items()},
+                dirty,
                 {slot: json.dumps(value).encode() for slot, value in closed.items()},
             ))
     sequences = runner.sequences

@@ -56,6 +56,7 @@ from onceflow.runtime.settings import (
     Settings,
     ShutdownSettings,
     SparkSettings,
+    StateSettings,
     StoresSettings,
     SupervisionSettings,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "Settings",
     "ShutdownSettings",
     "SparkSettings",
+    "StateSettings",
     "StoresSettings",
     "SupervisionSettings",
     "load_settings",
@@ -154,6 +156,7 @@ def _build(read: Reader, source: str) -> Settings:
             gap_refetch_backoff=read.duration("onceflow.consumer.gap-refetch-backoff", 0, 10),
         ),
         persistence=PersistenceSettings(read.duration("onceflow.persistence.interval", 0.01, 3600)),
+        state=StateSettings(read.integer("onceflow.state.cache.max-states", 1, 1_000_000_000)),
         commit=CommitSettings(read.duration("onceflow.commit.interval", 0.01, 3600)),
         stores=StoresSettings(
             RedisSettings(redis, read.text("onceflow.stores.redis.key-prefix")),

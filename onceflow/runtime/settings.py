@@ -74,6 +74,13 @@ class ConsumerSettings:
 
 
 @dataclass(frozen=True)
+class StateSettings:
+    """``onceflow.state``: the in-memory state cache of each aggregate."""
+
+    max_cached_states: int
+
+
+@dataclass(frozen=True)
 class PersistenceSettings:
     """``onceflow.persistence``: how often dirty state is written."""
 
@@ -211,6 +218,7 @@ class Settings:
     kafka: KafkaSettings
     consumer: ConsumerSettings
     persistence: PersistenceSettings
+    state: StateSettings
     commit: CommitSettings
     stores: StoresSettings
     shutdown: ShutdownSettings

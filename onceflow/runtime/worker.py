@@ -153,6 +153,7 @@ class PipelineCore:
             ledger=self.ledger,
             on_fatal=on_fatal,
             single_worker=s.single_worker,
+            max_states=s.state.max_cached_states,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
         self._actors: list[pykka.ActorRef[Any]] = [  # several kinds of actor

@@ -113,9 +113,10 @@ class PipelineRunner:
         late_topic: str = "onceflow-late-events",
         claim: HomeClaimer | None = None,
         load_sequences: SequenceLoader | None = None,
+        max_states: int | None = None,  # per aggregate; see StateTable
     ):
         self.pipeline = pipeline
-        self.tables = [StateTable(spec) for spec in pipeline.aggregates]
+        self.tables = [StateTable(spec, max_states) for spec in pipeline.aggregates]
         self._segments = self._split(pipeline)
         self._first = self._segments[pipeline.topics[0]]
         self._readers = {topic: source_reader(topic, pipeline.format_of(topic), pipeline.decode,
@@ -200,9 +201,7 @@ class PipelineRunner:
     def forget(self) -> None:
         """Drop every cached state (after a rebalance another worker may own them)."""
         for table in self.tables:
-            if table.dirty:
-                raise RuntimeError(f"forget() with unpersisted states in {table.spec.id!r}")
-            table.states.clear()
+            table.clear()
         if self.sequences is not None:
             self.sequences.forget()
 
@@ -273,7 +272,7 @@ class PipelineRunner:
                     state = AggregateState(initial)
                 except Exception as error:
                     raise StageFailure(table.spec.id, error) from error
-            table.states[key] = state
+            table.install(key, state)
         if self._claim is None:
             return
         homeless = {key: fed for key, fed in feeders.items() if table.states[key].home is None}

@@ -65,7 +65,9 @@ def test_failing_stage_restarts_with_backoff_then_exits_nonzero_and_loses_nothin
                  "onceflow_persisted_states_total", "onceflow_committed_offset",
                  "onceflow_consumer_lag", "onceflow_stream_starts_total 1.0",
                  "onceflow_store_write_seconds", "onceflow_outbox_records 0.0",
-                 "onceflow_duplicates_discarded"):
+                 "onceflow_duplicates_discarded",
+                 'onceflow_cached_states{stage="per_robot"} 200.0',  # every robot, cached
+                 'onceflow_cached_state_encoded_bytes{stage="per_robot"}'):
         assert name in series, name
     status = subprocess.run([sys.executable, "-m", "onceflow", "status", "--url",
                              f"http://127.0.0.1:{port}"], capture_output=True, text=True,

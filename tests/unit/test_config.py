@@ -26,6 +26,7 @@ from onceflow.runtime.config import (
     Settings,
     ShutdownSettings,
     SparkSettings,
+    StateSettings,
     StoresSettings,
     SupervisionSettings,
     load_settings,
@@ -112,6 +113,7 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
         ),
         consumer=ConsumerSettings(4, gap_refetches=5, gap_refetch_backoff=0.1),
         persistence=PersistenceSettings(interval=1.0),
+        state=StateSettings(max_cached_states=500_000),
         commit=CommitSettings(interval=5.0),
         stores=StoresSettings(
             redis=RedisSettings("redis://127.0.0.1:6379/0", "onceflow"),
@@ -156,6 +158,7 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
           single-worker = true
           consumer { max-in-flight-batches = 16, gap-refetches = 0, gap-refetch-backoff = 20ms }
           persistence.interval = 500ms
+          state.cache.max-states = 50
           stores.redis { url = "rediss://cache:6380/2", key-prefix = "shop" }
         }
         """
@@ -175,6 +178,7 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
     assert settings.kafka.group_id == "onceflow"
     assert settings.consumer == ConsumerSettings(16, gap_refetches=0, gap_refetch_backoff=0.02)
     assert settings.persistence.interval == 0.5
+    assert settings.state == StateSettings(max_cached_states=50)
     assert settings.stores.redis == RedisSettings("rediss://cache:6380/2", "shop")
 
 
@@ -474,6 +478,16 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "kafka.repartition-replication-factor = 0",
             "onceflow.kafka.repartition-replication-factor",
             "expected an integer in 1..32767, got 0",
+        ),
+        (
+            "state.cache.max-states = 0",
+            "onceflow.state.cache.max-states",
+            "expected an integer in 1..1000000000, got 0",
+        ),
+        (
+            "state.cache.max-states = 2000000000",
+            "onceflow.state.cache.max-states",
+            "expected an integer in 1..1000000000, got 2000000000",
         ),
         (
             "consumer.max-in-flight-batches = 0",

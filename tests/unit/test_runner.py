@@ -64,8 +64,9 @@ class Store:
 
     def persist(self, runner: PipelineRunner) -> None:
         for table in runner.tables:
-            for key, state in table.take_dirty().items():
-                self.rows[key] = encode_state(state)
+            for key, data in table.take_dirty(0).items():
+                self.rows[key] = data
+            table.written(0)
 
 
 def make(store: Store | None = None) -> tuple[PipelineRunner, Store]:
@@ -262,10 +263,10 @@ def test_persisting_upstream_first_then_crashing_loses_downstream_events() -> No
         store = Store()
         runner = PipelineRunner(two_stage_pipeline(), store.load, "dlq")
         runner.process(records)
-        dirty = [t.take_dirty() for t in runner.tables]
+        dirty = [t.take_dirty(1) for t in runner.tables]
         first = order[0]  # only one stage's states reach the store, then the crash
-        for key, state in dirty[first].items():
-            store.rows[f"{first}:{key}"] = encode_state(state)
+        for key, data in dirty[first].items():
+            store.rows[f"{first}:{key}"] = data
         restarted = PipelineRunner(two_stage_pipeline(), _prefixed(store), "dlq")
         restarted.process(records)  # nothing was committed: replay everything
         return restarted.tables[1].states["all"].value

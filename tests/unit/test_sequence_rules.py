@@ -92,7 +92,7 @@ def test_sequence_rows_are_written_last_in_a_snapshot() -> None:
                            fold=lambda s, _: s + 1))
     run = TestRun(pipeline)
     run.feed([_report("a", 1, 1)])
-    rows: list[StageRows] = snapshot_rows(run.runner, pipeline.dedup_store)
+    rows: list[StageRows] = snapshot_rows(run.runner, pipeline.dedup_store, 1)
     assert [r.stage_id for r in write_order(rows)] == ["second", "first", SEQUENCE_STAGE]
 
 
