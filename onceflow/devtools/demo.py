@@ -67,6 +67,8 @@ class DemoOptions:
     min_gap: float = 0.3
     max_gap: float = 3.0
     timeout: float = 300.0
+    # Extra worker settings (``--set`` key -> value), e.g. a small state cache.
+    settings: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -123,7 +125,8 @@ class _Demo:
         self.group = f"demo-{run_id}"
         self.prefix = f"demo-{run_id}"
         env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": self.topic}
-        settings = redis_settings(bootstrap, redis_url, self.group, self.prefix)
+        settings = {**redis_settings(bootstrap, redis_url, self.group, self.prefix),
+                    **options.settings}
         argv = worker_command(packaged_config("demo.conf"), settings)
         self.worker = WorkerProcess(argv, env, workdir)
         self.report = DemoReport(messages=options.messages)
