@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -20,19 +19,9 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from onceflow.stages import Aggregate, Pipeline, Tumbling
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, StateTable, decode_state, encode_state
+from onceflow.testing_records import Consumed as Rec
 
 SECOND = 1000
-
-
-@dataclass(frozen=True)
-class Rec:
-    topic: str
-    partition: int
-    offset: int
-    value: bytes | None
-    key: bytes | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
-    timestamp: int | None = None
 
 
 def pipeline() -> Pipeline:
