@@ -13,10 +13,11 @@ import pytest
 from test_runner import Rec
 
 from onceflow import Pipeline, cleanup
+from onceflow.examples.regroup import build_cleanup, build_regroup
 from onceflow.protos.envelope_pb2 import SourceRef
 from onceflow.stages.origin import plain_headers
 from onceflow.stages.runner import PipelineRunner
-from onceflow.testing import Record, TestRun, envelope
+from onceflow.testing import Record, TestRun, envelope, partition_for
 
 REGROUPED, PRISTINE = "by-sku", "by-sku-pristine"
 
@@ -119,3 +120,23 @@ def test_deduplicate_is_an_aggregate_counting_what_it_let_through() -> None:
 def test_a_regrouped_format_that_is_none_of_the_three_is_refused() -> None:
     with pytest.raises(ValueError, match="regrouped_format 'str'"):
         cleanup("c", REGROUPED, PRISTINE, regrouped_format="str")
+
+
+def test_the_regroup_example_re_sends_after_a_crash_and_its_cleanup_drops_the_copies() -> None:
+    orders = [{"order": f"o{i}", "customer": f"c{i % 3}",
+               "lines": [{"sku": f"s{(i + j) % 5}", "qty": j} for j in range(1 + i % 3)]}
+              for i in range(12)]
+    regroup = TestRun(build_regroup("orders", REGROUPED))
+    regroup.feed([Record(order, partition=i % 2) for i, order in enumerate(orders[:6])])
+    regroup.commit()
+    regroup.feed([Record(order, partition=i % 2) for i, order in enumerate(orders[6:])])
+    regroup.crash()  # uncommitted: orders 6.. are regrouped again
+    copies = regroup.outputs()
+    assert len(copies) > len({(p.value, p.headers["onceflow-chain"]) for p in copies})
+    clean = TestRun(build_cleanup(REGROUPED, PRISTINE), single_worker=False)
+    clean.feed([Record(p.value, partition=partition_for(p.key, 4), key=(p.key or b"").decode(),
+                       headers=tuple((k, v.encode()) for k, v in p.headers.items()))
+                for p in copies])
+    got = [(v["order"], v["line"]) for v in (json.loads(p.value) for p in clean.outputs())]
+    want = [(order["order"], j) for order in orders for j in range(len(order["lines"]))]
+    assert sorted(got) == sorted(want)
