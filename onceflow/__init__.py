@@ -6,9 +6,10 @@ User code needs only these names; the runtime's plumbing stays in its modules.
 from pathlib import Path
 
 from onceflow.stages import Envelope, Pipeline, SourceRef
+from onceflow.stages.cleanup import cleanup
 from onceflow.stages.producer_dedup import ProducerDedup
 
-__all__ = ["Envelope", "Pipeline", "ProducerDedup", "SourceRef", "run"]
+__all__ = ["Envelope", "Pipeline", "ProducerDedup", "SourceRef", "cleanup", "run"]
 
 
 def run(config_path: str | Path) -> int:

@@ -276,6 +276,17 @@ class Pipeline:
         """
         return self._then(Aggregate(id, key, init, fold, store, window))
 
+    def deduplicate(self, id: str, *, key: Callable[[Any], str], store: str = "redis"
+                    ) -> Pipeline:
+        """Let each event through once: drop the copies a re-keying republisher re-sent.
+
+        An aggregate counting the events per ``key``; its per-root watermarks
+        recognise a copy, so each key must get every root partition's events in
+        root order (``onceflow.stages.cleanup`` says when, and builds the
+        usual pipeline around it).
+        """
+        return self.aggregate(id, key=key, init=_zero, fold=_plus_one, store=store)
+
     def republish(
         self,
         id: str,
@@ -372,6 +383,14 @@ class Pipeline:
 
     def _then(self, step: Step) -> Pipeline:
         return replace(self, steps=(*self.steps, step))
+
+
+def _zero() -> int:
+    return 0
+
+
+def _plus_one(count: int, _: Any) -> int:
+    return count + 1
 
 
 def _check_id(kind: str, value: str) -> None:
