@@ -10,6 +10,7 @@ committed offsets are read back through one long-lived consumer. Used by
 from __future__ import annotations
 
 import asyncio
+import random
 import re
 import signal
 import subprocess
@@ -76,6 +77,20 @@ class WorkerProcess:
                 raise RuntimeError(f"{self._name} exited with {self.exited()}; see {self.logs[-1]}")
             await asyncio.sleep(0.05)
         raise RuntimeError(f"{self._name} got no partitions in {timeout:.0f}s; see {self.logs[-1]}")
+
+
+async def kill_repeatedly(worker: WorkerProcess, times: int, rng: random.Random,
+                          gap: tuple[float, float] = (0.3, 2.0)) -> None:
+    """Start the worker and SIGKILL it ``times`` times, each a random ``gap`` (seconds)
+    after it was assigned partitions, so the kill lands mid-work; then start it for good
+    and wait for its assignment."""
+    for _ in range(times):
+        worker.start()
+        await worker.assigned()
+        await asyncio.sleep(rng.uniform(*gap))
+        worker.kill()
+    worker.start()
+    await worker.assigned()
 
 
 def packaged_config(name: str) -> Path:

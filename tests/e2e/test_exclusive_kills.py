@@ -54,18 +54,9 @@ def test_an_exclusive_republisher_killed_ten_times_writes_a_pristine_topic(
     kills = 10
 
     async def scenario() -> dict[int, int]:
-        async def kill_repeatedly() -> None:
-            for _ in range(kills):
-                worker.start()
-                await worker.assigned()
-                await asyncio.sleep(rng.uniform(0.2, 2.5))
-                worker.kill()
-            worker.start()
-            await worker.assigned()
-
         ends, _ = await asyncio.gather(
             harness.produce(kafka_service.address, source, items(30_000), seconds=45),
-            kill_repeatedly())
+            harness.kill_repeatedly(worker, kills, rng, gap=(0.2, 2.5)))
         await drained(kafka_service, settings["onceflow.kafka.group-id"], source, ends, worker)
         return ends
 

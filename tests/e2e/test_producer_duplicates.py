@@ -116,16 +116,6 @@ async def kill_producer(producer: harness.WorkerProcess, at: list[float]) -> Non
         producer.start()
 
 
-async def kill_worker(worker: harness.WorkerProcess, times: int, rng: random.Random) -> None:
-    """SIGKILL the worker at a random moment after each assignment, ``times`` times."""
-    for _ in range(times):
-        worker.start()
-        await worker.assigned()
-        await asyncio.sleep(rng.uniform(0.1, 1.5))
-        worker.kill()
-    worker.start()
-
-
 async def finished(producer: harness.WorkerProcess, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while producer.exited() is None and time.monotonic() < deadline:
@@ -159,7 +149,7 @@ def test_re_sends_of_a_killed_producer_are_counted_once_by_a_killed_worker(
     async def scenario() -> Topic:
         producer.start()
         await asyncio.gather(kill_producer(producer, [rng.uniform(3, 14), rng.uniform(17, 28)]),
-                             kill_worker(worker, worker_kills, rng))
+                             harness.kill_repeatedly(worker, worker_kills, rng, gap=(0.1, 1.5)))
         await finished(producer)
         topic = await Topic.read(run.bootstrap, run.topic)
         await drained(run.bootstrap, group, run.topic, topic.ends, worker)
@@ -204,7 +194,7 @@ def test_no_re_send_gets_past_a_killed_republisher(
         producer.start()
         aggregator.start()
         await asyncio.gather(kill_producer(producer, [rng.uniform(3, 9), rng.uniform(11, 17)]),
-                             kill_worker(republisher, 4, rng))
+                             harness.kill_repeatedly(republisher, 4, rng, gap=(0.1, 1.5)))
         await finished(producer)
         topic = await Topic.read(run.bootstrap, run.topic)
         await drained(run.bootstrap, rep_group, run.topic, topic.ends, republisher)

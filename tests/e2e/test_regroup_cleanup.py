@@ -106,19 +106,10 @@ def test_a_re_keyed_topic_cleaned_under_sigkills_is_pristine_for_a_plain_consume
     workers = [worker(pipeline, f"{pipeline}-{n}") for pipeline in groups for n in (1, 2)]
     rng = random.Random(12)
 
-    async def kill_repeatedly(process: harness.WorkerProcess) -> None:
-        for _ in range(KILLS_EACH):
-            process.start()
-            await process.assigned()
-            await asyncio.sleep(rng.uniform(0.3, 2.0))
-            process.kill()
-        process.start()
-        await process.assigned()
-
     async def scenario() -> None:
         ends, *_ = await asyncio.gather(
             harness.produce(bootstrap, source, orders(ORDERS), seconds=50),
-            *(kill_repeatedly(process) for process in workers))
+            *(harness.kill_repeatedly(process, KILLS_EACH, rng) for process in workers))
         async with harness.CommittedOffsets(bootstrap, groups["regroup"]) as committed:
             assert await committed.wait_for(source, ends, 120), f"see {tmp_path}"
         regrouped_ends = await harness.read_ends(bootstrap, regrouped, LINE_PARTITIONS, 1.0)
