@@ -142,5 +142,7 @@ def test_re_sent_records_are_dropped_across_sigkills(
     assert states == truth(messages)
     assert len(tables) == PARTITIONS
     assert sum(table.duplicates for table in tables) == resends  # the durable, exact count
-    assert stats["source.producer_duplicates"] == resends
+    # The stats counter is best effort (README): a SIGKILL between a snapshot and its stats
+    # update loses that interval's counts, so it is only checked to be wired, not exact.
+    assert 0 < stats["source.producer_duplicates"] <= 2 * resends
     assert resends > 300
