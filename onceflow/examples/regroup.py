@@ -11,8 +11,14 @@ Orders (plain JSON, keyed by customer) ``{"order": "o-7", "customer": "c-3",
   pristine one, each line once, per sku in the order of the orders
   partition, as plain JSON any Kafka consumer reads.
 
+- ``reshuffle`` (optional) re-keys the orders by order id first, into a
+  topic that ``regroup`` then reads instead of the orders: a re-keying of a
+  topic that was itself re-keyed (and holds re-sent copies), which the
+  cleanup handles the same way (watermarks per route, ``stages.lineage``).
+
 Topics come from ``ONCEFLOW_REGROUP_ORDERS``, ``ONCEFLOW_REGROUP_REGROUPED``
-and ``ONCEFLOW_REGROUP_PRISTINE``, the store from ``ONCEFLOW_REGROUP_STORE``.
+and ``ONCEFLOW_REGROUP_PRISTINE`` (and ``ONCEFLOW_REGROUP_RESHUFFLED``: when
+set, ``regroup`` reads it), the store from ``ONCEFLOW_REGROUP_STORE``.
 """
 
 from __future__ import annotations
@@ -34,6 +40,17 @@ def sku(line: dict[str, Any]) -> str:
     return str(line["sku"])
 
 
+def order_id(order: dict[str, Any]) -> str:
+    return str(order["order"])
+
+
+def build_reshuffle(orders: str, reshuffled: str) -> Pipeline:
+    return (
+        Pipeline("orders-reshuffle", topics=(orders,), format="json")
+        .republish("by_order", reshuffled, key=order_id, format="json")
+    )
+
+
 def build_regroup(orders: str, regrouped: str) -> Pipeline:
     return (
         Pipeline("orders-regroup", topics=(orders,), format="json")
@@ -49,6 +66,8 @@ def build_cleanup(regrouped: str, pristine: str, store: str = "redis") -> Pipeli
 _ORDERS = os.environ.get("ONCEFLOW_REGROUP_ORDERS", "orders")
 _REGROUPED = os.environ.get("ONCEFLOW_REGROUP_REGROUPED", "order-lines-by-sku")
 _PRISTINE = os.environ.get("ONCEFLOW_REGROUP_PRISTINE", "order-lines-by-sku-pristine")
+_RESHUFFLED = os.environ.get("ONCEFLOW_REGROUP_RESHUFFLED", "")
 _STORE = os.environ.get("ONCEFLOW_REGROUP_STORE", "redis")
-regroup = build_regroup(_ORDERS, _REGROUPED)
+reshuffle = build_reshuffle(_ORDERS, _RESHUFFLED or "orders-by-id")
+regroup = build_regroup(_RESHUFFLED or _ORDERS, _REGROUPED)
 cleanup = build_cleanup(_REGROUPED, _PRISTINE, _STORE)

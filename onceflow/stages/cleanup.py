@@ -8,23 +8,21 @@ builds the pipeline that reads the regrouped topic and writes each record
 once, in order, to a *pristine* topic with the same partitioning:
 
 1. ``deduplicate`` (an aggregate keyed by the regrouped partition) keeps, per
-   root partition, the highest position it let through, persisted with the
-   state like every aggregate watermark (invariants 2, 4, 5): a record at or
-   below it is a re-sent copy and goes no further.
+   route (root partition and the partitions of any hops in between,
+   ``onceflow.stages.lineage``), the highest position it let through,
+   persisted with the state like every aggregate watermark (invariants 2, 4,
+   5): a record at or below it is a re-sent copy and goes no further.
 2. An exclusive republish writes what passes to the same partition number of
    the pristine topic, so the cleanup's own crashes write nothing twice
    either (``onceflow.stages.output_tail``).
 
 Why the watermark rule holds: within one regrouped partition, the records of
-one root partition come from one writer at a time (the worker that owns that
-root partition, or its input partition holding it), in the order it
-processed them (lane order, invariant 8), so their positions rise; a
-successor replays from the committed offset and re-sends positions at or
-below what is there. This needs each root partition to reach the
-republisher through one partition in order: the root topic itself, or a
-topic that keeps root partitions whole (an exclusive 1:1 mirror). A regrouped
-or pristine topic spreads each root partition over all its partitions, so a
-second re-keying must read from the root again, not from it.
+one route come from one writer at a time (the worker that owns the re-keying
+step's input partition on that path), in the order it processed them (route
+order, invariant 8), so their positions rise; a successor replays from the
+committed offset and re-sends positions at or below what is there. The
+re-keying step may read the root topic or a topic that was itself re-keyed:
+a copy already in its input travels the same route and is dropped too.
 """
 
 from __future__ import annotations

@@ -8,6 +8,18 @@ in-process flat-map's index). Positions compare as tuples, so replays of
 the same input always land at or below the watermark they already reached.
 Offsets of intermediate hops are left out on purpose: a republisher that
 re-sends after a crash writes the same event at a new offset.
+
+An event's *route* is the path it travelled: its root partition and the
+partition of every later hop it was consumed from. Watermarks are kept per
+route, not per root, because only along one path do the first copies of a
+root partition's events arrive in position order: each hop's partition has
+one writer at a time per input partition, writing in its input's order. A
+root partition whose events were re-keyed twice reaches a consumer through
+many intermediate partitions, which interleave freely; one watermark per
+root would take a new event that overtook an older one for a copy (a silent
+loss). A copy re-sent anywhere travels its original's path (the partition
+maps are deterministic), so it meets its original's watermark. A one-hop
+chain's route is its root partition, as before routes existed.
 """
 
 from __future__ import annotations
@@ -15,6 +27,9 @@ from __future__ import annotations
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 
 RootPartition = tuple[str, int]
+#: ``(root, partition)`` for a root partition, or ``("<root>/<p>>...><last hop topic>",
+#: last hop partition)`` for a longer path (Kafka topic names hold neither ``/`` nor ``>``).
+Route = tuple[str, int]
 Position = tuple[int, ...]
 
 
@@ -31,6 +46,21 @@ def root_of(envelope: Envelope | None, topic: str, partition: int, offset: int) 
     chain = envelope.source_chain
     root = chain[0]
     return (root.topic, root.partition), (root.offset, *(ref.index for ref in chain))
+
+
+def route_of(envelope: Envelope | None, topic: str, partition: int) -> Route:
+    """The path a record consumed from topic/partition travelled, as a watermark key.
+
+    The consumed partition itself is not part of it (a consumer reads one
+    partition in order); the chain's hops are.
+    """
+    if envelope is None or not envelope.source_chain:
+        return topic, partition
+    chain = envelope.source_chain
+    *path, last = chain
+    if not path:
+        return last.topic, last.partition
+    return ">".join([*(f"{ref.topic}/{ref.partition}" for ref in path), last.topic]), last.partition
 
 
 def extended_chain(

@@ -280,9 +280,9 @@ class Pipeline:
                     ) -> Pipeline:
         """Let each event through once: drop the copies a re-keying republisher re-sent.
 
-        An aggregate counting the events per ``key``; its per-root watermarks
-        recognise a copy, so each key must get every root partition's events in
-        root order (``onceflow.stages.cleanup`` says when, and builds the
+        An aggregate counting the events per ``key``; its per-route watermarks
+        recognise a copy, so each key must be fed from one partition
+        (``onceflow.stages.cleanup`` says why that suffices, and builds the
         usual pipeline around it).
         """
         return self.aggregate(id, key=key, init=_zero, fold=_plus_one, store=store)

@@ -34,7 +34,7 @@ from onceflow.stages.formats import (
     meta_of,
     source_reader,
 )
-from onceflow.stages.lineage import Position, RootPartition, root_of
+from onceflow.stages.lineage import Position, RootPartition, Route, root_of, route_of
 from onceflow.stages.origin import chain_envelope
 from onceflow.stages.outcome import (
     BatchOutcome,
@@ -71,6 +71,7 @@ class _Plan:
 
     record: ConsumedRecord
     root: RootPartition
+    route: Route  # the watermark key (lineage: the path, not just the root)
     folds: list[_Fold]
     emits: list[_Emit]
     order: list[_Fold | _Emit]  # both, in pipeline order
@@ -214,7 +215,8 @@ class PipelineRunner:
         if self.sequences is not None and not self.sequences.admit(record, value):
             return None
         root, position = root_of(envelope, record.topic, record.partition, record.offset)
-        plan = _Plan(record, root, [], [], [])
+        route = route_of(envelope, record.topic, record.partition)
+        plan = _Plan(record, root, route, [], [], [])
         stage = "decode"
         try:
             value = reader.decode(value)
@@ -322,7 +324,7 @@ class PipelineRunner:
                     if check_home and state.home != fed_from:
                         raise StageFailure(spec.id, KeyHomedElsewhere(
                             key, fed_from, state.home or fed_from))
-                    mark = state.watermarks.get(plan.root)
+                    mark = state.watermarks.get(plan.route)
                     if mark is not None and pos <= mark:
                         replayed.add(pos)
                         continue
@@ -356,7 +358,7 @@ class PipelineRunner:
             for key, (value, pos, closed) in new.items():
                 state = table.states[key]
                 state.value = value
-                state.watermarks[plan.root] = pos
+                state.watermarks[plan.route] = pos
                 table.dirty.add(key)
                 for start, final in closed:
                     table.closed[(key, start)] = final

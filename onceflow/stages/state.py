@@ -12,7 +12,7 @@ import json
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from onceflow.stages.lineage import Position, RootPartition
+from onceflow.stages.lineage import Position, Route
 
 if TYPE_CHECKING:
     from onceflow.stages.pipeline import Aggregate
@@ -21,14 +21,15 @@ TopicPartition = tuple[str, int]
 
 
 class AggregateState:
-    """The folded value of one key plus, per root partition, the highest position folded."""
+    """The folded value of one key plus, per route (root partition and path), the highest
+    position folded."""
 
     __slots__ = ("home", "size", "value", "watermarks")
 
-    def __init__(self, value: Any, watermarks: dict[RootPartition, Position] | None = None,
+    def __init__(self, value: Any, watermarks: dict[Route, Position] | None = None,
                  home: TopicPartition | None = None, size: int = 0):
         self.value = value
-        self.watermarks: dict[RootPartition, Position] = watermarks or {}
+        self.watermarks: dict[Route, Position] = watermarks or {}
         self.home = home
         self.size = size  # bytes of its encoding as last loaded or written (cache metrics)
 

@@ -8,6 +8,12 @@ processes are SIGKILLed again and again while the orders flow. The regrouped
 topic holds re-sent lines; a plain aiokafka consumer then finds every line
 in the pristine topic exactly once, and per sku in the order of its orders
 partition.
+
+The second test puts a first re-keying (by order id) in front, so ``regroup``
+reads a topic that was itself re-keyed and holds copies: each orders
+partition reaches the regrouped one through several partitions, which
+interleave. The pristine topic must still hold every line once, in order
+along each route (root partition, then the partitions in between).
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from onceflow.devtools import harness
 from onceflow.devtools.services import ServiceInfo
+from onceflow.stages.origin import CHAIN_HEADER, decode_chain, header
 
-ORDERS, ORDER_PARTITIONS, LINE_PARTITIONS = 50_000, 6, 4
-KILLS_EACH = 6  # per process: 24 in all
+ORDER_PARTITIONS, LINE_PARTITIONS, RESHUFFLED_PARTITIONS = 6, 4, 3
 Line = tuple[str, int]  # (order, line index)
 
 
@@ -80,7 +86,28 @@ def test_a_re_keyed_topic_cleaned_under_sigkills_is_pristine_for_a_plain_consume
     kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
     unique_name: Callable[..., str],
 ) -> None:
-    bootstrap = kafka_service.address
+    # Two processes each for regroup and cleanup, 6 SIGKILLs each: 24.
+    regroup_and_clean(kafka_service, redis_service, tmp_path, unique_name, orders_n=50_000,
+                      processes={"regroup": 2, "cleanup": 2}, kills_each=6, seconds=50)
+
+
+def test_a_topic_re_keyed_twice_and_cleaned_under_sigkills_is_pristine(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    # One process each for reshuffle, regroup and cleanup, 5 SIGKILLs each: 15.
+    regroup_and_clean(kafka_service, redis_service, tmp_path, unique_name, orders_n=20_000,
+                      processes={"reshuffle": 1, "regroup": 1, "cleanup": 1}, kills_each=5,
+                      seconds=25)
+
+
+def regroup_and_clean(kafka: ServiceInfo, redis: ServiceInfo, tmp_path: Path,
+                      unique_name: Callable[..., str], *, orders_n: int,
+                      processes: dict[str, int], kills_each: int, seconds: float) -> None:
+    """Run the pipelines of ``onceflow.examples.regroup`` named in ``processes`` (that
+    many worker processes each) under SIGKILLs while ``orders_n`` orders flow, then read
+    the pristine topic as a plain consumer and check it line by line."""
+    bootstrap = kafka.address
     topics = {"ONCEFLOW_REGROUP_ORDERS": unique_name("orders"),
               "ONCEFLOW_REGROUP_REGROUPED": unique_name("bysku"),
               "ONCEFLOW_REGROUP_PRISTINE": unique_name("pristine")}
@@ -88,14 +115,19 @@ def test_a_re_keyed_topic_cleaned_under_sigkills_is_pristine_for_a_plain_consume
     asyncio.run(harness.create_topic(bootstrap, source, ORDER_PARTITIONS))
     for topic in (regrouped, pristine):
         asyncio.run(harness.create_topic(bootstrap, topic, LINE_PARTITIONS))
-    groups = {"regroup": unique_name("g"), "cleanup": unique_name("g")}
+    regroup_input, regroup_partitions = source, ORDER_PARTITIONS
+    if "reshuffle" in processes:
+        regroup_input = topics["ONCEFLOW_REGROUP_RESHUFFLED"] = unique_name("byorder")
+        regroup_partitions = RESHUFFLED_PARTITIONS
+        asyncio.run(harness.create_topic(bootstrap, regroup_input, RESHUFFLED_PARTITIONS))
+    groups = {pipeline: unique_name("g") for pipeline in processes}
     prefix = unique_name("p")
 
     def worker(pipeline: str, name: str) -> harness.WorkerProcess:
         settings = {"onceflow.pipeline": f"onceflow.examples.regroup:{pipeline}",
                     "onceflow.kafka.bootstrap-servers": bootstrap,
                     "onceflow.kafka.group-id": groups[pipeline],
-                    "onceflow.stores.redis.url": f"redis://{redis_service.address}/0",
+                    "onceflow.stores.redis.url": f"redis://{redis.address}/0",
                     "onceflow.stores.redis.key-prefix": prefix,
                     # A restarted worker waits for the killed one's session to expire.
                     "onceflow.kafka.session-timeout": "3s",
@@ -103,41 +135,54 @@ def test_a_re_keyed_topic_cleaned_under_sigkills_is_pristine_for_a_plain_consume
         argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
         return harness.WorkerProcess(argv, {**os.environ, **topics}, tmp_path, name)
 
-    workers = [worker(pipeline, f"{pipeline}-{n}") for pipeline in groups for n in (1, 2)]
+    workers = [worker(pipeline, f"{pipeline}-{n}") for pipeline, count in processes.items()
+               for n in range(1, count + 1)]
     rng = random.Random(12)
 
+    async def drained(group: str, topic: str, ends: dict[int, int]) -> None:
+        async with harness.CommittedOffsets(bootstrap, group) as committed:
+            assert await committed.wait_for(topic, ends, 120), f"see {tmp_path}"
+
     async def scenario() -> None:
-        ends, *_ = await asyncio.gather(
-            harness.produce(bootstrap, source, orders(ORDERS), seconds=50),
-            *(harness.kill_repeatedly(process, KILLS_EACH, rng) for process in workers))
-        async with harness.CommittedOffsets(bootstrap, groups["regroup"]) as committed:
-            assert await committed.wait_for(source, ends, 120), f"see {tmp_path}"
+        producing = asyncio.create_task(
+            harness.produce(bootstrap, source, orders(orders_n), seconds=seconds))
+        await asyncio.gather(*(harness.kill_repeatedly(p, kills_each, rng) for p in workers))
+        ends = await producing
+        if "reshuffle" in processes:
+            await drained(groups["reshuffle"], source, ends)
+            ends = await harness.read_ends(bootstrap, regroup_input, regroup_partitions, 1.0)
+        await drained(groups["regroup"], regroup_input, ends)
         regrouped_ends = await harness.read_ends(bootstrap, regrouped, LINE_PARTITIONS, 1.0)
-        async with harness.CommittedOffsets(bootstrap, groups["cleanup"]) as committed:
-            assert await committed.wait_for(regrouped, regrouped_ends, 120), f"see {tmp_path}"
+        await drained(groups["cleanup"], regrouped, regrouped_ends)
 
     asyncio.run(scenario())
-    assert [process.terminate(10) for process in workers] == [0] * 4, f"see {tmp_path}"
+    assert [process.terminate(10) for process in workers] == [0] * len(workers), f"see {tmp_path}"
     inputs = asyncio.run(harness.read_all(bootstrap, source, ORDER_PARTITIONS, quiet=1.0))
     want = lines_by_root(inputs)
     copies = asyncio.run(harness.read_all(bootstrap, regrouped, LINE_PARTITIONS, quiet=1.0))
     outputs = asyncio.run(plain_read(bootstrap, pristine, LINE_PARTITIONS, len(want)))
-    got = [json.loads(r.value or b"") for r in sorted(outputs, key=lambda r: (r.partition,
-                                                                               r.offset))]
+    outputs.sort(key=lambda r: (r.partition, r.offset))
+    got = [json.loads(r.value or b"") for r in outputs]
     duplicates = len(copies) - len({r.value for r in copies})
     context = (f"{sum(p.kills for p in workers)} kills, {len(inputs)} orders, {len(want)} lines, "
                f"regrouped {len(copies)} ({duplicates} re-sent), pristine {len(outputs)}; "
                f"logs {tmp_path}")
     print(context)
-    assert len(inputs) == ORDERS and all(p.kills == KILLS_EACH for p in workers), context
+    assert len(inputs) == orders_n and all(p.kills == kills_each for p in workers), context
     assert duplicates > 0, f"the kills re-sent nothing: {context}"
     seen = Counter((line["order"], line["line"]) for line in got)
     assert seen.keys() == want.keys(), f"missing or extra lines: {context}"
     assert max(seen.values()) == 1, f"duplicates: {context} {seen.most_common(3)}"
-    last: dict[tuple[str, int], tuple[int, int]] = {}  # (sku, root partition) -> (offset, index)
-    for record, line in zip(sorted(outputs, key=lambda r: (r.partition, r.offset)), got,
-                            strict=True):
+    # Per sku and route, in position order. The route and position come from the chain
+    # (root, any reshuffled hop, the regrouped hop), which must match the expected root.
+    last: dict[tuple[str, tuple[tuple[str, int], ...]], tuple[int, ...]] = {}
+    for record, line in zip(outputs, got, strict=True):
         sku, root, offset, index = want[(line["order"], line["line"])]
         assert (line["sku"], record.key) == (sku, sku.encode()), context
-        assert last.get((sku, root), (-1, -1)) < (offset, index), f"out of order: {context}"
-        last[(sku, root)] = (offset, index)
+        *hops, _ = decode_chain(header(record.headers, CHAIN_HEADER) or b"")
+        assert (hops[0].topic, hops[0].partition, hops[0].offset) == (source, root, offset)
+        assert hops[-1].index == index, context
+        route = tuple((hop.topic, hop.partition) for hop in hops)
+        position = (offset, *(hop.index for hop in hops))
+        assert last.get((sku, route), (-1,)) < position, f"out of order: {context}"
+        last[(sku, route)] = position

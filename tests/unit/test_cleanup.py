@@ -22,10 +22,14 @@ from onceflow.testing import Record, TestRun, envelope, partition_for
 REGROUPED, PRISTINE = "by-sku", "by-sku-pristine"
 
 
-def line(root: int, offset: int, index: int, partition: int = 0, sku: str = "s1") -> Record:
+def line(root: int, offset: int, index: int, partition: int = 0, sku: str = "s1",
+         via: tuple[int, int] | None = None) -> Record:
     """Output ``index`` of input ``offset`` of root partition ``orders/root``, as a plain
-    JSON record of the regrouped topic's ``partition``."""
+    JSON record of the regrouped topic's ``partition``; ``via=(q, o)``: re-keyed twice, the
+    second time from offset ``o`` of partition ``q`` of ``by-customer`` (itself regrouped)."""
     chain = [SourceRef(topic="orders", partition=root, offset=offset, index=index)]
+    if via is not None:
+        chain.append(SourceRef(topic="by-customer", partition=via[0], offset=via[1], index=0))
     value = {"order": f"{root}:{offset}", "line": index, "sku": sku}
     headers = (("onceflow-format", b"json"),
                *plain_headers(chain, f"orders/{root}/{offset}.{index}", 1000 + offset))
@@ -70,6 +74,23 @@ def test_each_regrouped_partition_deduplicates_on_its_own() -> None:
     assert forwarded(run) == [("0:4", 0), ("0:4", 1), ("0:5", 0)]
     assert run.states("first_seen") == {"0": 1, "1": 2}
     assert not run.dead_letters  # each key is fed from its own partition only
+
+
+def test_a_topic_re_keyed_twice_is_cleaned_without_loss_whatever_the_interleaving() -> None:
+    # orders -> by-customer (re-keyed) -> by-sku (re-keyed again). Root 0's events reach
+    # by-sku through two by-customer partitions, which interleave: offset 2 (via
+    # by-customer/1) overtakes offset 1 (via by-customer/0). One watermark per root would
+    # take offset 1 for a copy; the watermarks are kept per path (lineage.route_of).
+    run = new_run()
+    run.feed([line(0, 2, 0, via=(1, 0)), line(0, 1, 0, via=(0, 0)), line(0, 4, 0, via=(1, 1)),
+              line(0, 3, 0, via=(0, 1)),
+              line(0, 1, 0, via=(0, 0)),   # the by-sku writer of by-customer/0 re-sends
+              line(0, 3, 0, via=(0, 7)),   # a copy already in by-customer (at a new offset)
+              line(0, 5, 0, via=(0, 8))])
+    assert forwarded(run) == [("0:2", 0), ("0:1", 0), ("0:4", 0), ("0:3", 0), ("0:5", 0)]
+    assert run.counters["first_seen.duplicates"] == 2
+    assert run.watermarks("first_seen", "0") == {("orders/0>by-customer", 0): (5, 0, 0),
+                                                 ("orders/0>by-customer", 1): (4, 0, 0)}
 
 
 def test_a_crash_after_the_state_is_written_forwards_nothing_again() -> None:
