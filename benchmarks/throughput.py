@@ -11,6 +11,10 @@ until the last record was processed (onceflow: committed offsets reached the
 end, read from the producer's acks). Peak RSS is sampled with psutil.
 
     python benchmarks/throughput.py [--messages 300000] [--repeat 3] [--store redis|cassandra]
+        [--profile DIR]
+
+``--profile DIR`` samples the worker with py-spy (``DIR/worker-<n>.txt``,
+collapsed stacks; ``benchmarks/profile_top.py`` turns them into a top-N).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,7 +134,8 @@ class CommitWatcher:
 
 
 def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: dict[int, int],
-                     events: int, workdir: Path) -> dict[str, float]:
+                     events: int, workdir: Path, profile: Path | None = None
+                     ) -> dict[str, float]:
     group = f"bench-{topic}-{time.monotonic_ns()}"
     settings = {"onceflow.kafka.bootstrap-servers": bootstrap, "onceflow.kafka.group-id": group,
                 **{k: v.replace("{group}", group) for k, v in store.items() if k != "kind"}}
@@ -141,10 +147,21 @@ def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: di
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     total = sum(ends.values())
+    spy = None
+    if profile is not None:
+        profile.mkdir(parents=True, exist_ok=True)
+        out_file = profile / f"worker-{len(list(profile.glob('worker-*.txt'))) + 1}.txt"
+        spy = subprocess.Popen(  # --gil: only the thread holding the GIL (the CPU cost)
+            [str(Path(sys.executable).parent / "py-spy"), "record", "--pid", str(proc.pid),
+             "--rate", "200", "--format", "raw", "--threads", "--gil", "--output", str(out_file)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     watcher = CommitWatcher(bootstrap, group, topic, ends)
     _, peak = peak_rss_while(proc, watcher.done)
     end_wall = time.time()
     watcher.close()
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its samples on Ctrl-C
+        spy.wait(30)
     proc.terminate()
     proc.wait(15)
     text = log.read_text()
@@ -162,6 +179,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each path")
     parser.add_argument("--store", choices=("redis", "cassandra"), default="redis")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--profile", type=Path, help="py-spy the worker into this folder")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-bench-"))
     kafka = services.start_tansu(state / "kafka")
@@ -177,13 +195,16 @@ def main() -> None:
         ends = produce(kafka.address, topic, stream.messages)
         for _ in range(args.repeat):
             raw = measure_raw(kafka.address, topic, args.messages)
-            full = measure_onceflow(kafka.address, store, topic, ends, stream.events, state)
+            full = measure_onceflow(kafka.address, store, topic, ends, stream.events, state,
+                                    args.profile)
             runs.append((raw, full))
     finally:
         services.stop(kafka)
         services.stop(db)
     report = render(args, stream.events, runs)
     print(report)
+    if args.profile:  # sampled runs are slower: print, do not record
+        return
     previous = args.out.read_text() if args.out.exists() else "# Benchmark results\n\n"
     args.out.write_text(previous.rstrip() + "\n\n" + report)
 

@@ -48,6 +48,16 @@ def root_of(envelope: Envelope | None, topic: str, partition: int, offset: int) 
     return (root.topic, root.partition), (root.offset, *(ref.index for ref in chain))
 
 
+def origin_of(envelope: Envelope | None, topic: str, partition: int, offset: int) -> tuple[
+    RootPartition, Route, Position
+]:
+    """``root_of`` and ``route_of`` in one call (the runner's per-record path)."""
+    if envelope is None or not envelope.source_chain:
+        return (topic, partition), (topic, partition), (offset,)
+    root, position = root_of(envelope, topic, partition, offset)
+    return root, route_of(envelope, topic, partition), position
+
+
 def route_of(envelope: Envelope | None, topic: str, partition: int) -> Route:
     """The path a record consumed from topic/partition travelled, as a watermark key.
 

@@ -34,7 +34,7 @@ from onceflow.stages.formats import (
     meta_of,
     source_reader,
 )
-from onceflow.stages.lineage import Position, RootPartition, Route, root_of, route_of
+from onceflow.stages.lineage import Position, RootPartition, Route, origin_of
 from onceflow.stages.origin import chain_envelope
 from onceflow.stages.outcome import (
     BatchOutcome,
@@ -72,9 +72,7 @@ class _Plan:
     record: ConsumedRecord
     root: RootPartition
     route: Route  # the watermark key (lineage: the path, not just the root)
-    folds: list[_Fold]
-    emits: list[_Emit]
-    order: list[_Fold | _Emit]  # both, in pipeline order
+    order: list[_Fold | _Emit]  # what it folds and what it emits, in pipeline order
 
 
 @dataclass(slots=True)
@@ -95,7 +93,14 @@ class _Emit:
     outputs: list[Output]
 
 
-_Segment = list[tuple[Step, "StateTable | None"]]  # the steps run over some consumed topics
+#: Step kinds, compared by identity in the per-record loop (cheaper than isinstance chains).
+_MAP, _FILTER, _FLAT_MAP, _AGGREGATE, _REPUBLISH = range(5)
+_KINDS = {Map: _MAP, Filter: _FILTER, FlatMap: _FLAT_MAP, Aggregate: _AGGREGATE,
+          Republish: _REPUBLISH}
+#: One step as the loop runs it: (kind, stage id, its function (fn, predicate or key; None
+#: for a republish), its table (aggregates), the step itself (for a republish)).
+_Compiled = tuple[int, str, "Callable[[Any], Any] | None", "StateTable | None", Step]
+_Segment = list[_Compiled]  # the steps run over some consumed topics
 
 
 class PipelineRunner:
@@ -139,10 +144,19 @@ class PipelineRunner:
         segments = dict.fromkeys(pipeline.topics, segment)
         for step in pipeline.steps:
             if isinstance(step, Repartition):
-                segment.append((Republish(step.id, step.topic, step.encode, step.key), None))
+                hop = Republish(step.id, step.topic, step.encode, step.key)
+                segment.append((_REPUBLISH, step.id, None, None, hop))
                 segment = segments[step.topic] = []
-            else:
-                segment.append((step, next(tables) if isinstance(step, Aggregate) else None))
+                continue
+            fn: Callable[[Any], Any] | None = None
+            if isinstance(step, Map | FlatMap):
+                fn = step.fn
+            elif isinstance(step, Filter):
+                fn = step.predicate
+            elif isinstance(step, Aggregate):
+                fn = step.key
+            table = next(tables) if isinstance(step, Aggregate) else None
+            segment.append((_KINDS[type(step)], step.id, fn, table, step))
         return segments
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
@@ -172,32 +186,37 @@ class PipelineRunner:
                 continue
             if plan is None:
                 continue  # a producer duplicate
-            for share in plan.folds:
-                states = share.table.states
-                for key in share.keys:
-                    if key not in states:
-                        missing.setdefault(share.table, {}).setdefault(
-                            key, (record.topic, record.partition))
+            for share in plan.order:
+                if type(share) is _Fold:
+                    states = share.table.states
+                    for key in share.keys:
+                        if key not in states:
+                            missing.setdefault(share.table, {}).setdefault(
+                                key, (record.topic, record.partition))
             if held or missing:
                 held.append(plan)
-            else:
-                self._apply_or_dead_letter(plan, outcome)
+                continue
+            try:
+                self._apply(plan, outcome)
+            except StageFailure as failure:
+                self._failed(plan, outcome, failure)
         for table, feeders in missing.items():
             self._load_into(table, dict(sorted(feeders.items())))
         for plan in held:
-            self._apply_or_dead_letter(plan, outcome)
+            try:
+                self._apply(plan, outcome)
+            except StageFailure as failure:
+                self._failed(plan, outcome, failure)
         if sequences is not None:
             sequences.count(outcome)
         return outcome
 
-    def _apply_or_dead_letter(self, plan: _Plan, outcome: BatchOutcome) -> None:
-        try:
-            self._apply(plan, outcome)
-        except StageFailure as failure:
-            if isinstance(failure.error, KeyHomedElsewhere):
-                outcome.misaligned[failure.stage_id] += 1
-                outcome.misaligned_reason.setdefault(failure.stage_id, str(failure))
-            self._dead_letter(outcome, plan.record, failure)
+    def _failed(self, plan: _Plan, outcome: BatchOutcome, failure: StageFailure) -> None:
+        """A record whose apply failed: dead-lettered, counted if its key is homed elsewhere."""
+        if isinstance(failure.error, KeyHomedElsewhere):
+            outcome.misaligned[failure.stage_id] += 1
+            outcome.misaligned_reason.setdefault(failure.stage_id, str(failure))
+        self._dead_letter(outcome, plan.record, failure)
 
     def forget(self) -> None:
         """Drop every cached state (after a rebalance another worker may own them)."""
@@ -210,41 +229,48 @@ class PipelineRunner:
         """The record through the stateless steps; None for a producer duplicate."""
         reader: Reader = self._readers.get(record.topic) or self._readers[self.pipeline.topics[0]]
         value, envelope = reader.parse(record)  # FormatError: a dead letter naming the formats
-        if envelope is None:  # a plain output of another onceflow step: root it at its chain
-            envelope = chain_envelope(record.key, record.timestamp, record.headers)
+        if envelope is None and record.headers:  # a plain output of another onceflow step:
+            envelope = chain_envelope(record.key, record.timestamp, record.headers)  # its chain
         if self.sequences is not None and not self.sequences.admit(record, value):
             return None
-        root, position = root_of(envelope, record.topic, record.partition, record.offset)
-        route = route_of(envelope, record.topic, record.partition)
-        plan = _Plan(record, root, route, [], [], [])
+        root, route, position = origin_of(envelope, record.topic, record.partition,
+                                          record.offset)
+        plan = _Plan(record, root, route, [])
         stage = "decode"
         try:
             value = reader.decode(value)
             # Parallel lists: values and their positions, one entry per value.
             values: list[Any] = [(value, meta_of(record, envelope)) if reader.with_meta else value]
             positions: list[Position] = [position]
-            for step, table in self._segments.get(record.topic, self._first):
-                stage = step.id
-                if isinstance(step, Map):
-                    values = list(map(step.fn, values))
-                elif isinstance(step, Filter):
-                    kept = [bool(step.predicate(value)) for value in values]
+            for kind, stage, fn, table, step in self._segments.get(  # noqa: B007 (the except)
+                    record.topic, self._first):
+                if kind is _MAP:
+                    assert fn is not None
+                    values = list(map(fn, values))
+                elif kind is _FILTER:
+                    assert fn is not None
+                    kept = [bool(fn(value)) for value in values]
                     positions = [pos for pos, keep in zip(positions, kept, strict=True) if keep]
                     values = [value for value, keep in zip(values, kept, strict=True) if keep]
-                elif isinstance(step, FlatMap):
-                    fanned = [list(step.fn(value)) for value in values]
+                elif kind is _FLAT_MAP:
+                    assert fn is not None
+                    if len(values) == 1:  # the usual case: one input value
+                        values = list(fn(values[0]))
+                        pos = positions[0]
+                        positions = [(*pos, j) for j in range(len(values))]
+                        continue
+                    fanned = [list(fn(value)) for value in values]
                     positions = [(*pos, j) for pos, outs in zip(positions, fanned, strict=True)
                                  for j in range(len(outs))]
                     values = [out for outs in fanned for out in outs]
-                elif isinstance(step, Aggregate):
-                    assert table is not None
-                    share = _Fold(table, list(map(step.key, values)), positions, values)
-                    plan.folds.append(share)
+                elif kind is _AGGREGATE:
+                    assert fn is not None and table is not None
+                    share = _Fold(table, list(map(fn, values)), positions, values)
                     plan.order.append(share)
-                elif isinstance(step, Republish):
+                else:
+                    assert isinstance(step, Republish)
                     pairs = list(zip(positions, values, strict=True))
                     emit = self._republish(step, envelope, record, root, pairs)
-                    plan.emits.append(emit)
                     plan.order.append(emit)
         except Exception as error:
             raise StageFailure(stage, error) from error
@@ -301,13 +327,17 @@ class PipelineRunner:
         stopped: list[tuple[int, set[Position]]] = []  # (position length, positions)
         fed_from = (plan.record.topic, plan.record.partition)
         check_home = self._claim is not None
+        route = plan.route
         for step in plan.order:
-            if isinstance(step, _Emit):
+            if type(step) is _Emit:
                 emitted.extend(
                     out for pos, out in zip(step.positions, step.outputs, strict=True)
                     if not (stopped and _is_stopped(pos, stopped)))
                 continue
-            spec = step.table.spec
+            assert type(step) is _Fold
+            table = step.table
+            spec, states = table.spec, table.states
+            fold, window = spec.fold, spec.window
             # key -> [state value, position, closed windows]
             new: dict[str, list[Any]] = {}
             replayed: set[Position] = set()
@@ -320,25 +350,25 @@ class PipelineRunner:
                 if current is None:
                     if type(key) is not str:
                         raise StageFailure(spec.id, TypeError(f"key must be str, got {key!r}"))
-                    state = step.table.states[key]
+                    state = states[key]
                     if check_home and state.home != fed_from:
                         raise StageFailure(spec.id, KeyHomedElsewhere(
                             key, fed_from, state.home or fed_from))
-                    mark = state.watermarks.get(plan.route)
+                    mark = state.watermarks.get(route)
                     if mark is not None and pos <= mark:
                         replayed.add(pos)
                         continue
-                    current = new[key] = [state.value, pos, []]
+                    current = new[key] = [state.value, pos, None]
                 elif pos <= current[1]:
                     replayed.add(pos)
                     continue
                 current[1] = pos
                 try:
-                    if spec.window is None:
-                        current[0] = spec.fold(current[0], value)
+                    if window is None:
+                        current[0] = fold(current[0], value)
                         folded += 1
                         continue
-                    result = fold_windowed(spec.window, spec.init, spec.fold, current[0], value)
+                    result = fold_windowed(window, spec.init, fold, current[0], value)
                 except Exception as error:
                     raise StageFailure(spec.id, error) from error
                 if result.late_by_ms is not None:
@@ -346,27 +376,34 @@ class PipelineRunner:
                     late_outputs.append(self._late(plan.record, spec, key, pos, result.late_by_ms))
                 else:
                     current[0] = result.state
-                    current[2].extend(result.closed)
+                    if result.closed:
+                        current[2] = [*(current[2] or ()), *result.closed]
                     folded += 1
-            staged.append((step.table, new))
-            counts += [(outcome.folded, spec.id, folded), (outcome.duplicates, spec.id,
-                       len(replayed)), (outcome.late, spec.id, len(late))]
-            for gone in (replayed, late):
-                if gone:
-                    stopped.append((len(next(iter(gone))), gone))
+            staged.append((table, new))
+            if folded:
+                counts.append((outcome.folded, spec.id, folded))
+            if replayed:
+                counts.append((outcome.duplicates, spec.id, len(replayed)))
+                stopped.append((len(next(iter(replayed))), replayed))
+            if late:
+                counts.append((outcome.late, spec.id, len(late)))
+                stopped.append((len(next(iter(late))), late))
         for table, new in staged:
+            states, dirty = table.states, table.dirty
             for key, (value, pos, closed) in new.items():
-                state = table.states[key]
+                state = states[key]
                 state.value = value
-                state.watermarks[plan.route] = pos
-                table.dirty.add(key)
-                for start, final in closed:
-                    table.closed[(key, start)] = final
+                state.watermarks[route] = pos
+                dirty.add(key)
+                if closed:
+                    for start, final in closed:
+                        table.closed[(key, start)] = final
         for counter, stage_id, n in counts:
-            if n:
-                counter[stage_id] += n
-        outcome.outputs.extend(emitted)
-        outcome.outputs.extend(late_outputs)
+            counter[stage_id] += n
+        if emitted:
+            outcome.outputs.extend(emitted)
+        if late_outputs:
+            outcome.outputs.extend(late_outputs)
 
     def _late(self, record: ConsumedRecord, spec: Aggregate, key: str, pos: Position,
               late_by_ms: int) -> Output:
