@@ -7,7 +7,13 @@ the robot stream in batches of 2,000 records, as ``getmany`` hands them over,
 with every 50th batch encoding the dirty states as a snapshot would (no
 store, no Kafka). Baseline in the same run: ``json.loads`` of each value.
 
+``--pipeline normalize`` runs the chaos topology's republisher instead (flat-map
+1 -> ~3, an envelope per output); ``--pipeline windows`` its windowed
+aggregator (two tumbling-window stages) over the republisher's outputs, with
+``Envelope.FromString`` + ``json.loads`` of the payload as the baseline.
+
     python benchmarks/runner_cost.py [--messages 200000] [--repeat 5] [--profile]
+        [--pipeline robots|normalize|windows]
 
 ``--profile`` prints cProfile's top 15 (by own time) of one pass instead.
 """
@@ -24,26 +30,47 @@ from collections.abc import Callable
 from aiokafka.structs import ConsumerRecord
 
 from onceflow.devtools.robot_stream import generate
+from onceflow.examples.robot_chain import build_normalize, build_windows
 from onceflow.examples.robots import build
+from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.runner import PipelineRunner
 
 BATCH, PARTITIONS = 2000, 4
 
 
-def records(messages: int) -> list[ConsumerRecord[bytes, bytes]]:
-    stream = generate(messages, seed=11)
+PIPELINES: dict[str, Callable[[], Pipeline]] = {
+    "robots": lambda: build("reports"),
+    "normalize": lambda: build_normalize("reports", "normalized"),
+    "windows": lambda: build_windows("normalized", "redis"),
+}
+PIPELINE = "robots"
+
+
+def as_records(topic: str, messages: list[tuple[bytes, bytes]],
+               headers: tuple[tuple[str, bytes], ...] = ()) -> list[ConsumerRecord[bytes, bytes]]:
     out: list[ConsumerRecord[bytes, bytes]] = []
     offsets = [0] * PARTITIONS
-    for key, value in stream.messages:
+    for key, value in messages:
         p = hash(key) % PARTITIONS
-        out.append(ConsumerRecord("reports", p, offsets[p], 1_700_000_000_000, 0, key, value,
-                                  None, len(key), len(value), ()))
+        out.append(ConsumerRecord(topic, p, offsets[p], 1_700_000_000_000, 0, key, value,
+                                  None, len(key), len(value), headers))
         offsets[p] += 1
     return out
 
 
+def records(messages: int, pipeline: str) -> list[ConsumerRecord[bytes, bytes]]:
+    reports = as_records("reports", generate(messages, seed=11).messages)
+    if pipeline != "windows":
+        return reports
+    runner = PipelineRunner(build_normalize("reports", "normalized"), lambda spec, keys: {},
+                            "dead", load_sequences=lambda keys: {})
+    outputs = runner.process(reports).outputs
+    return as_records("normalized", [(o.key or b"", o.value) for o in outputs], outputs[0].headers)
+
+
 def onceflow_pass(batch_list: list[list[ConsumerRecord[bytes, bytes]]]) -> None:
-    runner = PipelineRunner(build("reports"), lambda spec, keys: {}, "dead",
+    runner = PipelineRunner(PIPELINES[PIPELINE](), lambda spec, keys: {}, "dead",
                             load_sequences=lambda keys: {})
     for n, batch in enumerate(batch_list, 1):
         runner.process(batch)
@@ -54,9 +81,13 @@ def onceflow_pass(batch_list: list[list[ConsumerRecord[bytes, bytes]]]) -> None:
 
 
 def raw_pass(batch_list: list[list[ConsumerRecord[bytes, bytes]]]) -> None:
+    envelopes = PIPELINE == "windows"
     for batch in batch_list:
         for record in batch:
-            json.loads(record.value or b"")
+            if envelopes:
+                json.loads(Envelope.FromString(record.value or b"").payload)
+            else:
+                json.loads(record.value or b"")
 
 
 def timed(fn: Callable[[list[list[ConsumerRecord[bytes, bytes]]]], None],
@@ -71,8 +102,11 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--pipeline", choices=sorted(PIPELINES), default="robots")
     args = parser.parse_args()
-    stream = records(args.messages)
+    global PIPELINE
+    PIPELINE = args.pipeline
+    stream = records(args.messages, args.pipeline)
     batch_list = [stream[i:i + BATCH] for i in range(0, len(stream), BATCH)]
     if args.profile:
         profiler = cProfile.Profile()
@@ -84,8 +118,10 @@ def main() -> None:
         raw.append(timed(raw_pass, batch_list) / len(stream) * 1e6)
         full.append(timed(onceflow_pass, batch_list) / len(stream) * 1e6)
     r, f = min(raw), min(full)  # best of N: the least disturbed pass (as timeit does)
-    print(f"{len(stream):,} records, {args.repeat} alternating passes (best of each):")
-    print(f"  json.loads only           {r:6.2f} us/record")
+    print(f"{args.pipeline}: {len(stream):,} records, {args.repeat} alternating passes "
+          "(best of each):")
+    print(f"  {'envelope + json' if PIPELINE == 'windows' else 'json.loads only':25} "
+          f"{r:6.2f} us/record")
     print(f"  PipelineRunner.process    {f:6.2f} us/record  ({f / r:.1f}x json.loads; "
           f"onceflow's own share {f - r:.2f} us)")
 

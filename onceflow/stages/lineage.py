@@ -84,4 +84,4 @@ def extended_chain(
 
 def event_id(root: RootPartition, position: Position) -> str:
     """A deterministic id: the same event re-sent after a crash keeps its id."""
-    return f"{root[0]}/{root[1]}/" + ".".join(map(str, position))
+    return f"{root[0]}/{root[1]}/{'.'.join(map(str, position))}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from onceflow.stages.state import TopicPartition
 
@@ -37,9 +37,12 @@ class ConsumedRecord(Protocol):
     def timestamp(self) -> int | None: ...
 
 
-@dataclass(frozen=True)
-class Output:
-    """A record to produce; ``headers`` as Kafka wants them; ``partition`` None: by key."""
+class Output(NamedTuple):
+    """A record to produce; ``headers`` as Kafka wants them; ``partition`` None: by key.
+
+    A NamedTuple (immutable, and several times cheaper to build than a frozen
+    dataclass): a republisher makes one per output record.
+    """
 
     topic: str
     key: bytes | None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,12 @@ def empty_windows() -> dict[str, Any]:
     return {"open": {}, "max_ts": None}
 
 
-@dataclass(frozen=True)
-class WindowStep:
-    """What folding one value did: the new state, windows it closed, or that it was late."""
+class WindowStep(NamedTuple):
+    """What folding one value did: the new state, windows it closed, or that it was late.
+
+    A NamedTuple: one is made per folded value, and a frozen dataclass costs
+    several times as much to build.
+    """
 
     state: dict[str, Any]
     closed: list[tuple[int, Any]]
@@ -59,16 +62,23 @@ def fold_windowed(
     state: dict[str, Any],
     value: Any,
 ) -> WindowStep:
-    """Fold ``value`` into its window; never mutates ``state`` (units may roll back)."""
+    """Fold ``value`` into its window; never mutates ``state`` (units may roll back).
+
+    Every open window closes after ``max_ts`` (the state holds no window due
+    to close), so windows are only scanned when ``max_ts`` rises.
+    """
     ts = int(window.event_time_ms(value))
-    start = window.start_of(ts)
+    start = ts - ts % window.size_ms
+    closes_at = start + window.size_ms + window.allowed_lateness_ms
     max_ts = state["max_ts"]
-    if max_ts is not None and window.closes_at(start) <= max_ts:
-        return WindowStep(state, [], late_by_ms=max_ts - window.closes_at(start))
+    if max_ts is not None and closes_at <= max_ts:
+        return WindowStep(state, [], max_ts - closes_at)
     opened: dict[str, Any] = dict(state["open"])
     slot = str(start)  # JSON object keys are strings
     opened[slot] = fold(opened[slot] if slot in opened else init(), value)
-    max_ts = ts if max_ts is None else max(max_ts, ts)
+    if max_ts is not None and ts <= max_ts:
+        return WindowStep({"open": opened, "max_ts": max_ts}, [])
+    max_ts = ts
     closed = [
         (int(s), v) for s, v in opened.items() if window.closes_at(int(s)) <= max_ts
     ]
