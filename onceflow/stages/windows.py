@@ -79,9 +79,8 @@ def fold_windowed(
     if max_ts is not None and ts <= max_ts:
         return WindowStep({"open": opened, "max_ts": max_ts}, [])
     max_ts = ts
-    closed = [
-        (int(s), v) for s, v in opened.items() if window.closes_at(int(s)) <= max_ts
-    ]
+    last_start = max_ts - window.size_ms - window.allowed_lateness_ms  # closes_at <= max_ts
+    closed = [(int(s), v) for s, v in opened.items() if int(s) <= last_start]
     for s, _ in closed:
         del opened[str(s)]
     closed.sort()

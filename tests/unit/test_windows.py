@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from onceflow.stages import Pipeline, Tumbling
 from onceflow.stages.state import decode_state, encode_state
+from onceflow.stages.windows import empty_windows, fold_windowed
 from onceflow.testing import Record, TestRun
 
 MINUTE = 60_000
@@ -73,3 +78,36 @@ def test_tumbling_rejects_nonsense() -> None:
 
     with pytest.raises(ValueError):
         Tumbling(0, event_time_ms=int)
+
+
+def reference_fold(window: Tumbling, state: dict[str, Any], ts: int
+                   ) -> tuple[dict[str, Any], list[tuple[int, int]], int | None]:
+    """The windows' rule written plainly: count the event, then close every window due."""
+    start = ts - ts % window.size_ms
+    max_ts = state["max_ts"]
+    if max_ts is not None and window.closes_at(start) <= max_ts:
+        return state, [], max_ts - window.closes_at(start)
+    opened = dict(state["open"])
+    opened[str(start)] = opened.get(str(start), 0) + 1
+    max_ts = ts if max_ts is None else max(max_ts, ts)
+    closed = sorted((int(s), v) for s, v in opened.items() if window.closes_at(int(s)) <= max_ts)
+    for s, _ in closed:
+        del opened[str(s)]
+    return {"open": opened, "max_ts": max_ts}, closed, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(size=st.integers(1, 50), lateness=st.integers(0, 120),
+       times=st.lists(st.integers(0, 2_000), max_size=60))
+def test_the_fast_fold_decides_like_the_plain_rule(size: int, lateness: int,
+                                                   times: list[int]) -> None:
+    # fold_windowed scans for closing windows only when max_ts rises; on any event
+    # order (late, equal, out of order) it must close, keep and refuse what the plain rule does.
+    window = Tumbling(size, event_time_ms=lambda ts: ts, allowed_lateness_ms=lateness)
+    fast = plain = empty_windows()
+    for ts in times:
+        step = fold_windowed(window, lambda: 0, lambda n, _: n + 1, fast, ts)
+        plain, closed, late_by = reference_fold(window, plain, ts)
+        assert (step.closed, step.late_by_ms) == (closed, late_by)
+        fast = step.state
+        assert fast == plain
