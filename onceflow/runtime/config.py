@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections import OrderedDict
@@ -156,7 +157,8 @@ def _build(read: Reader, source: str) -> Settings:
             gap_refetch_backoff=read.duration("onceflow.consumer.gap-refetch-backoff", 0, 10),
         ),
         persistence=PersistenceSettings(read.duration("onceflow.persistence.interval", 0.01, 3600)),
-        state=StateSettings(read.integer("onceflow.state.cache.max-states", 1, 1_000_000_000)),
+        state=StateSettings(read.integer("onceflow.state.cache.max-states", 1, 1_000_000_000),
+                            _history_retention(read)),
         commit=CommitSettings(read.duration("onceflow.commit.interval", 0.01, 3600)),
         stores=StoresSettings(
             RedisSettings(redis, read.text("onceflow.stores.redis.key-prefix")),
@@ -176,6 +178,16 @@ def _build(read: Reader, source: str) -> Settings:
         single_worker=read.boolean("onceflow.single-worker"),
         pipeline_settings=_pipeline_settings(read),
     )
+
+
+def _history_retention(read: Reader) -> float:
+    """0s (keep forever) or 1s..20 years: Cassandra's TTLs are whole seconds, at most that."""
+    key = "onceflow.state.history.retention"
+    seconds = read.duration(key, 0, math.inf)
+    if seconds and not 1 <= seconds <= 7300 * 86400:
+        raise read.error(key, "expected 0s (keep forever) or a duration in 1s..7300d, "
+                         f"got {show(read.raw(key))}")
+    return seconds
 
 
 def _pipeline_settings(read: Reader) -> dict[str, Any]:

@@ -124,7 +124,7 @@ class Reader:
 
 
 def fmt(seconds: float) -> str:
-    for unit, size in (("h", 3600), ("m", 60), ("s", 1)):
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if seconds >= size and seconds % size == 0:
             return f"{int(seconds // size)}{unit}"
     return f"{seconds * 1000:g}ms"

@@ -75,9 +75,11 @@ class ConsumerSettings:
 
 @dataclass(frozen=True)
 class StateSettings:
-    """``onceflow.state``: the in-memory state cache of each aggregate."""
+    """``onceflow.state``: the in-memory state cache of each aggregate, and how long
+    closed windows' history rows are kept (seconds; 0 keeps them forever)."""
 
     max_cached_states: int
+    history_retention: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,8 @@ def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]
 def open_store(settings: Settings, name: str, pipeline_id: str) -> StateStore:
     if name == "redis":
         redis = settings.stores.redis
-        return RedisStore(redis.url, redis.key_prefix, pipeline_id)
+        return RedisStore(redis.url, redis.key_prefix, pipeline_id,
+                          history_retention=settings.state.history_retention)
     if name == "cassandra":
         from onceflow.stores.cassandra_store import CassandraStore
 
@@ -160,6 +161,7 @@ def open_store(settings: Settings, name: str, pipeline_id: str) -> StateStore:
             connect_timeout=c.connect_timeout,
             request_timeout=c.request_timeout,
             concurrency=c.concurrency,
+            history_retention=settings.state.history_retention,
         )
     raise ConfigError(settings.source, f"onceflow.stores.{name}",
                       f"unknown store {name!r}; supported: {', '.join(STORES)}")

@@ -24,7 +24,16 @@ OutboxKey = tuple[str, int]
 
 
 class StateStore(ABC):
-    """Per-key state rows of one pipeline, namespaced by stage id."""
+    """Per-key state rows of one pipeline, namespaced by stage id.
+
+    ``history_retention`` (seconds, 0 keeps forever) makes history rows, and only
+    them, expire that long after their last write. Nothing in the worker reads
+    them back: a closed window is final output, and what keeps it from being
+    folded or closed again is its key's state (watermarks and ``max_ts``),
+    which never expires.
+    """
+
+    history_retention: float = 0.0
 
     @abstractmethod
     def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
@@ -41,7 +50,14 @@ class StateStore(ABC):
     def save_history(self, stage_id: str, rows: Mapping[tuple[str, int], bytes]) -> None:
         """Write closed windows, (key, window start ms) -> final value; idempotent."""
         encoded = {f"{start}|{key}": value for (key, start), value in rows.items()}
-        self.save(stage_id + HISTORY_SUFFIX, encoded)
+        if self.history_retention:
+            self.save_expiring(stage_id + HISTORY_SUFFIX, encoded, self.history_retention)
+        else:
+            self.save(stage_id + HISTORY_SUFFIX, encoded)
+
+    def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float) -> None:
+        """Like ``save``, each row expiring ``ttl`` seconds (> 0) after this write."""
+        raise NotImplementedError(f"{type(self).__name__} cannot expire rows")
 
     def scan_history(self, stage_id: str) -> Iterator[tuple[str, int, bytes]]:
         """Every closed window of a stage as (key, window start ms, final value)."""

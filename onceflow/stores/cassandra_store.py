@@ -23,6 +23,10 @@ atomicity no caller needs). Only CQL that Cassandra 2.1 and 4/5 share is used::
         pipeline text, stage text, key text, home text,
         PRIMARY KEY ((pipeline, stage, key)));
 
+Rows are written ``USING TTL``: 0 (never expire) but for history rows under a
+retention. Expired rows are tombstones until compacted after gc_grace_seconds (10
+days); a scan meeting 100,000 fails, so expiring more wants a shorter one on states.
+
 A key's home (the one input partition allowed to feed its state) is claimed
 with a lightweight transaction (``INSERT ... IF NOT EXISTS``), once per key
 in its lifetime.
@@ -53,6 +57,7 @@ on the clocks being closer than the rebalance takes.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -133,6 +138,7 @@ class CassandraStore(StateStore):
         connect_timeout: seconds to open a connection.
         request_timeout: seconds before a request fails client-side.
         concurrency: most requests in flight per ``save``/``load``.
+        history_retention: seconds after which history rows expire; 0: never.
     """
 
     def __init__(
@@ -149,11 +155,13 @@ class CassandraStore(StateStore):
         connect_timeout: float = 5.0,
         request_timeout: float = 10.0,
         concurrency: int = 128,
+        history_retention: float = 0.0,
     ) -> None:
         if consistency not in CONSISTENCY_LEVELS:
             raise ValueError(f"consistency {consistency!r}: expected one of {CONSISTENCY_LEVELS}")
         if concurrency < 1:
             raise ValueError(f"concurrency {concurrency}: expected at least 1")
+        self.history_retention = history_retention
         self._pipeline = pipeline_id
         self._keyspace = keyspace
         self._replication = dict(replication)
@@ -196,11 +204,13 @@ class CassandraStore(StateStore):
                 rows[key] = row[0]
         return rows
 
-    def save(self, stage_id: str, rows: Mapping[str, bytes]) -> None:
-        if not rows:
-            return
-        st = self._ready()
-        self._run_all(st.insert, [(self._pipeline, stage_id, k, v) for k, v in rows.items()])
+    def save(self, stage_id: str, rows: Mapping[str, bytes], ttl: float = 0) -> None:
+        if rows:  # TTL 0: the row never expires; else whole seconds, rounded up
+            self._run_all(self._ready().insert, [(self._pipeline, stage_id, k, v, math.ceil(ttl))
+                                                 for k, v in rows.items()])
+
+    def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float) -> None:
+        self.save(stage_id, rows, ttl)
 
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         """Every row of ``stage_id``, paging through the whole table.
@@ -319,7 +329,7 @@ class _Statements:
     def __init__(self, session: Session, keyspace: str) -> None:
         states, stats = f'"{keyspace}".{STATES_TABLE}', f'"{keyspace}".{STATS_TABLE}'
         self.insert = session.prepare(
-            f"INSERT INTO {states} (pipeline, stage, key, value) VALUES (?, ?, ?, ?)"
+            f"INSERT INTO {states} (pipeline, stage, key, value) VALUES (?, ?, ?, ?) USING TTL ?"
         )
         self.insert.is_idempotent = True  # the same value again: safe to retry
         self.select = session.prepare(

@@ -6,6 +6,7 @@ node; on a cluster each key stays self-consistent: docs/architecture.md,
 invariant 4).
 Layout: ``<prefix>:<pipeline>:s:<stage>:<key>``, ``<prefix>:<pipeline>:stats``,
 key homes in one hash per stage ``<prefix>:<pipeline>:home:<stage>`` (HSETNX),
+history rows (``<stage>#history``) with a PX expiry when a retention is set,
 and the outbox, one hash ``<prefix>:<pipeline>:outbox`` of field ``<lane>|<seq>``
 (split from the right: a lane is ``<topic>|<partition>``) -> record.
 """
@@ -23,7 +24,9 @@ _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
 
 class RedisStore(StateStore):
-    def __init__(self, url: str, key_prefix: str, pipeline_id: str, timeout: float = 5.0):
+    def __init__(self, url: str, key_prefix: str, pipeline_id: str, timeout: float = 5.0,
+                 history_retention: float = 0.0):
+        self.history_retention = history_retention
         self._client = redis.Redis.from_url(
             url, socket_timeout=timeout, socket_connect_timeout=timeout
         )
@@ -43,6 +46,16 @@ class RedisStore(StateStore):
         if not rows:
             return
         self._client.mset({self._key(stage_id, key): value for key, value in rows.items()})
+
+    def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float) -> None:
+        """One SET PX per row, pipelined: one round trip, as MSET (which cannot expire)."""
+        if not rows:
+            return
+        ttl_ms = max(1, round(ttl * 1000))
+        pipe = self._client.pipeline(transaction=False)
+        for key, value in rows.items():
+            pipe.set(self._key(stage_id, key), value, px=ttl_ms)
+        pipe.execute()
 
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         prefix = self._key(stage_id, "")

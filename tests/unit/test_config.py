@@ -158,7 +158,7 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
           single-worker = true
           consumer { max-in-flight-batches = 16, gap-refetches = 0, gap-refetch-backoff = 20ms }
           persistence.interval = 500ms
-          state.cache.max-states = 50
+          state { cache.max-states = 50, history.retention = 30d }
           stores.redis { url = "rediss://cache:6380/2", key-prefix = "shop" }
         }
         """
@@ -178,7 +178,7 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
     assert settings.kafka.group_id == "onceflow"
     assert settings.consumer == ConsumerSettings(16, gap_refetches=0, gap_refetch_backoff=0.02)
     assert settings.persistence.interval == 0.5
-    assert settings.state == StateSettings(max_cached_states=50)
+    assert settings.state == StateSettings(max_cached_states=50, history_retention=30 * 86400)
     assert settings.stores.redis == RedisSettings("rediss://cache:6380/2", "shop")
 
 
@@ -488,6 +488,21 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "state.cache.max-states = 2000000000",
             "onceflow.state.cache.max-states",
             "expected an integer in 1..1000000000, got 2000000000",
+        ),
+        (
+            "state.history.retention = 500ms",
+            "onceflow.state.history.retention",
+            "expected 0s (keep forever) or a duration in 1s..7300d, got 500ms",
+        ),
+        (
+            "state.history.retention = 7301d",
+            "onceflow.state.history.retention",
+            "expected 0s (keep forever) or a duration in 1s..7300d, got 7301d",
+        ),
+        (
+            "state.history.retention = 30",
+            "onceflow.state.history.retention",
+            "expected a duration like 10s or 500ms, got 30",
         ),
         (
             "consumer.max-in-flight-batches = 0",
@@ -921,3 +936,14 @@ def test_a_factory_is_called_with_the_pipeline_settings(app_file: AppFile) -> No
     pipeline = load_pipeline(settings)
     assert pipeline.consumed_topics == ("eu-orders", "eu-by-customer")
     assert [a.store for a in pipeline.aggregates] == ["cassandra"]
+
+
+@pytest.mark.parametrize("store", ["redis", "cassandra"])
+def test_the_history_retention_reaches_the_stores(app_file: AppFile, store: str) -> None:
+    from onceflow.runtime.wiring import open_store
+
+    settings = load_settings(app_file(PIPELINE + "onceflow.state.history.retention = 2d\n"))
+    default = load_settings(app_file(PIPELINE))
+
+    assert open_store(settings, store, "p").history_retention == 2 * 86400
+    assert open_store(default, store, "p").history_retention == 0  # clients connect lazily
