@@ -24,7 +24,7 @@ chain's route is its root partition, as before routes existed.
 
 from __future__ import annotations
 
-from onceflow.protos.envelope_pb2 import Envelope, SourceRef
+from onceflow.protos.envelope_pb2 import Envelope
 
 RootPartition = tuple[str, int]
 #: ``(root, partition)`` for a root partition, or ``("<root>/<p>>...><last hop topic>",
@@ -71,15 +71,6 @@ def route_of(envelope: Envelope | None, topic: str, partition: int) -> Route:
     if not path:
         return last.topic, last.partition
     return ">".join([*(f"{ref.topic}/{ref.partition}" for ref in path), last.topic]), last.partition
-
-
-def extended_chain(
-    envelope: Envelope | None, topic: str, partition: int, offset: int, index: int
-) -> list[SourceRef]:
-    """The source chain of the ``index``-th output republished from this record."""
-    chain = [] if envelope is None else list(envelope.source_chain)
-    chain.append(SourceRef(topic=topic, partition=partition, offset=offset, index=index))
-    return chain
 
 
 def event_id(root: RootPartition, position: Position) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.formats import ENVELOPE_MARK, FORMAT_HEADER
-from onceflow.stages.lineage import Position, RootPartition, event_id, extended_chain
+from onceflow.stages.lineage import Position, RootPartition, event_id
 from onceflow.stages.origin import plain_headers
 from onceflow.stages.outcome import ConsumedRecord, Output
 from onceflow.stages.pipeline import Republish
@@ -72,9 +72,11 @@ def republished(
     outputs: list[Output] = []
     partition = step.partition_of(record.topic, record.partition)
     mark = written.up_to(step.topic, record) if step.exclusive else None
+    prior = envelope.source_chain if envelope is not None else ()
+    topic, in_partition, offset = record.topic, record.partition, record.offset
     headers: tuple[tuple[str, bytes], ...]
     for j, (pos, value) in enumerate(values):
-        if mark is not None and (record.offset, j) <= mark:
+        if mark is not None and (offset, j) <= mark:
             continue
         out = Envelope(
             event_id=event_id(root, pos),
@@ -82,9 +84,13 @@ def republished(
             key=step.key(value) if step.key else key,
             payload=step.encode(value),
             payload_type=step.payload_type,
-            source_chain=extended_chain(envelope, record.topic, record.partition,
-                                        record.offset, j),
         )
+        # The source chain grows by one hop: this record, output j (built in place, cheaper
+        # than a list of SourceRef messages per output).
+        chain = out.source_chain
+        if prior:
+            chain.extend(prior)
+        chain.add(topic=topic, partition=in_partition, offset=offset, index=j)
         if step.format == "envelope":
             payload, headers = out.SerializeToString(), (ENVELOPE_MARK,)
         else:
