@@ -31,7 +31,7 @@ from onceflow.devtools.harness import packaged_config, worker_command
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 T = TypeVar("T")
-ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow.actors.\S+: partitions assigned", re.M)
+ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow.actors.\S+: partitions assigned: (.*)$", re.M)
 
 
 class Worker:
@@ -58,9 +58,10 @@ class Worker:
             self.proc.kill()
             self.proc.wait()
 
-    def assignments(self) -> list[float]:
-        """Wall-clock times of the worker's "partitions assigned" lines."""
-        return [datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    def assignments(self) -> list[tuple[float, list[int]]]:
+        """The worker's "partitions assigned" lines: wall-clock time, partition numbers."""
+        return [(datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(),
+                 [int(p) for p in re.findall(r", (\d+)\)", m[2])])
                 for m in ASSIGNED.finditer(self.log.read_text(errors="replace"))]
 
     def last_line(self, prefix: str) -> str:
@@ -104,6 +105,7 @@ class CommitWatcher:
         self._io = EventLoopThread("bench-watch")
         self._ends = dict(ends)
         self._tps = [TopicPartition(topic, p) for p in ends]
+        self.reached: dict[int, float] = {}  # partition: wall-clock time it was all committed
         self._consumer = self._io.run(self._open(bootstrap, group))
 
     @staticmethod
@@ -117,7 +119,10 @@ class CommitWatcher:
         total = 0
         for tp in self._tps:
             offset: int = await self._consumer.committed(tp) or 0
-            total += min(offset, self._ends[tp.partition])
+            end = self._ends[tp.partition]
+            if offset >= end:
+                self.reached.setdefault(tp.partition, time.time())
+            total += min(offset, end)
         return total
 
     def committed(self) -> int:

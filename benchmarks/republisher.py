@@ -124,7 +124,7 @@ def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: di
     if not assigned:
         raise RuntimeError(f"no assignment in {worker.log}")
     outputs = asyncio.run(count_records(bootstrap, output, PARTITIONS))
-    return {"records": sum(ends.values()), "seconds": done - assigned[0],
+    return {"records": sum(ends.values()), "seconds": done - assigned[0][0],
             "peak_rss_mb": rss.peak / 2**20, "outputs": outputs}
 
 
