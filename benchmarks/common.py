@@ -77,7 +77,7 @@ class RssSampler:
         self._procs = [psutil.Process(pid) for pid in pids]
         self._every = every
         self._stop = threading.Event()
-        self.peak = 0
+        self.peak = self.last = 0
         self.peaks = [0] * len(self._procs)
         self._thread = threading.Thread(target=self._run, name="rss", daemon=True)
         self._thread.start()
@@ -90,6 +90,7 @@ class RssSampler:
                     rss = proc.memory_info().rss
                     self.peaks[n] = max(self.peaks[n], rss)
                     total += rss
+            self.last = total
             self.peak = max(self.peak, total)
             self._stop.wait(self._every)
 
