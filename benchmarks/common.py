@@ -1,0 +1,208 @@
+"""Shared pieces of the benchmarks: worker processes, RSS sampling, progress, reporting.
+
+End offsets come from the producer's acknowledgements and progress from the
+group's committed offsets, never from ListOffsets (Tansu gets it wrong for
+multi-record batches). Workers are real ``onceflow run`` processes; their
+rates start at their "partitions assigned" log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import platform
+import re
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import TypeVar
+
+import psutil  # type: ignore[import-untyped]
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from onceflow.actors.loop import EventLoopThread
+from onceflow.devtools.harness import packaged_config, worker_command
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+T = TypeVar("T")
+ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow.actors.\S+: partitions assigned: (.*)$", re.M)
+
+
+class Worker:
+    """One ``onceflow run`` process started with demo.conf plus ``settings``."""
+
+    def __init__(self, settings: Mapping[str, str], env: Mapping[str, str], log: Path,
+                 extra: Iterable[str] = ()):
+        self.log = log
+        argv = [*worker_command(packaged_config("demo.conf"), settings), *extra]
+        # The worker imports the benchmark pipelines (bench_pipelines) from here.
+        path = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(argv, env={**env, "PYTHONPATH": path}, stdout=out,
+                                         stderr=subprocess.STDOUT)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def assignments(self) -> list[tuple[float, list[int]]]:
+        """The worker's "partitions assigned" lines: wall-clock time, partition numbers."""
+        return [(datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(),
+                 [int(p) for p in re.findall(r", (\d+)\)", m[2])])
+                for m in ASSIGNED.finditer(self.log.read_text(errors="replace"))]
+
+    def last_line(self, prefix: str) -> str:
+        """The last log line containing ``prefix`` (e.g. "state cache"), or ""."""
+        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if prefix in ln]
+        return lines[-1] if lines else ""
+
+
+class RssSampler:
+    """Samples the summed RSS of some processes on a thread; keeps the peak."""
+
+    def __init__(self, pids: Iterable[int], every: float = 0.05):
+        self._procs = [psutil.Process(pid) for pid in pids]
+        self._every = every
+        self._stop = threading.Event()
+        self.peak = self.last = 0
+        self.peaks = [0] * len(self._procs)
+        self._thread = threading.Thread(target=self._run, name="rss", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            for n, proc in enumerate(self._procs):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    rss = proc.memory_info().rss
+                    self.peaks[n] = max(self.peaks[n], rss)
+                    total += rss
+            self.last = total
+            self.peak = max(self.peak, total)
+            self._stop.wait(self._every)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class CommitWatcher:
+    """One long-lived consumer reading a group's committed offsets on its own loop."""
+
+    def __init__(self, bootstrap: str, group: str, topic: str, ends: Mapping[int, int]):
+        self._io = EventLoopThread("bench-watch")
+        self._ends = dict(ends)
+        self._tps = [TopicPartition(topic, p) for p in ends]
+        self.reached: dict[int, float] = {}  # partition: wall-clock time it was all committed
+        self._consumer = self._io.run(self._open(bootstrap, group))
+
+    @staticmethod
+    async def _open(bootstrap: str, group: str) -> AIOKafkaConsumer:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                                    enable_auto_commit=False)
+        await consumer.start()
+        return consumer
+
+    async def _read(self) -> int:
+        total = 0
+        for tp in self._tps:
+            offset: int = await self._consumer.committed(tp) or 0
+            end = self._ends[tp.partition]
+            if offset >= end:
+                self.reached.setdefault(tp.partition, time.time())
+            total += min(offset, end)
+        return total
+
+    def committed(self) -> int:
+        """Input records committed so far (summed over the partitions)."""
+        return self._io.run(self._read())
+
+    def wait(self, workers: list[Worker], timeout: float,
+             on_progress: Callable[[int], None] = lambda _: None) -> float:
+        """Poll until every input is committed; the wall-clock time it was seen."""
+        total = sum(self._ends.values())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = self.committed()
+            on_progress(done)
+            if done >= total:
+                return time.time()
+            dead = [w for w in workers if not w.alive()]
+            if dead:
+                raise RuntimeError(f"worker exited {dead[0].proc.returncode}; see {dead[0].log}")
+            time.sleep(0.05)
+        raise RuntimeError(f"not all committed in {timeout:.0f}s; see {workers[0].log}")
+
+    def close(self) -> None:
+        self._io.run(self._consumer.stop())
+        self._io.stop()
+
+
+def chunked(items: Iterable[T], size: int) -> Iterator[list[T]]:
+    """Lists of ``size`` items (the last one shorter), drawn lazily."""
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+async def produce_chunks(bootstrap: str, topic: str,
+                         chunks: Iterable[list[tuple[bytes | None, bytes]]]) -> dict[int, int]:
+    """Produce chunk by chunk (never the whole input in memory); end offsets from the acks."""
+    ends: dict[int, int] = {}
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+                                enable_idempotence=False, linger_ms=20, max_batch_size=262_144)
+    await producer.start()
+    try:
+        for chunk in chunks:
+            acks = [await producer.send(topic, value, key=key) for key, value in chunk]
+            for meta in await asyncio.gather(*acks):
+                ends[meta.partition] = max(ends.get(meta.partition, 0), meta.offset + 1)
+    finally:
+        await producer.stop()
+    return ends
+
+
+async def count_records(bootstrap: str, topic: str, partitions: int, quiet: float = 1.0) -> int:
+    """Records in ``topic``, read from the start until nothing came for ``quiet`` s."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest", max_partition_fetch_bytes=4 << 20)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        count, last_seen = 0, time.monotonic()
+        while time.monotonic() - last_seen < quiet:
+            for records in (await consumer.getmany(timeout_ms=200, max_records=10_000)).values():
+                if records:
+                    count += len(records)
+                    last_seen = time.monotonic()
+        return count
+    finally:
+        await consumer.stop()
+
+
+def machine() -> str:
+    """Cores, RAM and Python version, for a section's "Machine:" line."""
+    ram = psutil.virtual_memory().total / 2**30
+    return (f"{os.cpu_count()} cores, {ram:.0f} GB RAM, Python {platform.python_version()}, "
+            f"{platform.system()} {platform.release()}")
+
+
+def append(out: Path, section: str) -> None:
+    """Append one section to a results file (created with its title if missing)."""
+    previous = out.read_text() if out.exists() else "# Benchmark results\n\n"
+    out.write_text(previous.rstrip() + "\n\n" + section)
