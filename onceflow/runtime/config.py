@@ -39,7 +39,7 @@ from pyparsing import ParseBaseException  # what pyhocon raises on bad syntax
 
 from onceflow.runtime.config_analytics import analytics_settings
 from onceflow.runtime.config_kafka import kafka_settings
-from onceflow.runtime.config_reader import ConfigError, Reader, parse_duration, show
+from onceflow.runtime.config_reader import OVERRIDES, ConfigError, Reader, parse_duration, show
 from onceflow.runtime.config_stores import cassandra_settings, redis_url
 from onceflow.runtime.settings import (
     AnalyticsSettings,
@@ -86,7 +86,6 @@ __all__ = [
     "parse_duration",
 ]
 
-OVERRIDES = "<overrides>"
 # Mirrors the ${?VAR} lines of reference.conf, so a bad value is blamed on its variable.
 _ENV_VARS = {
     "onceflow.pipeline": "ONCEFLOW_PIPELINE",

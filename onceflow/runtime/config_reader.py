@@ -71,6 +71,10 @@ def _relativedelta_seconds(value: object) -> float | None:
     return total if total >= 0 else None
 
 
+#: The origin named in errors about a ``--set`` override (the command line).
+OVERRIDES = "<overrides>"
+
+
 class Reader:
     """Typed, range-checked reads from the resolved tree, blaming the right source."""
 
@@ -80,6 +84,10 @@ class Reader:
 
     def error(self, key: str, expected: str) -> ConfigError:
         return ConfigError(self._origin(key), key, expected)
+
+    def origin(self, key: str) -> str:
+        """Where ``key``'s value came from: the file, ``$ENV_VAR`` or ``OVERRIDES``."""
+        return self._origin(key)
 
     def raw(self, key: str) -> object:
         return self._tree.get(key, None)
