@@ -13,10 +13,12 @@ like an envelope with an empty source chain.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from google.protobuf.message import DecodeError
 
 from onceflow.protos.envelope_pb2 import Envelope
@@ -149,8 +151,30 @@ def parser_for(topic: str, fmt: Format) -> Parser:
     return parse
 
 
+#: 19 digits in a row may be an integer beyond 64 bits, which orjson reads as a float
+#: (silently rounded: a lost count); the json module reads it exactly.
+_LONG_NUMBER = re.compile(rb"\d{19}")
+
+
+def json_value(value: bytes) -> Any:
+    """A JSON value, as ``json.loads`` reads it, at orjson's speed.
+
+    orjson parses the common case 3-4x faster. What it reads differently
+    goes to ``json.loads``: text with 19 or more digits in a row (orjson
+    rounds integers beyond 64 bits to floats), and what it refuses (NaN,
+    nesting deeper than 1024), so the result, and the error of a value that
+    is not JSON, stay the json module's.
+    """
+    if _LONG_NUMBER.search(value):
+        return json.loads(value)
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return json.loads(value)
+
+
 _RAW: dict[str, Callable[[bytes], Any]] = {
-    "json": json.loads, "str": bytes.decode, "bytes": lambda value: value}
+    "json": json_value, "str": bytes.decode, "bytes": lambda value: value}
 
 
 def is_marked(headers: Sequence[tuple[str, bytes]] | None) -> bool:

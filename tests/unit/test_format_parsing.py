@@ -9,10 +9,12 @@ import logging
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from onceflow import Pipeline
 from onceflow.actors.dead_letter_log import DeadLetterWarnings
-from onceflow.stages.formats import ENVELOPE_MARK, RecordMeta
+from onceflow.stages.formats import ENVELOPE_MARK, RecordMeta, json_value
 from onceflow.testing import Record, TestRun, envelope
 
 
@@ -201,3 +203,33 @@ def test_dead_letters_warn_once_per_stage_and_reason_then_a_rate_limited_count(
     assert lines[0].startswith("dead-lettered a record in stage 'source': bad json")
     assert lines[1].startswith("dead-lettered a record in stage 'explode': boom")
     assert lines[2] == "999 more records dead-lettered in stage 'source' in the last 10s"
+
+
+json_documents = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(document=json_documents)
+def test_json_values_read_as_the_json_module_reads_them(document: object) -> None:
+    # orjson first, the json module for what orjson refuses (NaN, huge integers): the
+    # value a pipeline sees must not depend on which one parsed it.
+    text = json.dumps(document).encode()
+    got, want = json_value(text), json.loads(text)
+    assert json.dumps(got) == json.dumps(want)
+
+
+@pytest.mark.parametrize("text", [b"", b"{", b'{"a": 1,}', b"\xff\xfe", b"[" * 5000 + b"]" * 5000,
+                                  b"NaN", b"123456789012345678901234567890", b'{"a":1,"a":2}',
+                                  b"-9223372036854775809", b"18446744073709551616",
+                                  b'{"n": 1e400}', b'"\\ud800"'])
+def test_json_edge_cases_and_errors_match_the_json_module(text: bytes) -> None:
+    try:
+        want: object = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        with pytest.raises(type(error)):
+            json_value(text)
+    else:
+        assert json.dumps(json_value(text)) == json.dumps(want)  # NaN != NaN, its dump is equal
