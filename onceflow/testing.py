@@ -222,7 +222,9 @@ class TestRun:
         return {key: state.value for key, state in self._view(stage_id, persisted).items()}
 
     def watermarks(self, stage_id: str, key: str) -> dict[tuple[str, int], tuple[int, ...]]:
-        """Per root partition, the highest position folded into a key's state."""
+        """Per route (the root partition, or ``"<root>/<p>>...><topic>"`` and the last hop's
+        partition for an event re-keyed more than once), the highest position folded into
+        a key's state (``onceflow.stages.lineage``)."""
         return self._view(stage_id, False)[key].watermarks
 
     def closed_windows(self, stage_id: str, *, persisted: bool = False
