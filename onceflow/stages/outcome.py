@@ -107,12 +107,17 @@ class KeyHomedElsewhere(Exception):
 
 
 def late_event(topic: str, record: ConsumedRecord, stage_id: str, key: str,
-               position: tuple[int, ...], late_by_ms: int) -> Output:
-    """The record a late value came from, with which value it was and why it is late."""
+               position: tuple[int, ...], late_by_ms: int, root: tuple[str, int]) -> Output:
+    """The record a late value came from, with which value it was and why it is late.
+
+    ``onceflow.root`` (``topic/partition``) and ``onceflow.position`` name the
+    value in its root partition's order (``stages.lineage``).
+    """
     return Output(topic, key.encode(), record.value or b"", (
         ("onceflow.reason", f"late for stage {stage_id!r} by {late_by_ms} ms".encode()),
         ("onceflow.stage", stage_id.encode()),
         ("onceflow.source", _source(record)),
+        ("onceflow.root", f"{root[0]}/{root[1]}".encode()),
         ("onceflow.position", ".".join(map(str, position)).encode()),
     ))
 

@@ -373,7 +373,7 @@ class PipelineRunner:
                     raise StageFailure(spec.id, error) from error
                 if result.late_by_ms is not None:
                     late.add(pos)
-                    late_outputs.append(self._late(plan.record, spec, key, pos, result.late_by_ms))
+                    late_outputs.append(self._late(plan, spec, key, pos, result.late_by_ms))
                 else:
                     current[0] = result.state
                     if result.closed:
@@ -405,9 +405,10 @@ class PipelineRunner:
         if late_outputs:
             outcome.outputs.extend(late_outputs)
 
-    def _late(self, record: ConsumedRecord, spec: Aggregate, key: str, pos: Position,
+    def _late(self, plan: _Plan, spec: Aggregate, key: str, pos: Position,
               late_by_ms: int) -> Output:
-        return late_event(self._late_topic, record, spec.id, key, pos, late_by_ms)
+        return late_event(self._late_topic, plan.record, spec.id, key, pos, late_by_ms,
+                          plan.root)
 
     def _dead_letter(
         self, outcome: BatchOutcome, record: ConsumedRecord, reason: Exception

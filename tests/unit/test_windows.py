@@ -53,6 +53,7 @@ def test_allowed_lateness_keeps_a_window_open_then_late_events_are_routed() -> N
     assert late.topic == "late" and late.key == b"a"
     assert late.headers["onceflow.reason"] == "late for stage 'per_minute' by 1000 ms"
     assert late.headers["onceflow.position"] == "4.0"
+    assert late.headers["onceflow.root"] == "in/0"
 
 
 def test_a_late_event_replayed_is_a_duplicate_not_late_again() -> None:
