@@ -91,6 +91,9 @@ _ENV_VARS = {
     "onceflow.pipeline": "ONCEFLOW_PIPELINE",
     "onceflow.kafka.bootstrap-servers": "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS",
     "onceflow.kafka.group-id": "ONCEFLOW_KAFKA_GROUP_ID",
+    "onceflow.kafka.ssl.key-password": "ONCEFLOW_KAFKA_SSL_KEY_PASSWORD",
+    "onceflow.kafka.sasl.username": "ONCEFLOW_KAFKA_SASL_USERNAME",
+    "onceflow.kafka.sasl.password": "ONCEFLOW_KAFKA_SASL_PASSWORD",
     "onceflow.stores.redis.url": "ONCEFLOW_REDIS_URL",
     "onceflow.stores.cassandra.contact-points": "ONCEFLOW_CASSANDRA_CONTACT_POINTS",
 }
