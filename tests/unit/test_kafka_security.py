@@ -256,3 +256,23 @@ def test_a_ca_that_did_not_sign_the_broker_is_a_verify_error(tmp_path: Path,
                     side.do_handshake()
             server_in.write(client_out.read())
             client_in.write(server_out.read())
+
+
+# --- no message shows a secret --------------------------------------------------
+
+
+@pytest.mark.parametrize("raw", ["a:1,b:2", "x}y"])
+def test_an_unparsable_secret_override_is_not_echoed(tmp_path: Path, raw: str) -> None:
+    message = error(tmp_path, "", {f"{K}sasl.password": raw})
+    assert message == (f"<overrides>: {K}sasl.password: expected one HOCON value, got a value "
+                       "(not shown: a secret) (quote it)")
+
+
+def test_a_secret_of_the_wrong_type_is_not_echoed(tmp_path: Path) -> None:
+    message = error(tmp_path, f"{K}security-protocol = SASL_SSL\n{K}sasl.password = 7391\n")
+    assert "7391" not in message and message.endswith("(value not shown)")
+
+
+def test_a_url_password_is_masked_in_messages(tmp_path: Path) -> None:
+    message = error(tmp_path, 'onceflow.stores.redis.url = "redis//:url-pw-55@host:6379"\n')
+    assert message.endswith("got 'redis//:****@host:6379'") and "url-pw-55" not in message
