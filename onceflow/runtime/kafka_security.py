@@ -14,6 +14,7 @@ arguments handed to aiokafka.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -99,9 +100,27 @@ def client_kwargs(security: KafkaSecurity) -> dict[str, Any]:
     if security.uses_ssl:
         kwargs["ssl_context"] = ssl_context(security.ssl)
     if security.uses_sasl:
+        logging.getLogger("aiokafka.conn").addFilter(hide_sasl_bytes)  # once: same function
         sasl = security.sasl
         assert sasl.username is not None and sasl.password is not None  # checked by config
         kwargs.update(sasl_mechanism=sasl.mechanism, sasl_plain_username=sasl.username,
                       sasl_plain_password=sasl.password.reveal())
     return kwargs
 
+
+
+_SASL_AUTHENTICATE = 36  # Kafka's API key of SaslAuthenticate requests and responses
+
+
+def hide_sasl_bytes(record: logging.LogRecord) -> bool:
+    """A log filter for aiokafka's connections: SASL exchanges logged without their bytes.
+
+    At DEBUG aiokafka logs every request it sends, and a SaslAuthenticate
+    request with mechanism PLAIN carries the password as it is.
+    """
+    if isinstance(record.args, tuple) and any(
+            getattr(arg, "API_KEY", None) == _SASL_AUTHENTICATE for arg in record.args):
+        record.args = tuple("SaslAuthenticate(bytes hidden)"
+                            if getattr(arg, "API_KEY", None) == _SASL_AUTHENTICATE else arg
+                            for arg in record.args)
+    return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 from pathlib import Path
 from typing import Any
@@ -276,3 +277,19 @@ def test_a_secret_of_the_wrong_type_is_not_echoed(tmp_path: Path) -> None:
 def test_a_url_password_is_masked_in_messages(tmp_path: Path) -> None:
     message = error(tmp_path, 'onceflow.stores.redis.url = "redis//:url-pw-55@host:6379"\n')
     assert message.endswith("got 'redis//:****@host:6379'") and "url-pw-55" not in message
+
+
+def test_debug_logs_of_sasl_exchanges_hide_their_bytes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """aiokafka logs each request at DEBUG; a PLAIN SaslAuthenticate carries the password."""
+    from aiokafka.protocol.admin import SaslAuthenticateRequest_v1
+
+    monkeypatch.setenv("ONCEFLOW_KAFKA_SASL_PASSWORD", SASL_PASSWORD)
+    security = load(tmp_path, f'{K}security-protocol = SASL_PLAINTEXT\n'
+                    f'{K}sasl.username = "u"\n').kafka.security
+    client_kwargs(security)  # installs the filter, as making any SASL client does
+    request = SaslAuthenticateRequest_v1(f"\0u\0{SASL_PASSWORD}".encode())
+    with caplog.at_level("DEBUG", logger="aiokafka.conn"):
+        logging.getLogger("aiokafka.conn").debug("Request to %s:%d %d: %s", "h", 1, 7, request)
+    assert caplog.messages == ["Request to h:1 7: SaslAuthenticate(bytes hidden)"]
