@@ -71,7 +71,8 @@ def exclusive_outputs(pipeline: Pipeline) -> tuple[ExclusiveOutput, ...]:
 
 def tail_options(consumer_options: Mapping[str, Any]) -> dict[str, Any]:
     """A group-less reader on the same cluster as the worker's consumer."""
-    keep = ("bootstrap_servers", "client_id", "request_timeout_ms")
+    keep = ("bootstrap_servers", "client_id", "request_timeout_ms", "security_protocol",
+            "ssl_context", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password")
     return {**{k: v for k, v in consumer_options.items() if k in keep},
             "enable_auto_commit": False, "auto_offset_reset": "earliest",
             "fetch_max_wait_ms": 100}

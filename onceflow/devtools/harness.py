@@ -24,6 +24,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from onceflow.runtime.kafka_security import PLAINTEXT, KafkaSecurity, client_kwargs
+
 ASSIGNED = re.compile(r"partitions assigned: \[\(")
 
 
@@ -107,8 +109,9 @@ def worker_command(config: Path, settings: Mapping[str, str]) -> list[str]:
     return argv
 
 
-async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def create_topic(bootstrap: str, topic: str, partitions: int,
+                       security: KafkaSecurity = PLAINTEXT) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_kwargs(security))
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, partitions, 1)])
@@ -117,7 +120,8 @@ async def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
 
 
 async def produce(bootstrap: str, topic: str, messages: Sequence[tuple[bytes | None, bytes]],
-                  seconds: float = 0.0, ends: dict[int, int] | None = None) -> dict[int, int]:
+                  seconds: float = 0.0, ends: dict[int, int] | None = None,
+                  security: KafkaSecurity = PLAINTEXT) -> dict[int, int]:
     """Produce in order, spread over ``seconds``; returns end offsets from the acks.
 
     ``ends`` (if given) is updated as chunks are acknowledged, so a caller can
@@ -125,7 +129,8 @@ async def produce(bootstrap: str, topic: str, messages: Sequence[tuple[bytes | N
     """
     ends = {} if ends is None else ends
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
-                                enable_idempotence=False, linger_ms=5)
+                                enable_idempotence=False, linger_ms=5,
+                                **client_kwargs(security))
     await producer.start()
     try:
         chunks = max(1, int(seconds * 10))
@@ -145,14 +150,16 @@ async def produce(bootstrap: str, topic: str, messages: Sequence[tuple[bytes | N
 class CommittedOffsets:
     """Reads a group's committed offsets through one consumer (no group join)."""
 
-    def __init__(self, bootstrap: str, group: str):
+    def __init__(self, bootstrap: str, group: str, security: KafkaSecurity = PLAINTEXT):
         self._bootstrap = bootstrap
         self._group = group
+        self._security = security
         self._consumer: AIOKafkaConsumer | None = None
 
     async def __aenter__(self) -> CommittedOffsets:
         self._consumer = AIOKafkaConsumer(bootstrap_servers=self._bootstrap,
-                                          group_id=self._group, enable_auto_commit=False)
+                                          group_id=self._group, enable_auto_commit=False,
+                                          **client_kwargs(self._security))
         await self._consumer.start()
         return self
 
@@ -179,20 +186,20 @@ class CommittedOffsets:
         return False
 
 
-async def read_ends(bootstrap: str, topic: str, partitions: int, quiet: float = 2.0
-                    ) -> dict[int, int]:
+async def read_ends(bootstrap: str, topic: str, partitions: int, quiet: float = 2.0,
+                    security: KafkaSecurity = PLAINTEXT) -> dict[int, int]:
     """True end offsets by reading the whole topic until it stays quiet (not ListOffsets)."""
     ends = {p: 0 for p in range(partitions)}
-    for record in await read_all(bootstrap, topic, partitions, quiet):
+    for record in await read_all(bootstrap, topic, partitions, quiet, security):
         ends[record.partition] = record.offset + 1
     return ends
 
 
-async def read_all(bootstrap: str, topic: str, partitions: int, quiet: float = 2.0
-                   ) -> list[ConsumerRecord[bytes, bytes]]:
+async def read_all(bootstrap: str, topic: str, partitions: int, quiet: float = 2.0,
+                   security: KafkaSecurity = PLAINTEXT) -> list[ConsumerRecord[bytes, bytes]]:
     """Every record of ``topic``, read from the start until nothing came for ``quiet`` s."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+                                auto_offset_reset="earliest", **client_kwargs(security))
     await consumer.start()
     try:
         tps = [KafkaPartition(topic, p) for p in range(partitions)]

@@ -91,6 +91,9 @@ _ENV_VARS = {
     "onceflow.pipeline": "ONCEFLOW_PIPELINE",
     "onceflow.kafka.bootstrap-servers": "ONCEFLOW_KAFKA_BOOTSTRAP_SERVERS",
     "onceflow.kafka.group-id": "ONCEFLOW_KAFKA_GROUP_ID",
+    "onceflow.kafka.ssl.key-password": "ONCEFLOW_KAFKA_SSL_KEY_PASSWORD",
+    "onceflow.kafka.sasl.username": "ONCEFLOW_KAFKA_SASL_USERNAME",
+    "onceflow.kafka.sasl.password": "ONCEFLOW_KAFKA_SASL_PASSWORD",
     "onceflow.stores.redis.url": "ONCEFLOW_REDIS_URL",
     "onceflow.stores.cassandra.contact-points": "ONCEFLOW_CASSANDRA_CONTACT_POINTS",
 }
@@ -283,7 +286,8 @@ def _apply_override(tree: ConfigTree, key: str, raw: str) -> None:
     except _HOCON_ERRORS:
         parsed = None
     if parsed is None or list(parsed) != ["value"]:  # `a:1,b:2` is "a:1" plus a key `b`
-        raise ConfigError(OVERRIDES, key, f"expected one HOCON value, got {raw!r} (quote it)")
+        raise ConfigError(OVERRIDES, key, f"expected one HOCON value, got {show(raw, key)} "
+                          "(quote it)")
     tree.put(key, parsed.get("value", None))
 
 
@@ -292,7 +296,7 @@ def _check_keys(
 ) -> None:
     """Reject keys the reference does not know, and scalars where it has objects."""
     if not isinstance(tree, ConfigTree):
-        raise ConfigError(origin(prefix), prefix, f"expected an object, got {show(tree)}")
+        raise ConfigError(origin(prefix), prefix, f"expected an object, got {show(tree, prefix)}")
     for name, value in tree.items():
         key = f"{prefix}.{name}"
         if name not in schema:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import cast
 
 from onceflow.runtime.config_reader import Reader, fmt
+from onceflow.runtime.config_security import kafka_security
 from onceflow.runtime.settings import (
     ConnectionCheckerSettings,
     KafkaSettings,
@@ -43,6 +44,7 @@ def kafka_settings(read: Reader) -> KafkaSettings:
         ),
         producer=_producer(read),
         join_timeout=read.duration(k + "join-timeout", 1, 3600),
+        security=kafka_security(read),
     )
     if kafka.heartbeat_interval >= kafka.session_timeout:
         raise read.error(

@@ -3,7 +3,8 @@
 :class:`Reader` turns each value into a Python type or raises a
 :class:`ConfigError` naming the file (or variable, or overrides) it came from,
 the key and what was expected; :func:`parse_duration`, :func:`fmt` and
-:func:`show` spell durations and values the same way in every message.
+:func:`show` spell durations and values the same way in every message (and never
+show a secret: the value of a ``...password`` key, or the password in a URL).
 """
 
 from __future__ import annotations
@@ -95,26 +96,26 @@ class Reader:
     def text(self, key: str, pattern: str = r".*\S.*", expected: str = "a non-empty string") -> str:
         value = self.raw(key)
         if not isinstance(value, str) or not re.fullmatch(pattern, value):
-            raise self.error(key, f"expected {expected}, got {show(value)}")
+            raise self.error(key, f"expected {expected}, got {show(value, key)}")
         return value
 
     def integer(self, key: str, low: int, high: int) -> int:
         value = self.raw(key)
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise self.error(key, f"expected an integer in {low}..{high}, got {show(value)}")
+            raise self.error(key, f"expected an integer in {low}..{high}, got {show(value, key)}")
         return value
 
     def boolean(self, key: str) -> bool:
         value = self.raw(key)
         if not isinstance(value, bool):
-            raise self.error(key, f"expected true or false, got {show(value)}")
+            raise self.error(key, f"expected true or false, got {show(value, key)}")
         return value
 
     def number(self, key: str, low: float, high: float) -> float:
         value = self.raw(key)
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not low <= value <= high:
-            raise self.error(key, f"expected a number in {low}..{high}, got {show(value)}")
+            raise self.error(key, f"expected a number in {low}..{high}, got {show(value, key)}")
         return float(value)
 
     def duration(self, key: str, low: float, high: float) -> float:
@@ -123,11 +124,11 @@ class Reader:
             seconds = parse_duration(value)
         except ValueError:
             raise self.error(
-                key, f"expected a duration like 10s or 500ms, got {show(value)}"
+                key, f"expected a duration like 10s or 500ms, got {show(value, key)}"
             ) from None
         if not low <= seconds <= high:
             expected = f"a duration in {fmt(low)}..{fmt(high)}"
-            raise self.error(key, f"expected {expected}, got {show(value)}")
+            raise self.error(key, f"expected {expected}, got {show(value, key)}")
         return seconds
 
 
@@ -138,7 +139,23 @@ def fmt(seconds: float) -> str:
     return f"{seconds * 1000:g}ms"
 
 
-def show(value: object) -> str:
+#: The last part of a key whose value is a secret (``sasl.password``, ``ssl.key-password``).
+_SECRET_KEY = re.compile(r"(password|passphrase|secret|token)$")
+#: The password of a URL's user info (``redis://user:PASSWORD@host``).
+_URL_PASSWORD = re.compile(r"(//[^/@\s:]*:)[^/@\s]+@")
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether ``key`` names a secret, whose value no message may show."""
+    return bool(_SECRET_KEY.search(key.rsplit(".", 1)[-1]))
+
+
+def show(value: object, key: str | None = None) -> str:
+    """``value`` as an error message shows it: never a secret key's value, nor a URL's password."""
+    if key is not None and is_secret_key(key) and value is not None:
+        return "a value (not shown: a secret)"
+    if isinstance(value, str):
+        return repr(_URL_PASSWORD.sub(r"\1****@", value))
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -152,4 +169,4 @@ def show(value: object) -> str:
         return "an object"
     if isinstance(value, list):
         return "a list"
-    return repr(value) if isinstance(value, str) else str(value)
+    return str(value)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from onceflow.runtime.kafka_security import KafkaSecurity
+
 OffsetReset = Literal["earliest", "latest"]
 ReplicationClass = Literal["SimpleStrategy", "NetworkTopologyStrategy"]
 
@@ -62,6 +64,7 @@ class KafkaSettings:
     connection_checker: ConnectionCheckerSettings
     producer: ProducerSettings
     join_timeout: float
+    security: KafkaSecurity
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import logging
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from onceflow.runtime.kafka_security import PLAINTEXT, KafkaSecurity, client_kwargs
 from onceflow.stages.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -26,12 +27,13 @@ class TopicSetupError(RuntimeError):
 
 
 async def ensure_repartition_topics(
-    bootstrap_servers: str, pipeline: Pipeline, replication_factor: int
+    bootstrap_servers: str, pipeline: Pipeline, replication_factor: int,
+    security: KafkaSecurity = PLAINTEXT,
 ) -> dict[str, int]:
     """Create the missing repartition topics; answer every one's partition count."""
     if not pipeline.repartitions:
         return {}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs(security))
     await admin.start()
     try:
         counts = await _partition_counts(admin)

@@ -14,6 +14,7 @@ from onceflow.actors.connection_check import ConnectionCheck
 from onceflow.actors.delivery import DeliverySettings
 from onceflow.runtime import extras
 from onceflow.runtime.config import ConfigError, Settings
+from onceflow.runtime.kafka_security import client_kwargs
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import NO_STORE
 from onceflow.stores.base import StateStore
@@ -181,6 +182,7 @@ def consumer_options(settings: Settings) -> dict[str, Any]:
         "request_timeout_ms": int(k.request_timeout * 1000),
         "max_poll_records": k.max_poll_records,
         "fetch_max_wait_ms": int(k.fetch_max_wait * 1000),
+        **client_kwargs(k.security),
     }
 
 
@@ -202,6 +204,7 @@ def producer_options(settings: Settings) -> dict[str, Any]:
         "linger_ms": int(p.linger * 1000),
         "max_batch_size": p.batch_size,
         "max_request_size": max(p.batch_size, 1_048_576),
+        **client_kwargs(k.security),
     }
 
 

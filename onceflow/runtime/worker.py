@@ -110,7 +110,8 @@ class PipelineCore:
         self.start_timeout = s.kafka.request_timeout + 10
         try:
             self.io.run(ensure_repartition_topics(
-                s.kafka.bootstrap_servers, pipeline, s.kafka.repartition_replication_factor),
+                s.kafka.bootstrap_servers, pipeline, s.kafka.repartition_replication_factor,
+                s.kafka.security),
                 timeout=self.start_timeout)
         except BaseException:
             self.io.stop()

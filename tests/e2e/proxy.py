@@ -4,12 +4,17 @@ It can also drop Kafka requests by API key (``drop``): requests are framed
 (a 4-byte size, then the API key as the first two bytes of the body), so a
 dropped one is never answered while the rest of its connection works, e.g.
 every JoinGroup (key 11) so that no group join can complete.
+
+With ``tls`` (a server SSLContext) it terminates TLS in front of a plaintext
+broker, as a Kafka listener with ``ssl.client.auth`` would: the local broker
+has no TLS of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import struct
 import threading
 
@@ -19,7 +24,8 @@ from onceflow.actors.loop import EventLoopThread
 class CuttableProxy:
     """Listens on ``port`` and forwards to ``target_port``; ``cut()`` drops all links."""
 
-    def __init__(self, port: int, target_port: int, host: str = "127.0.0.1"):
+    def __init__(self, port: int, target_port: int, host: str = "127.0.0.1",
+                 tls: ssl.SSLContext | None = None):
         self._io = EventLoopThread("test-proxy")
         self._host, self._target = host, target_port
         self._writers: set[asyncio.StreamWriter] = set()
@@ -28,12 +34,16 @@ class CuttableProxy:
         self.drop: frozenset[int] = frozenset()  # Kafka API keys never forwarded
         self.dropped = 0
         self.refusing = False  # new connections are closed at once (the broker "is down")
-        self._server = self._io.run(asyncio.start_server(self._link, host, port))
+        self.peers: list[str] = []  # with ``tls``: each client certificate's subject CN
+        self._server = self._io.run(asyncio.start_server(self._link, host, port, ssl=tls))
 
     async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.refusing:
             writer.transport.abort()
             return
+        peer = writer.get_extra_info("peercert")
+        if peer:
+            self.peers.append(dict(pair[0] for pair in peer["subject"])["commonName"])
         try:
             up_reader, up_writer = await asyncio.open_connection(self._host, self._target)
         except OSError:

@@ -32,6 +32,7 @@ from onceflow.runtime.config import (
     load_settings,
     parse_duration,
 )
+from onceflow.runtime.kafka_security import PLAINTEXT
 
 EXAMPLE_CONF = Path(__file__).resolve().parents[2] / "config" / "example.conf"
 DEMO_CONF = Path(str(resources.files("onceflow.examples").joinpath("demo.conf")))
@@ -110,6 +111,7 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
                 reconnect_backoff_max=1.0, max_in_flight=1, linger=0.005, batch_size=1_048_576,
                 outbox_store="auto"),
             join_timeout=120.0,
+            security=PLAINTEXT,
         ),
         consumer=ConsumerSettings(4, gap_refetches=5, gap_refetch_backoff=0.1),
         persistence=PersistenceSettings(interval=1.0),
