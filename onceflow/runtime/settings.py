@@ -62,6 +62,7 @@ class KafkaSettings:
     connection_checker: ConnectionCheckerSettings
     producer: ProducerSettings
     join_timeout: float
+    dead_letter_max_value: int = 524_288  # bytes of value a dead letter keeps
 
 
 @dataclass(frozen=True)

@@ -154,6 +154,7 @@ class PipelineCore:
             on_fatal=on_fatal,
             single_worker=s.single_worker,
             max_states=s.state.max_cached_states,
+            dead_letter_max_value=s.kafka.dead_letter_max_value,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
         self._actors: list[pykka.ActorRef[Any]] = [  # several kinds of actor
