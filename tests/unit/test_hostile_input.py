@@ -382,3 +382,17 @@ def test_a_format_header_that_lies_is_a_dead_letter() -> None:
               Record({"serial": "r1"}, headers=[(FORMAT_HEADER, b"json")])])
     assert [d.record.offset for d in run.dead_letters] == [0]
     assert run.states("per_robot") == {"r1": 1}
+
+
+def test_dedup_refuses_producer_ids_and_sequences_that_would_bloat_or_poison_its_table() -> None:
+    run = TestRun(robots.build(TOPIC))
+    report = {"results": [{"ok": True, "ts": 0}]}
+    run.feed([Record({**report, "serial": "r" * 1001, "seq": 1}),
+              Record({**report, "serial": "r1", "seq": 2**63}),
+              Record({**report, "serial": "r1", "seq": "9" * 4000}),
+              Record({**report, "serial": "r1", "seq": 2**63 - 1})])
+    assert [d.reason for d in run.dead_letters] == [
+        "dedup: the producer id is 1001 characters long (at most 1000)",
+        "dedup: the sequence must fit in 64 bits, got 9223372036854775808",
+        f"dedup: the sequence must fit in 64 bits, got '{'9' * 99}... (4002 characters)"]
+    assert run.states("per_robot") == {"r1": {"ok": 1, "failed": 0}}
