@@ -62,5 +62,5 @@ class CommitActor(ReportingActor):
             ledger.committed(owned)
         for (topic, partition), offset in owned.items():
             metrics.COMMITTED.labels(topic, str(partition)).set(offset)
-        metrics.progressed()
+        metrics.committed()
         return owned

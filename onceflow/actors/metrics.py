@@ -70,11 +70,27 @@ JOIN_TIMEOUTS = Counter("onceflow_join_timeouts", "Consumers re-created because 
 RESTARTS = Counter("onceflow_restarts", "Supervised restarts", ["child"], registry=REGISTRY)
 
 _last_progress = time.monotonic()
+_last_commit = time.monotonic()  # or the start: a fresh worker has had no reason to commit
 
 
 def progressed() -> None:
     global _last_progress
     _last_progress = time.monotonic()
+
+
+def committed() -> None:
+    global _last_commit
+    _last_commit = time.monotonic()
+    progressed()
+
+
+def seconds_since_commit() -> float:
+    return time.monotonic() - _last_commit
+
+
+def outbox_records() -> int:
+    """Records in the outbox not delivered yet (commits wait for them)."""
+    return int(sum(sample.value for metric in OUTBOX.collect() for sample in metric.samples))
 
 
 def seconds_since_progress() -> float:

@@ -36,6 +36,7 @@ from onceflow.actors.messages import (
     unexpected,
 )
 from onceflow.actors.retry import retrying
+from onceflow.stages.outcome import DEAD_LETTER_MAX_VALUE
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
 from onceflow.stages.runner import PipelineRunner
@@ -66,12 +67,14 @@ class PipelineActor(ReportingActor):
         on_fatal: FatalHandler,
         single_worker: bool = False,
         max_states: int | None = None,
+        dead_letter_max_value: int = DEAD_LETTER_MAX_VALUE,
     ):
         super().__init__(on_fatal)
         self._stores = stores
         self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic, late_events_topic,
                                       claim=None if single_worker else self._claim_homes,
-                                      load_sequences=self._load_sequences, max_states=max_states)
+                                      load_sequences=self._load_sequences, max_states=max_states,
+                                      dead_letter_max_value=dead_letter_max_value)
         self._sequence_store = pipeline.dedup_store
         self._warned_misaligned: set[str] = set()
         self._dead_letter_warnings = DeadLetterWarnings(log)

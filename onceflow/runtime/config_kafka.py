@@ -45,6 +45,7 @@ def kafka_settings(read: Reader) -> KafkaSettings:
         producer=_producer(read),
         join_timeout=read.duration(k + "join-timeout", 1, 3600),
         security=kafka_security(read),
+        dead_letter_max_value=read.integer(k + "dead-letter-max-value", 0, 64 * 1_048_576),
     )
     if kafka.heartbeat_interval >= kafka.session_timeout:
         raise read.error(

@@ -65,6 +65,7 @@ class KafkaSettings:
     producer: ProducerSettings
     join_timeout: float
     security: KafkaSecurity
+    dead_letter_max_value: int = 524_288  # bytes of value a dead letter keeps
 
 
 @dataclass(frozen=True)

@@ -155,6 +155,7 @@ class PipelineCore:
             on_fatal=on_fatal,
             single_worker=s.single_worker,
             max_states=s.state.max_cached_states,
+            dead_letter_max_value=s.kafka.dead_letter_max_value,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
         self._actors: list[pykka.ActorRef[Any]] = [  # several kinds of actor
@@ -321,11 +322,15 @@ class Worker:
         idle = metrics.seconds_since_progress()
         lag = metrics.total_lag()
         stalled = lag > 0 and idle > self.settings.metrics.stall_timeout
+        # Records the broker does not take (e.g. an unreachable dead-letter topic) wait in
+        # the outbox, and commits with them: processing goes on, so say it here.
+        outbox, since_commit = metrics.outbox_records(), metrics.seconds_since_commit()
+        held = outbox > 0 and since_commit > self.settings.metrics.stall_timeout
         consumer = None if self._stream is None else self._stream.join.report()
         return {
             "healthy": self._failure is None and bool(states)
             and all(state == "running" for state in states.values()) and not stalled
-            and not (consumer and consumer["join_overdue"]),
+            and not held and not (consumer and consumer["join_overdue"]),
             "pipeline": self.pipeline.id,
             "children": states,
             "consumer": consumer,
@@ -334,6 +339,9 @@ class Worker:
             "seconds_since_progress": round(idle, 3),
             "lag": lag,
             "stalled": stalled,
+            "outbox": outbox,
+            "seconds_since_commit": round(since_commit, 3),
+            "commits_held": held,
         }
 
     def run(self, signalled: Callable[[], bool] = lambda: False) -> int:

@@ -202,14 +202,15 @@ def _marking(record: ConsumedRecord) -> str:
     marks = [value for name, value in headers if name == FORMAT_HEADER]
     if not marks:
         return "it has no onceflow-format header"
-    return f"it has the {FORMAT_HEADER}={marks[-1].decode(errors='replace')} header"
+    mark = (marks[-1] or b"")[:40].decode(errors="replace")  # a null header value is None
+    return f"it has the {FORMAT_HEADER}={mark} header"
 
 
 def _hint(value: bytes | None) -> str:
     """Only on the failure path: say which format the bytes would fit."""
     try:
         json.loads(value or b"")
-    except ValueError:
+    except Exception:  # ValueError, or RecursionError for JSON nested too deep
         try:
             (value or b"").decode()
         except UnicodeDecodeError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
+from onceflow.stages.formats import FormatError
 
 Header = tuple[str, bytes]
 CHAIN_HEADER = "onceflow-chain"
@@ -37,8 +38,11 @@ def decode_chain(text: bytes) -> list[SourceRef]:
         topic, partition, offset, index = hop.rsplit("/", 3)
         if not topic:
             raise ValueError(f"no topic in source chain hop {hop!r}")
-        chain.append(SourceRef(topic=topic, partition=int(partition), offset=int(offset),
-                               index=int(index)))
+        numbers = int(partition), int(offset), int(index)
+        if min(numbers) < 0:
+            raise ValueError(f"negative number in source chain hop {hop!r}")
+        chain.append(SourceRef(topic=topic, partition=numbers[0], offset=numbers[1],
+                               index=numbers[2]))
     return chain
 
 
@@ -69,16 +73,23 @@ def chain_envelope(key: bytes | None, timestamp_ms: int | None,
     """For a raw record written by a plain republish: an envelope holding its chain (no
     payload), so the runner roots it where the chain starts; None for any other record.
 
-    A chain header that does not parse is ignored (the record is its own root).
+    A chain header that does not parse (or an event time header that is not an
+    integer) is a ``FormatError``: onceflow never writes one, and such a record
+    can be rooted neither at its chain nor at itself (if it is a damaged
+    onceflow output, its re-sent copies would each count).
     """
     text = header(headers, CHAIN_HEADER)
-    if not text:
+    if text is None:
         return None
     try:
         chain = decode_chain(text)
         time_ms = int(header(headers, EVENT_TIME_HEADER) or timestamp_ms or 0)
-    except ValueError:
-        return None
-    return Envelope(event_id=(header(headers, EVENT_ID_HEADER) or b"").decode(errors="replace"),
-                    event_time_ms=time_ms, key=(key or b"").decode(errors="replace"),
-                    source_chain=chain)
+        return Envelope(
+            event_id=(header(headers, EVENT_ID_HEADER) or b"").decode(errors="replace"),
+            event_time_ms=time_ms, key=(key or b"").decode(errors="replace"),
+            source_chain=chain)
+    except (ValueError, TypeError) as error:  # UnicodeDecodeError is a ValueError
+        shown = text[:100].decode(errors="replace") + ("..." if len(text) > 100 else "")
+        raise FormatError("chain", f"header {CHAIN_HEADER}={shown!r} (or "
+                          f"{EVENT_TIME_HEADER}) does not parse: {type(error).__name__}: "
+                          f"{str(error)[:200]}") from error

@@ -106,31 +106,72 @@ class KeyHomedElsewhere(Exception):
             "(or set onceflow.single-worker = true if one worker runs this pipeline)")
 
 
+#: Longest ``onceflow.reason`` kept, in characters (a user exception's message can be huge).
+MAX_REASON = 2000
+#: Default of ``onceflow.kafka.dead-letter-max-value``: value bytes a dead letter keeps.
+DEAD_LETTER_MAX_VALUE = 524_288
+
+
 def late_event(topic: str, record: ConsumedRecord, stage_id: str, key: str,
-               position: tuple[int, ...], late_by_ms: int, root: tuple[str, int]) -> Output:
+               position: tuple[int, ...], late_by_ms: int, root: tuple[str, int],
+               max_value: int = DEAD_LETTER_MAX_VALUE) -> Output:
     """The record a late value came from, with which value it was and why it is late.
 
     ``onceflow.root`` (``topic/partition``) and ``onceflow.position`` name the
     value in its root partition's order (``stages.lineage``).
     """
-    return Output(topic, key.encode(), record.value or b"", (
+    value, cut = _bounded(record.value, max_value)
+    return Output(topic, _text(key), value, (
         ("onceflow.reason", f"late for stage {stage_id!r} by {late_by_ms} ms".encode()),
-        ("onceflow.stage", stage_id.encode()),
+        ("onceflow.stage", _text(stage_id)),
         ("onceflow.source", _source(record)),
         ("onceflow.root", f"{root[0]}/{root[1]}".encode()),
         ("onceflow.position", ".".join(map(str, position)).encode()),
+        *cut,
     ))
 
 
-def dead_letter(topic: str, record: ConsumedRecord, pipeline_id: str, reason: Exception
-                ) -> Output:
-    """The record as it was consumed, with the reason and its origin in headers."""
-    return Output(topic, None, record.value or b"", (
-        ("onceflow.reason", str(reason).encode()),
-        ("onceflow.pipeline", pipeline_id.encode()),
+def dead_letter(topic: str, record: ConsumedRecord, pipeline_id: str, reason: Exception,
+                max_value: int = DEAD_LETTER_MAX_VALUE) -> Output:
+    """The record as it was consumed, with the reason and its origin in headers.
+
+    Producible whatever the record holds: the key and the record's headers are
+    left out, the reason is cut to ``MAX_REASON`` characters and any text that
+    is not UTF-8 escaped, and a value longer than ``max_value`` is cut there
+    (header ``onceflow.truncated``: its full length; the source header says
+    where the whole record is). A dead letter the broker refused would hold
+    its partition's commits back forever.
+    """
+    value, cut = _bounded(record.value, max_value)
+    return Output(topic, None, value, (
+        ("onceflow.reason", _text(_reason(reason))),
+        ("onceflow.pipeline", _text(pipeline_id)),
         ("onceflow.source", _source(record)),
+        *cut,
     ))
+
+
+def _reason(reason: Exception) -> str:
+    try:
+        text = str(reason)
+    except Exception as error:  # an exception whose __str__ fails
+        text = f"{type(reason).__name__} (its message failed: {type(error).__name__})"
+    if len(text) > MAX_REASON:
+        text = f"{text[:MAX_REASON]}... ({len(text)} characters)"
+    return text
+
+
+def _text(text: str) -> bytes:
+    """UTF-8, with what cannot be encoded (lone surrogates) escaped."""
+    return text.encode(errors="backslashreplace")
+
+
+def _bounded(value: bytes | None, limit: int) -> tuple[bytes, tuple[tuple[str, bytes], ...]]:
+    value = value or b""
+    if len(value) <= limit:
+        return value, ()
+    return value[:limit], (("onceflow.truncated", str(len(value)).encode()),)
 
 
 def _source(record: ConsumedRecord) -> bytes:
-    return f"{record.topic}/{record.partition}/{record.offset}".encode()
+    return _text(f"{record.topic}/{record.partition}/{record.offset}")

@@ -34,6 +34,7 @@ from onceflow.stages.state import TopicPartition
 #: The stage id under which the tables are stored (refused as a user stage id).
 SEQUENCE_STAGE = "__producer_seq__"
 DEFAULT_IDLE_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week
+MAX_PRODUCER = 1000  # characters of a producer id
 #: A header name, or a function of the record's parsed value (before ``decode``).
 Extract = str | Callable[[Any], Any]
 NO_STORE = ("dedup= needs a store for the producer sequences and the pipeline has no "
@@ -182,6 +183,9 @@ class SequenceTables:
             return True
         spec = self.spec
         producer = str(_extract(record, value, spec.producer, "producer"))
+        if len(producer) > MAX_PRODUCER:  # it would sit in every write of the table's row
+            raise DedupError(f"dedup: the producer id is {len(producer)} characters long "
+                             f"(at most {MAX_PRODUCER})")
         sequence = _integer(record, value, spec.sequence, "sequence")
         epoch = 0 if spec.epoch is None else _integer(record, value, spec.epoch, "epoch")
         if table.admit(producer, epoch, sequence, record.timestamp, spec.idle_timeout_ms):
@@ -238,6 +242,14 @@ def _integer(record: ConsumedRecord, value: Any, extract: Extract, what: str) ->
     try:
         if isinstance(found, (bool, float)):
             raise ValueError(found)
-        return int(found)
+        number = int(found)
     except (ValueError, TypeError) as error:
-        raise DedupError(f"dedup: the {what} must be an integer, got {found!r}") from error
+        raise DedupError(f"dedup: the {what} must be an integer, got {_short(found)}") from error
+    if not -(2**63) <= number < 2**63:  # a forged huge one would outrank every later record
+        raise DedupError(f"dedup: the {what} must fit in 64 bits, got {_short(found)}")
+    return number
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 100 else f"{text[:100]}... ({len(text)} characters)"

@@ -34,9 +34,11 @@ from onceflow.stages.formats import (
     meta_of,
     source_reader,
 )
+from onceflow.stages.guards import check_chain, unknown_keys
 from onceflow.stages.lineage import Position, RootPartition, Route, origin_of
 from onceflow.stages.origin import chain_envelope
 from onceflow.stages.outcome import (
+    DEAD_LETTER_MAX_VALUE,
     BatchOutcome,
     ConsumedRecord,
     KeyHomedElsewhere,
@@ -120,6 +122,7 @@ class PipelineRunner:
         claim: HomeClaimer | None = None,
         load_sequences: SequenceLoader | None = None,
         max_states: int | None = None,  # per aggregate; see StateTable
+        dead_letter_max_value: int = DEAD_LETTER_MAX_VALUE,  # value bytes a dead letter keeps
     ):
         self.pipeline = pipeline
         self.tables = [StateTable(spec, max_states) for spec in pipeline.aggregates]
@@ -133,6 +136,7 @@ class PipelineRunner:
         self._claim = claim
         self._dead_letter_topic = dead_letter_topic
         self._late_topic = late_topic
+        self._max_value = dead_letter_max_value
         self.sequences = None if pipeline.dedup is None else SequenceTables(  # producer dedup
             pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
         self.written = WrittenOutputs()  # what exclusive republish steps find written
@@ -186,13 +190,14 @@ class PipelineRunner:
                 continue
             if plan is None:
                 continue  # a producer duplicate
-            for share in plan.order:
-                if type(share) is _Fold:
-                    states = share.table.states
-                    for key in share.keys:
-                        if key not in states:
-                            missing.setdefault(share.table, {}).setdefault(
-                                key, (record.topic, record.partition))
+            try:
+                new_keys = unknown_keys((share.table, share.keys) for share in plan.order
+                                        if type(share) is _Fold)
+            except StageFailure as failure:
+                self._dead_letter(outcome, record, failure)
+                continue
+            for table, key in new_keys:
+                missing.setdefault(table, {}).setdefault(key, (record.topic, record.partition))
             if held or missing:
                 held.append(plan)
                 continue
@@ -231,6 +236,8 @@ class PipelineRunner:
         value, envelope = reader.parse(record)  # FormatError: a dead letter naming the formats
         if envelope is None and record.headers:  # a plain output of another onceflow step:
             envelope = chain_envelope(record.key, record.timestamp, record.headers)  # its chain
+        if envelope is not None and envelope.source_chain:
+            check_chain(envelope, record)
         if self.sequences is not None and not self.sequences.admit(record, value):
             return None
         root, route, position = origin_of(envelope, record.topic, record.partition,
@@ -348,8 +355,6 @@ class PipelineRunner:
                     continue
                 current = new.get(key)
                 if current is None:
-                    if type(key) is not str:
-                        raise StageFailure(spec.id, TypeError(f"key must be str, got {key!r}"))
                     state = states[key]
                     if check_home and state.home != fed_from:
                         raise StageFailure(spec.id, KeyHomedElsewhere(
@@ -408,13 +413,14 @@ class PipelineRunner:
     def _late(self, plan: _Plan, spec: Aggregate, key: str, pos: Position,
               late_by_ms: int) -> Output:
         return late_event(self._late_topic, plan.record, spec.id, key, pos, late_by_ms,
-                          plan.root)
+                          plan.root, self._max_value)
 
     def _dead_letter(
         self, outcome: BatchOutcome, record: ConsumedRecord, reason: Exception
     ) -> None:
         outcome.dead_letter(
-            dead_letter(self._dead_letter_topic, record, self.pipeline.id, reason), reason)
+            dead_letter(self._dead_letter_topic, record, self.pipeline.id, reason,
+                        self._max_value), reason)
 
 
 def _defaults(envelope: Envelope | None, record: ConsumedRecord) -> tuple[int, str]:

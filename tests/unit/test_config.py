@@ -112,6 +112,7 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
                 outbox_store="auto"),
             join_timeout=120.0,
             security=PLAINTEXT,
+            dead_letter_max_value=524_288,
         ),
         consumer=ConsumerSettings(4, gap_refetches=5, gap_refetch_backoff=0.1),
         persistence=PersistenceSettings(interval=1.0),
@@ -520,6 +521,11 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "consumer.gap-refetch-backoff = 1m",
             "onceflow.consumer.gap-refetch-backoff",
             "expected a duration in 0ms..10s, got 1m",
+        ),
+        (
+            "kafka.dead-letter-max-value = -1",
+            "onceflow.kafka.dead-letter-max-value",
+            "expected an integer in 0..67108864, got -1",
         ),
         (
             'kafka.max-poll-records = "many"',
