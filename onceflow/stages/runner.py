@@ -47,18 +47,10 @@ from onceflow.stages.outcome import (
     dead_letter,
     late_event,
 )
-from onceflow.stages.pipeline import (
-    Aggregate,
-    Filter,
-    FlatMap,
-    Map,
-    Pipeline,
-    Repartition,
-    Republish,
-    Step,
-)
+from onceflow.stages.pipeline import Aggregate, Pipeline, Republish
 from onceflow.stages.producer_dedup import SequenceLoader, SequenceTables
 from onceflow.stages.republish import WrittenOutputs, republished
+from onceflow.stages.segments import AGGREGATE, FILTER, FLAT_MAP, MAP, segments
 from onceflow.stages.state import AggregateState, StateTable, TopicPartition
 from onceflow.stages.windows import empty_windows, fold_windowed
 
@@ -95,16 +87,6 @@ class _Emit:
     outputs: list[Output]
 
 
-#: Step kinds, compared by identity in the per-record loop (cheaper than isinstance chains).
-_MAP, _FILTER, _FLAT_MAP, _AGGREGATE, _REPUBLISH = range(5)
-_KINDS = {Map: _MAP, Filter: _FILTER, FlatMap: _FLAT_MAP, Aggregate: _AGGREGATE,
-          Republish: _REPUBLISH}
-#: One step as the loop runs it: (kind, stage id, its function (fn, predicate or key; None
-#: for a republish), its table (aggregates), the step itself (for a republish)).
-_Compiled = tuple[int, str, "Callable[[Any], Any] | None", "StateTable | None", Step]
-_Segment = list[_Compiled]  # the steps run over some consumed topics
-
-
 class PipelineRunner:
     """Runs a pipeline's steps over batches; owns the in-memory state tables.
 
@@ -126,7 +108,7 @@ class PipelineRunner:
     ):
         self.pipeline = pipeline
         self.tables = [StateTable(spec, max_states) for spec in pipeline.aggregates]
-        self._segments = self._split(pipeline)
+        self._segments = segments(pipeline, self.tables)
         self._first = self._segments[pipeline.topics[0]]
         self._readers = {topic: source_reader(topic, pipeline.format_of(topic), pipeline.decode,
                                               pipeline.with_meta) for topic in pipeline.topics}
@@ -140,28 +122,6 @@ class PipelineRunner:
         self.sequences = None if pipeline.dedup is None else SequenceTables(  # producer dedup
             pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
         self.written = WrittenOutputs()  # what exclusive republish steps find written
-
-    def _split(self, pipeline: Pipeline) -> dict[str, _Segment]:
-        """Consumed topic -> segment: a repartition step ends one segment and starts the next."""
-        tables = iter(self.tables)
-        segment: _Segment = []
-        segments = dict.fromkeys(pipeline.topics, segment)
-        for step in pipeline.steps:
-            if isinstance(step, Repartition):
-                hop = Republish(step.id, step.topic, step.encode, step.key)
-                segment.append((_REPUBLISH, step.id, None, None, hop))
-                segment = segments[step.topic] = []
-                continue
-            fn: Callable[[Any], Any] | None = None
-            if isinstance(step, Map | FlatMap):
-                fn = step.fn
-            elif isinstance(step, Filter):
-                fn = step.predicate
-            elif isinstance(step, Aggregate):
-                fn = step.key
-            table = next(tables) if isinstance(step, Aggregate) else None
-            segment.append((_KINDS[type(step)], step.id, fn, table, step))
-        return segments
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.
@@ -251,15 +211,15 @@ class PipelineRunner:
             positions: list[Position] = [position]
             for kind, stage, fn, table, step in self._segments.get(  # noqa: B007 (the except)
                     record.topic, self._first):
-                if kind is _MAP:
+                if kind is MAP:
                     assert fn is not None
                     values = list(map(fn, values))
-                elif kind is _FILTER:
+                elif kind is FILTER:
                     assert fn is not None
                     kept = [bool(fn(value)) for value in values]
                     positions = [pos for pos, keep in zip(positions, kept, strict=True) if keep]
                     values = [value for value, keep in zip(values, kept, strict=True) if keep]
-                elif kind is _FLAT_MAP:
+                elif kind is FLAT_MAP:
                     assert fn is not None
                     if len(values) == 1:  # the usual case: one input value
                         values = list(fn(values[0]))
@@ -270,7 +230,7 @@ class PipelineRunner:
                     positions = [(*pos, j) for pos, outs in zip(positions, fanned, strict=True)
                                  for j in range(len(outs))]
                     values = [out for outs in fanned for out in outs]
-                elif kind is _AGGREGATE:
+                elif kind is AGGREGATE:
                     assert fn is not None and table is not None
                     share = _Fold(table, list(map(fn, values)), positions, values)
                     plan.order.append(share)
