@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import platform
 import re
@@ -206,3 +207,45 @@ def append(out: Path, section: str) -> None:
     """Append one section to a results file (created with its title if missing)."""
     previous = out.read_text() if out.exists() else "# Benchmark results\n\n"
     out.write_text(previous.rstrip() + "\n\n" + section)
+
+
+async def raw_republish(bootstrap: str, topic: str, output: str, expected: int,
+                        same_partition: bool) -> dict[str, float]:
+    """The hand-written at-least-once republisher the republish benchmarks compare with.
+
+    Consume a batch, produce each input ``{"id", "parts"}`` as ``parts`` records
+    ``{"id", "part"}`` keyed like the input (to the input's partition number if
+    ``same_partition``), await the sends, commit. Rate from the first record.
+    """
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap,
+                                group_id=f"raw-{time.monotonic_ns()}",
+                                auto_offset_reset="earliest", enable_auto_commit=False,
+                                session_timeout_ms=6000, heartbeat_interval_ms=2000)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    await consumer.start()
+    await producer.start()
+    seen, first = 0, 0.0
+    try:
+        while seen < expected:
+            batches = await consumer.getmany(timeout_ms=500, max_records=2000)
+            if batches and not first:
+                first = time.monotonic()
+            sends = []
+            for tp, records in batches.items():
+                partition = tp.partition if same_partition else None
+                for record in records:
+                    item = json.loads(record.value or b"")
+                    for part in range(int(item["parts"])):
+                        value = json.dumps({"id": item["id"], "part": part},
+                                           separators=(",", ":")).encode()
+                        sends.append(await producer.send(output, value, key=record.key,
+                                                         partition=partition))
+                seen += len(records)
+            await asyncio.gather(*sends)
+            if batches:
+                await consumer.commit()
+        return {"records": seen, "seconds": time.monotonic() - first}
+    finally:
+        await producer.stop()
+        await consumer.stop()
+

@@ -28,7 +28,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from common import (
     RESULTS,
     CommitWatcher,
@@ -39,6 +38,7 @@ from common import (
     count_records,
     machine,
     produce_chunks,
+    raw_republish,
 )
 
 from onceflow.devtools import harness, services
@@ -50,40 +50,9 @@ Measure = dict[str, float]
 
 
 def raw_child(bootstrap: str, topic: str, output: str, expected: int) -> None:
-    """Consume a batch, produce its parts keyed by id, await the sends, commit."""
-
-    async def run() -> Measure:
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap,
-                                    group_id=f"raw-{time.monotonic_ns()}",
-                                    auto_offset_reset="earliest", enable_auto_commit=False,
-                                    session_timeout_ms=6000, heartbeat_interval_ms=2000)
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
-        await consumer.start()
-        await producer.start()
-        seen, first = 0, 0.0
-        try:
-            while seen < expected:
-                batches = await consumer.getmany(timeout_ms=500, max_records=2000)
-                if batches and not first:
-                    first = time.monotonic()
-                sends = []
-                for records in batches.values():
-                    for record in records:
-                        item = json.loads(record.value)
-                        for part in range(int(item["parts"])):
-                            value = json.dumps({"id": item["id"], "part": part},
-                                               separators=(",", ":")).encode()
-                            sends.append(await producer.send(output, value, key=record.key))
-                    seen += len(records)
-                await asyncio.gather(*sends)
-                if batches:
-                    await consumer.commit()
-            return {"records": seen, "seconds": time.monotonic() - first}
-        finally:
-            await producer.stop()
-            await consumer.stop()
-
-    print(json.dumps(asyncio.run(run())))
+    """The baseline (``common.raw_republish``), parts keyed like their input."""
+    print(json.dumps(asyncio.run(raw_republish(bootstrap, topic, output, expected,
+                                               same_partition=False))))
 
 
 def measure_raw(bootstrap: str, topic: str, expected: int) -> Measure:

@@ -35,9 +35,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
-from onceflow.actors.loop import EventLoopThread
 from onceflow.devtools import services
 from onceflow.devtools.chaos import start_store
 from onceflow.devtools.harness import packaged_config, worker_command
@@ -45,6 +44,7 @@ from onceflow.devtools.robot_stream import generate
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
+from common import CommitWatcher  # noqa: E402
 from helpers import create_topic, produce  # noqa: E402
 
 PARTITIONS = 4
@@ -103,36 +103,6 @@ def measure_raw(bootstrap: str, topic: str, expected: int) -> dict[str, float]:
     return result
 
 
-class CommitWatcher:
-    """One long-lived consumer polling the group's committed offsets on its own loop."""
-
-    def __init__(self, bootstrap: str, group: str, topic: str, ends: dict[int, int]):
-        self._io = EventLoopThread("bench-watch")
-        self._ends = ends
-        self._tps = [TopicPartition(topic, p) for p in ends]
-        self._consumer = self._io.run(self._open(bootstrap, group))
-
-    @staticmethod
-    async def _open(bootstrap: str, group: str) -> AIOKafkaConsumer:
-        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
-                                    enable_auto_commit=False)
-        await consumer.start()
-        return consumer
-
-    async def _reached(self) -> bool:
-        for tp in self._tps:
-            if (await self._consumer.committed(tp) or 0) < self._ends[tp.partition]:
-                return False
-        return True
-
-    def done(self) -> bool:
-        return self._io.run(self._reached())
-
-    def close(self) -> None:
-        self._io.run(self._consumer.stop())
-        self._io.stop()
-
-
 def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: dict[int, int],
                      events: int, workdir: Path, profile: Path | None = None
                      ) -> dict[str, float]:
@@ -156,7 +126,7 @@ def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: di
              "--rate", "200", "--format", "raw", "--threads", "--gil", "--output", str(out_file)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     watcher = CommitWatcher(bootstrap, group, topic, ends)
-    _, peak = peak_rss_while(proc, watcher.done)
+    _, peak = peak_rss_while(proc, lambda: watcher.committed() >= total)
     end_wall = time.time()
     watcher.close()
     if spy is not None:
