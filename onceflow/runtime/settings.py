@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from onceflow.stores.access import StoreAccess
+
 OffsetReset = Literal["earliest", "latest"]
 ReplicationClass = Literal["SimpleStrategy", "NetworkTopologyStrategy"]
 
@@ -102,6 +104,7 @@ class RedisSettings:
 
     url: str
     key_prefix: str
+    access: StoreAccess
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,7 @@ class CassandraSettings:
     connect_timeout: float
     request_timeout: float
     concurrency: int
+    access: StoreAccess
 
 
 @dataclass(frozen=True)
