@@ -3,6 +3,7 @@ are never retried (no network: the drivers' own exception objects)."""
 
 from __future__ import annotations
 
+import socket
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,8 @@ from onceflow.actors.retry import retrying
 from onceflow.actors.supervisor import ChildSpec, Policy, RestartSettings, Supervisor
 from onceflow.runtime.config import ConfigError, load_settings
 from onceflow.runtime.secrets import Secret
-from onceflow.runtime.wiring import access_error
+from onceflow.runtime.wiring import access_error, check_store_access
+from onceflow.stages.pipeline import Pipeline
 from onceflow.stores.access import (
     StoreAccess,
     StoreAccessDenied,
@@ -219,3 +221,20 @@ def test_the_supervisor_escalates_a_refusal_at_once() -> None:
         assert escalated == ["core"] and len(reports) == 1  # never restarted
     finally:
         pykka.ActorRegistry.stop_all()
+
+
+@pytest.mark.parametrize("store", ["redis", "cassandra"])
+def test_a_store_that_does_not_answer_at_start_is_left_to_the_retries(
+        app_file: AppFile, store: str, caplog: pytest.LogCaptureFixture) -> None:
+    pipeline = Pipeline("p", topics=("t",)).aggregate(
+        "count", key=str, init=int, fold=lambda n, _: n + 1, store=store)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens once the socket is closed
+    settings = load_settings(app_file(""), {
+        R + "url": f"redis://127.0.0.1:{port}/0", C + "port": str(port),
+        C + "protocol-version": "3", C + "connect-timeout": "1s"})
+
+    check_store_access(settings, pipeline)  # no ConfigError: not a refusal
+
+    assert f"store {store} does not answer yet" in caplog.text
