@@ -114,7 +114,8 @@ def access_denied(error: BaseException) -> StoreAccessDenied | None:
     certificate failure inside a connection error), so the chain is walked.
     """
     seen: set[int] = set()
-    pending: list[tuple[BaseException, str]] = [(error, "store")]
+    # Each error with the store whose driver raised it or wrapped it ("" for none yet).
+    pending: list[tuple[BaseException, str]] = [(error, "")]
     while pending:
         current, store = pending.pop()
         if id(current) in seen:
@@ -148,7 +149,7 @@ _REFUSALS: dict[tuple[str, str], Refused] = {
 def _classify(error: BaseException, store: str) -> StoreAccessDenied | None:
     if isinstance(error, StoreAccessDenied):
         return error
-    if isinstance(error, ssl.SSLCertVerificationError):
+    if isinstance(error, ssl.SSLCertVerificationError) and store:  # not Kafka's, say
         return StoreAccessDenied(store, "tls", str(error))
     refused = _REFUSALS.get((_store_of(error) or "", type(error).__name__))
     return None if refused is None else StoreAccessDenied(store, refused, str(error))

@@ -167,6 +167,7 @@ def test_refusals_are_recognised_through_the_drivers_wrapping(
     redis.ConnectionError("Connection refused"), redis.TimeoutError("Timeout"),
     NoHostAvailable("Unable to connect", {"127.0.0.1:9042": OperationTimedOut("timed out")}),
     ConnectionRefusedError(111, "refused"),
+    ssl.SSLCertVerificationError("certificate verify failed"),  # not under a store's driver
 ])
 def test_an_unreachable_store_is_not_a_refusal(error: BaseException) -> None:
     assert access_denied(error) is None
