@@ -137,6 +137,10 @@ def test_worker_on_redis_with_an_acl_user_and_tls_counts_exactly(redis_run: Redi
         p: ends.get(p, 0) for p in range(4)}
     assert redis_run.totals() == expected_counts(stream.truth)
     assert redis_run.password not in (redis_run.tmp_path / "worker.log").read_text()
+    plain = RedisStore(f"redis://{redis_run.secure.info.address}/0", "x", "robots",
+                       access=StoreAccess(redis_run.user, Secret(redis_run.password)))
+    assert plain.check_access() is False  # this Redis speaks TLS only
+    plain.close()
 
 
 @pytest.mark.parametrize(("case", "key", "says"), [
@@ -247,6 +251,12 @@ def test_worker_on_cassandra_with_a_login_and_tls_counts_exactly(cassandra_run: 
     assert committed(cassandra_run.kafka.address, cassandra_run.group, cassandra_run.topic,
                      4) == {p: ends.get(p, 0) for p in range(4)}
     assert totals(cassandra_run.store()) == expected_counts(stream.truth)
+    plain = CassandraStore([cassandra_run.secure.info.host], "robots",
+                           port=cassandra_run.secure.info.port, protocol_version=3,
+                           connect_timeout=2, access=StoreAccess(
+                               cassandra_run.user, Secret(cassandra_run.password)))
+    assert plain.check_access() is False  # this Cassandra speaks TLS only
+    plain.close()
 
 
 def test_a_wrong_cassandra_password_stops_the_worker_at_start_with_exit_2(
