@@ -29,6 +29,7 @@ from helpers import (
     wait_for_log,
 )
 
+from onceflow.analytics import readers
 from onceflow.devtools.certs import LocalPki, make_pki
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo, free_port
@@ -270,3 +271,35 @@ def test_a_wrong_cassandra_password_stops_the_worker_at_start_with_exit_2(
     assert (f": {C}password: expected a login cassandra accepts, it refused user "
             f"'{cassandra_run.user}' with a password: ") in log, log[-3000:]
     assert "worker started" not in log
+
+
+# --- analytics readers -------------------------------------------------------
+
+HISTORY = {f"{start}|robot-{n}": f'{{"ok":{n}}}'.encode() for start in (0, 60_000)
+           for n in range(50)}
+WINDOWS = sorted(("per_robot", key.partition("|")[2], int(key.partition("|")[0]), True,
+                  value.decode()) for key, value in HISTORY.items())
+
+
+def test_the_analytics_readers_log_in_like_the_worker(redis_run: RedisRun,
+                                                      cassandra_run: CassandraRun) -> None:
+    """The Spark tasks' readers (called here as a task would) use the same StoreAccess."""
+    pki = redis_run.secure.pki
+    redis_access = StoreAccess(redis_run.user, Secret(redis_run.password), TlsFiles(
+        str(pki.ca_file), str(pki.client_cert), str(pki.client_key), True))
+    store = RedisStore(redis_run.url, redis_run.prefix, "fleet", access=redis_access)
+    store.save("per_robot#history", HISTORY)
+    store.close()
+    source = readers.RedisSource(redis_run.url, redis_run.prefix, "fleet", redis_access)
+    shards = readers.redis_shard_patterns(source, ["per_robot"], 4)
+    assert sorted(readers.read_redis_shard(source, shards, ["per_robot"])) == WINDOWS
+
+    cassandra = cassandra_run.store()
+    cassandra.save("per_robot#history", HISTORY)
+    cassandra.close()
+    secure = cassandra_run.secure.info
+    access = cassandra_run.access(cassandra_run.user, cassandra_run.password)
+    c_source = readers.CassandraSource((secure.host,), secure.port, cassandra_run.keyspace,
+                                       "robots", access=access)
+    ranges = readers.ring_ranges(c_source, 4)
+    assert sorted(readers.read_token_ranges(c_source, ranges, ["per_robot"])) == WINDOWS
