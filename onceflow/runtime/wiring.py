@@ -205,6 +205,9 @@ def access_error(settings: Settings, denied: StoreAccessDenied) -> ConfigError:
     if denied.refused == "tls":
         return ConfigError(settings.source, prefix + "tls.ca-file", "expected the CA that "
                            f"signed {denied.store}'s certificate: {denied.reason}")
+    if denied.refused == "certificate":
+        return ConfigError(settings.source, prefix + "tls.cert-file", "expected a client "
+                           f"certificate {denied.store} trusts: {denied.reason}")
     access = getattr(settings.stores, denied.store).access
     user = "the default user" if access.username is None else f"user {access.username!r}"
     if denied.refused == "permission":

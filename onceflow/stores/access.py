@@ -30,7 +30,15 @@ __all__ = [
     "redis_options",
 ]
 
-Refused = Literal["credentials", "permission", "tls"]
+#: What the store refused: the login, a command (permission), its own certificate
+#: failing our check (tls), or our client certificate (certificate).
+Refused = Literal["credentials", "permission", "tls", "certificate"]
+# TLS alerts of a server that refused our client certificate (missing, or of a CA it
+# does not trust); OpenSSL's reason codes.
+_CLIENT_CERT_ALERTS = frozenset({
+    "TLSV13_ALERT_CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA",
+    "SSLV3_ALERT_BAD_CERTIFICATE", "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+})
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ NO_ACCESS = StoreAccess()
 
 
 class StoreAccessDenied(Exception):
-    """The store refused us (``refused``: credentials, permission or tls); never retried.
+    """The store refused us (``refused``: see :data:`Refused`); never retried.
 
     ``store`` is the store kind ("redis", "cassandra"); the message is the
     store's own reason, which never holds the password.
@@ -151,5 +159,7 @@ def _classify(error: BaseException, store: str) -> StoreAccessDenied | None:
         return error
     if isinstance(error, ssl.SSLCertVerificationError) and store:  # not Kafka's, say
         return StoreAccessDenied(store, "tls", str(error))
+    if isinstance(error, ssl.SSLError) and store and error.reason in _CLIENT_CERT_ALERTS:
+        return StoreAccessDenied(store, "certificate", str(error))
     refused = _REFUSALS.get((_store_of(error) or "", type(error).__name__))
     return None if refused is None else StoreAccessDenied(store, refused, str(error))

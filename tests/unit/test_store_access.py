@@ -145,6 +145,12 @@ def _wrapped(outer: BaseException, inner: BaseException) -> BaseException:
         return error
 
 
+def _alert(reason: str) -> ssl.SSLError:
+    error = ssl.SSLError(1, f"[SSL: {reason}] alert")
+    error.reason = reason  # as OpenSSL's errors carry it
+    return error
+
+
 @pytest.mark.parametrize(("error", "store", "refused"), [
     (redis.AuthenticationError("WRONGPASS invalid username-password pair"), "redis",
      "credentials"),
@@ -152,6 +158,8 @@ def _wrapped(outer: BaseException, inner: BaseException) -> BaseException:
      "permission"),
     (_wrapped(redis.ConnectionError("Error 1 connecting"),
               ssl.SSLCertVerificationError("certificate verify failed")), "redis", "tls"),
+    (_wrapped(redis.ConnectionError("Error while reading"), _alert(
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED")), "redis", "certificate"),
     (NoHostAvailable("Unable to connect to any servers",
                      {"127.0.0.1:9042": AuthenticationFailed("Bad credentials")}),
      "cassandra", "credentials"),
@@ -168,6 +176,7 @@ def test_refusals_are_recognised_through_the_drivers_wrapping(
     NoHostAvailable("Unable to connect", {"127.0.0.1:9042": OperationTimedOut("timed out")}),
     ConnectionRefusedError(111, "refused"),
     ssl.SSLCertVerificationError("certificate verify failed"),  # not under a store's driver
+    _wrapped(redis.ConnectionError("Error while reading"), _alert("WRONG_VERSION_NUMBER")),
 ])
 def test_an_unreachable_store_is_not_a_refusal(error: BaseException) -> None:
     assert access_denied(error) is None
