@@ -191,8 +191,10 @@ def check_store_access(settings: Settings, pipeline: Pipeline) -> None:
     for name in names:
         store = open_store(settings, name, pipeline.id)
         try:
-            if not store.check_access():
-                log.warning("store %s does not answer yet: starting, its calls are retried", name)
+            error = store.check_access()
+            if error is not None:
+                log.warning("store %s does not answer yet (%s): starting, its calls are "
+                            "retried", name, error)
         except StoreAccessDenied as denied:
             raise access_error(settings, denied) from None
         finally:

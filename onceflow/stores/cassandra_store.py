@@ -282,13 +282,13 @@ class CassandraStore(StateStore):
         rows = self._run(self._ready().stats, (self._pipeline,))
         return {name: int(value) for name, value in rows}
 
-    def check_access(self) -> bool:
-        """Log in, set up the schema: False if no node answers (StoreAccessDenied if refused)."""
+    def check_access(self) -> Exception | None:
+        """Log in, set up the schema; the error if no node answered (refusals raise)."""
         try:
             self._ready()
-        except CassandraUnavailable:
-            return False
-        return True
+        except CassandraUnavailable as error:
+            return error
+        return None
 
     def close(self) -> None:
         self._cluster.shutdown()

@@ -127,16 +127,16 @@ class RedisStore(StateStore):
         raw = cast(dict[bytes, Any], self._client.hgetall(f"{self._base}:stats"))
         return {k.decode(): int(v) for k, v in raw.items()}
 
-    def check_access(self) -> bool:
-        """PING (after AUTH and the TLS handshake): False if Redis is unreachable."""
+    def check_access(self) -> Exception | None:
+        """PING (after AUTH and the TLS handshake); the error if Redis did not answer."""
         try:
             self._client.ping()
         except redis.RedisError as error:
             denied = access_denied(error)
             if denied is not None:
                 raise denied from error
-            return False
-        return True
+            return error
+        return None
 
     def close(self) -> None:
         self._client.close()
