@@ -1,7 +1,10 @@
 """Retry with exponential backoff and jitter for store calls.
 
 An unreachable store is retried and reported, never skipped: the caller
-blocks, so nothing behind the failed call is committed meanwhile.
+blocks, so nothing behind the failed call is committed meanwhile. A store
+that refuses the worker's credentials, certificate or a command is not
+retried: waiting does not fix a wrong password, so the call raises
+``StoreAccessDenied`` at once and the worker stops with the configuration error.
 """
 
 from __future__ import annotations
@@ -18,14 +21,16 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from onceflow.stores.access import access_denied
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
 def _transient(error: BaseException) -> bool:
-    return isinstance(error, ConnectionError | TimeoutError | OSError) or type(
+    return (isinstance(error, ConnectionError | TimeoutError | OSError) or type(
         error
-    ).__module__.startswith(("redis.", "cassandra."))
+    ).__module__.startswith(("redis.", "cassandra."))) and access_denied(error) is None
 
 
 def retrying(what: str, call: Callable[[], T], give_up_after: float = 300.0) -> T:
@@ -47,7 +52,13 @@ def retrying(what: str, call: Callable[[], T], give_up_after: float = 300.0) -> 
         for attempt in policy:
             with attempt:
                 return call()
-    except Exception:
-        log.error("%s failed after retries", what)
+    except Exception as error:
+        denied = access_denied(error)
+        if denied is not None:
+            log.error("%s failed: %s", what, denied)
+            if denied is not error:
+                raise denied from error
+        else:
+            log.error("%s failed after retries", what)
         raise
     raise AssertionError("tenacity stopped without a result or an error")  # reraise=True

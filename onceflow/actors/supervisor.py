@@ -15,6 +15,8 @@ outlives one it depends on, whatever the policy:
 Restarts wait an exponential backoff with jitter (tenacity); more than
 ``max_restarts`` within ``within`` seconds exhausts the budget and the
 supervisor escalates: every child is stopped and ``on_escalate`` is called.
+A failure ``permanent`` says no restart can fix (a store refusing the
+password) escalates at once.
 
 Each child moves through an explicit state machine (``TRANSITIONS``):
 
@@ -133,6 +135,7 @@ class Supervisor(pykka.ThreadingActor):
         specs: Sequence[ChildSpec],
         settings: RestartSettings,
         on_escalate: Callable[[str, BaseException], None],
+        permanent: Callable[[BaseException], bool] = lambda error: False,
     ):
         super().__init__()
         names = [spec.name for spec in specs]
@@ -144,6 +147,7 @@ class Supervisor(pykka.ThreadingActor):
         self._slots = [_Slot(spec) for spec in specs]
         self._settings = settings
         self._on_escalate = on_escalate
+        self._permanent = permanent
         self._history: collections.deque[float] = collections.deque()
         self._timers: list[threading.Timer] = []
 
@@ -196,9 +200,12 @@ class Supervisor(pykka.ThreadingActor):
         self._history.append(now)
         while self._history and now - self._history[0] > self._settings.within:
             self._history.popleft()
-        if len(self._history) > self._settings.max_restarts:
-            log.error("restart budget exhausted (%d in %.0fs): escalating",
-                      self._settings.max_restarts, self._settings.within)
+        if self._permanent(failure.error) or len(self._history) > self._settings.max_restarts:
+            if self._permanent(failure.error):
+                log.error("a restart cannot fix this: escalating")
+            else:
+                log.error("restart budget exhausted (%d in %.0fs): escalating",
+                          self._settings.max_restarts, self._settings.within)
             self._stop_all(ChildState.FAILED)
             self._on_escalate(slot.spec.name, failure.error)
             return

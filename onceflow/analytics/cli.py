@@ -65,13 +65,13 @@ def store_windows(spark: Any, settings: Settings, pipeline: Pipeline, stages: Se
     for store, ids in by_store.items():
         if store == "redis":
             r = settings.stores.redis
-            source = readers.RedisSource(r.url, r.key_prefix, pipeline.id)
+            source = readers.RedisSource(r.url, r.key_prefix, pipeline.id, r.access)
             frames.append(readers.redis_windows(spark, source, ids, a.redis_shards))
         else:
             c = settings.stores.cassandra
             cassandra = readers.CassandraSource(
                 c.contact_points, c.port, c.keyspace, pipeline.id, c.protocol_version,
-                c.local_datacenter, c.consistency, max(30.0, c.request_timeout))
+                c.local_datacenter, c.consistency, max(30.0, c.request_timeout), c.access)
             frames.append(readers.cassandra_windows(spark, cassandra, ids, a.cassandra_splits))
     frame = frames[0]
     for other in frames[1:]:

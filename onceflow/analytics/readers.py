@@ -18,7 +18,9 @@ between the two writes, they are equal and readers keep the history row).
 * Landing zone: Spark's own Parquet reader over ``<dir>/stage=<id>/``.
 
 Executors import this module, so onceflow (and the store drivers) must be
-installed where they run; in ``local[*]`` that is this virtualenv.
+installed where they run; in ``local[*]`` that is this virtualenv. They log
+in with the worker's settings (``access``: the password travels to them in
+the task, the TLS files must be at the same paths there).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from onceflow.stages.state import decode_state
+from onceflow.stores.access import NO_ACCESS, StoreAccess, cassandra_options, redis_options
 from onceflow.stores.base import HISTORY_SUFFIX
 
 __all__ = [
@@ -122,6 +125,7 @@ class CassandraSource:
     local_datacenter: str | None = None
     consistency: str = "LOCAL_QUORUM"
     request_timeout: float = 30.0
+    access: StoreAccess = NO_ACCESS
 
 
 def ring_ranges(source: CassandraSource, minimum: int) -> list[tuple[int, int]]:
@@ -131,7 +135,8 @@ def ring_ranges(source: CassandraSource, minimum: int) -> list[tuple[int, int]]:
 
     options: dict[str, Any] = (
         {"protocol_version": source.protocol_version} if source.protocol_version else {})
-    cluster = Cluster(list(source.contact_points), port=source.port, **options)
+    cluster = Cluster(list(source.contact_points), port=source.port, **options,
+                      **cassandra_options(source.access))
     try:
         cluster.connect()
         token_map = cluster.metadata.token_map
@@ -169,7 +174,8 @@ def read_token_ranges(source: CassandraSource, ranges: Iterable[tuple[int, int]]
     options: dict[str, Any] = (
         {"protocol_version": source.protocol_version} if source.protocol_version else {})
     cluster = Cluster(list(source.contact_points), port=source.port,
-                      execution_profiles={EXEC_PROFILE_DEFAULT: profile}, **options)
+                      execution_profiles={EXEC_PROFILE_DEFAULT: profile}, **options,
+                      **cassandra_options(source.access))
     try:
         session = cluster.connect()
         columns = "token(pipeline, stage, key)"
@@ -203,6 +209,7 @@ class RedisSource:
     url: str
     key_prefix: str
     pipeline_id: str
+    access: StoreAccess = NO_ACCESS
 
 
 def _glob_escape(text: bytes) -> bytes:
@@ -235,7 +242,7 @@ def read_redis_shard(source: RedisSource, shards: Iterable[tuple[str, bytes, boo
     """Runs in a Spark task: SCAN each pattern, MGET in batches, decode."""
     import redis
 
-    client = redis.Redis.from_url(source.url, socket_timeout=30)
+    client = redis.Redis.from_url(source.url, socket_timeout=30, **redis_options(source.access))
     try:
         for name, pattern, empty_key in shards:
             prefix = f"{source.key_prefix}:{source.pipeline_id}:s:{name}:".encode()

@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,8 +130,12 @@ def add_opens_flags(java: str) -> list[str]:
     return [f"--add-opens=java.base/{pkg}=ALL-UNNAMED" for pkg in sorted(packages)]
 
 
-def write_instance_config(package: Path, instance: Path, ports: CassandraPorts) -> Path:
-    """Write a private conf dir under *instance* (data dirs included) and return it."""
+def write_instance_config(package: Path, instance: Path, ports: CassandraPorts,
+                          extra: Mapping[str, Any] | None = None) -> Path:
+    """Write a private conf dir under *instance* (data dirs included) and return it.
+
+    ``extra`` overrides cassandra.yaml settings (an authenticator, client encryption).
+    """
     conf = instance / "conf"
     shutil.rmtree(conf, ignore_errors=True)
     shutil.copytree(package / DIST_NAME / "conf", conf)
@@ -159,6 +163,7 @@ def write_instance_config(package: Path, instance: Path, ports: CassandraPorts) 
         commitlog_sync_batch_window_in_ms=2,
     )
     settings.pop("commitlog_sync_period_in_ms", None)  # only valid for periodic sync
+    settings.update(extra or {})
     for sub in ("data", "commitlog", "saved_caches"):
         (instance / sub).mkdir(parents=True, exist_ok=True)
     # JSON values are valid YAML flow values, so one "key: <json>" line per setting.

@@ -33,6 +33,7 @@ from redis.retry import Retry
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from onceflow.devtools import cassandra_dist
+from onceflow.devtools.certs import LocalPki, pkcs12
 
 log = logging.getLogger(__name__)
 
@@ -223,19 +224,37 @@ def start_tansu(state_dir: Path, port: int | None = None, timeout: float = 30,
     return _wait_ready(info, lambda: _kafka_metadata_ok(HOST, port, advertised), timeout)
 
 
-def start_redis(state_dir: Path, port: int | None = None, timeout: float = 30) -> ServiceInfo:
-    """Start Redis with an fsync-always AOF in *state_dir* (a kill loses nothing acked)."""
+def start_redis(state_dir: Path, port: int | None = None, timeout: float = 30, *,
+                password: str | None = None, tls: LocalPki | None = None) -> ServiceInfo:
+    """Start Redis with an fsync-always AOF in *state_dir* (a kill loses nothing acked).
+
+    ``password`` is the default user's (requirepass: it can add ACL users with
+    ACL SETUSER). With ``tls`` Redis listens on TLS only and asks every client
+    for a certificate signed by the PKI's CA.
+    """
     binary = shutil.which("redis-server")
     if binary is None:
         raise ServiceError("redis-server not found: apt-get install -y redis-server")
     port = _claim("redis", port)
-    cmd = [binary, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "yes",
+    cmd = [binary, "--bind", HOST, "--save", "", "--appendonly", "yes",
            "--appendfsync", "always", "--dir", str(state_dir.resolve())]
+    if tls is None:
+        cmd += ["--port", str(port)]
+    else:
+        cmd += ["--port", "0", "--tls-port", str(port), "--tls-cert-file", str(tls.server_cert),
+                "--tls-key-file", str(tls.server_key), "--tls-ca-cert-file", str(tls.ca_file),
+                "--tls-auth-clients", "yes"]
+    if password is not None:
+        cmd += ["--requirepass", password]
     info = _with_port(_spawn("redis", cmd, state_dir), port)
+    client_tls: dict[str, object] = {} if tls is None else {
+        "ssl": True, "ssl_ca_certs": str(tls.ca_file), "ssl_certfile": str(tls.client_cert),
+        "ssl_keyfile": str(tls.client_key)}
 
     def probe() -> None:
         try:
-            client = redis.Redis(host=HOST, port=port, socket_timeout=2, retry=_NO_RETRY)
+            client = redis.Redis(host=HOST, port=port, socket_timeout=2, retry=_NO_RETRY,
+                                 password=password, **client_tls)  # type: ignore[arg-type]
             with closing(client):
                 client.ping()
         except redis.RedisError as exc:
@@ -244,28 +263,60 @@ def start_redis(state_dir: Path, port: int | None = None, timeout: float = 30) -
     return _wait_ready(info, probe, timeout)
 
 
-def start_cassandra(state_dir: Path, port: int | None = None, timeout: float = 90) -> ServiceInfo:
-    """Start Cassandra 2.1 (private conf and data under *state_dir*, batch commitlog)."""
+#: The superuser Cassandra creates, with PasswordAuthenticator, a few seconds after it starts.
+CASSANDRA_SUPERUSER = ("cassandra", "cassandra")
+_KEYSTORE_PASSWORD = "onceflow"
+# Cassandra 2.1's default suites are all CBC-SHA1, which Python's default context refuses.
+_CIPHER_SUITES = ["TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384"]
+
+
+def start_cassandra(state_dir: Path, port: int | None = None, timeout: float = 90, *,
+                    password_auth: bool = False, tls: LocalPki | None = None) -> ServiceInfo:
+    """Start Cassandra 2.1 (private conf and data under *state_dir*, batch commitlog).
+
+    ``password_auth`` turns on PasswordAuthenticator (ready once
+    :data:`CASSANDRA_SUPERUSER` can log in); ``tls`` turns on client-to-node
+    encryption with the PKI's server certificate.
+    """
+    extra: dict[str, object] = {}
+    if password_auth:
+        extra["authenticator"] = "PasswordAuthenticator"
+    if tls is not None:
+        keystore = pkcs12(tls.server_cert, tls.server_key, state_dir.resolve() / "server.p12",
+                          _KEYSTORE_PASSWORD)
+        extra["client_encryption_options"] = {
+            "enabled": True, "keystore": str(keystore), "keystore_password": _KEYSTORE_PASSWORD,
+            "store_type": "PKCS12", "cipher_suites": _CIPHER_SUITES}
     try:
         cassandra_dist.java_binary()  # fail on a missing JDK before downloading anything
         package = cassandra_dist.ensure_distribution()
         native = _claim("cassandra", port)
         others = [p for p in _free_ports(4) if p != native][:3]
         ports = cassandra_dist.CassandraPorts(native, *others)
-        conf = cassandra_dist.write_instance_config(package, state_dir.resolve(), ports)
+        conf = cassandra_dist.write_instance_config(package, state_dir.resolve(), ports, extra)
         cmd = cassandra_dist.command(package, conf, ports)
     except cassandra_dist.DistributionError as exc:
         raise ServiceError(str(exc)) from exc
     info = _with_port(_spawn("cassandra", cmd, state_dir), ports.native)
-    return _wait_ready(info, lambda: _cassandra_ok(info), timeout)
+    return _wait_ready(info, lambda: _cassandra_ok(info, password_auth, tls), timeout)
 
 
-def _cassandra_ok(info: ServiceInfo) -> None:
+def _cassandra_ok(info: ServiceInfo, password_auth: bool = False, tls: LocalPki | None = None
+                  ) -> None:
     if cassandra_dist.READY_LINE not in info.log.read_text(errors="replace"):
         raise _NotReady("no 'Starting listening for CQL clients' in the log yet")
-    from cassandra.cluster import Cluster  # lazy: the driver is slow to import
+    from cassandra.auth import PlainTextAuthProvider  # lazy: the driver is slow to import
+    from cassandra.cluster import Cluster
 
-    cluster = Cluster([info.host], port=info.port, protocol_version=3, connect_timeout=5)
+    options: dict[str, object] = {}
+    if password_auth:
+        options["auth_provider"] = PlainTextAuthProvider(*CASSANDRA_SUPERUSER)
+    if tls is not None:
+        import ssl
+
+        options["ssl_context"] = ssl.create_default_context(cafile=str(tls.ca_file))
+    cluster = Cluster([info.host], port=info.port, protocol_version=3, connect_timeout=5,
+                      **options)
     try:
         cluster.connect().execute("SELECT release_version FROM system.local")
     except Exception as exc:  # the driver raises many unrelated types

@@ -128,6 +128,7 @@ def _run(config: str, assignments: list[str]) -> int:
     from onceflow.runtime.wiring import (
         check_exclusive,
         check_landing,
+        check_store_access,
         check_stores,
         load_pipeline,
     )
@@ -140,6 +141,7 @@ def _run(config: str, assignments: list[str]) -> int:
         check_stores(settings, pipeline)
         check_landing(settings, pipeline)
         check_exclusive(settings, pipeline)
+        check_store_access(settings, pipeline)
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG

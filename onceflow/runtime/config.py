@@ -40,7 +40,7 @@ from pyparsing import ParseBaseException  # what pyhocon raises on bad syntax
 from onceflow.runtime.config_analytics import analytics_settings
 from onceflow.runtime.config_kafka import kafka_settings
 from onceflow.runtime.config_reader import OVERRIDES, ConfigError, Reader, parse_duration, show
-from onceflow.runtime.config_stores import cassandra_settings, redis_url
+from onceflow.runtime.config_stores import cassandra_settings, redis_settings
 from onceflow.runtime.settings import (
     AnalyticsSettings,
     CassandraReplication,
@@ -148,7 +148,7 @@ def _build(read: Reader, source: str) -> Settings:
         raise read.error("onceflow.pipeline", f"missing: set it to {_PIPELINE_HINT}")
     pipeline = read.text("onceflow.pipeline", _PIPELINE, _PIPELINE_HINT)
     kafka = kafka_settings(read)
-    redis = redis_url(read)
+    redis = redis_settings(read)
     return Settings(
         pipeline=pipeline,
         source=source,
@@ -163,7 +163,7 @@ def _build(read: Reader, source: str) -> Settings:
                             _history_retention(read)),
         commit=CommitSettings(read.duration("onceflow.commit.interval", 0.01, 3600)),
         stores=StoresSettings(
-            RedisSettings(redis, read.text("onceflow.stores.redis.key-prefix")),
+            redis,
             cassandra_settings(read),
         ),
         shutdown=ShutdownSettings(read.duration("onceflow.shutdown.timeout", 0.1, 3600)),

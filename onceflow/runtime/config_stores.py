@@ -2,17 +2,28 @@
 
 The Cassandra checks refuse a replication and consistency level whose reads
 could miss an acknowledged write, which would lose events after a rebalance.
+Credentials and TLS files (``username``, ``password``, ``tls``) are checked
+here too, so a missing file or a half-given login stops the worker at start.
 """
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import cast
+from urllib.parse import urlsplit
 
 from pyhocon import ConfigTree
 
 from onceflow.runtime.config_reader import Reader, show
-from onceflow.runtime.settings import CassandraReplication, CassandraSettings, ReplicationClass
+from onceflow.runtime.secrets import read_secret
+from onceflow.runtime.settings import (
+    CassandraReplication,
+    CassandraSettings,
+    RedisSettings,
+    ReplicationClass,
+)
+from onceflow.stores.access import StoreAccess, TlsFiles
 
 _REDIS_HINT = "a redis://, rediss:// or unix:// URL"
 _HOST = r"[^,\s]+"
@@ -27,9 +38,65 @@ _CONSISTENCY = ("ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_ONE", "LOCAL_QUOR
 _FIXED_REPLICAS = {"ONE": 1, "TWO": 2, "THREE": 3, "LOCAL_ONE": 1}
 
 
-def redis_url(read: Reader) -> str:
-    """``onceflow.stores.redis.url``."""
-    return read.text("onceflow.stores.redis.url", r"(rediss?|unix)://\S+", _REDIS_HINT)
+def redis_settings(read: Reader) -> RedisSettings:
+    """``onceflow.stores.redis``: URL, key prefix, login and TLS."""
+    r = "onceflow.stores.redis."
+    url = read.text(r + "url", r"(rediss?|unix)://\S+", _REDIS_HINT)
+    access = StoreAccess(_optional_text(read, r + "username"), read_secret(read, r + "password"),
+                         _tls(read, r + "tls.", enabled=url.startswith("rediss://")))
+    if access.password is not None and urlsplit(url).password is not None:
+        raise read.error(r + "password", "expected the password in the url or in password, "
+                         "not both (one in the url wins, and shows wherever the url does)")
+    if access.tls is None and _tls_files_given(read, r + "tls."):
+        raise read.error(r + "url", f"expected a rediss:// URL with {r}tls set, got "
+                         f"{url.partition(':')[0]}://")
+    return RedisSettings(url, read.text(r + "key-prefix"), access)
+
+
+def _cassandra_access(read: Reader, c: str) -> StoreAccess:
+    username = _optional_text(read, c + "username")
+    password = read_secret(read, c + "password")
+    if (username is None) != (password is None):
+        missing = "password" if password is None else "username"
+        raise read.error(c + missing, "expected both username and password "
+                         "(PasswordAuthenticator), or neither")
+    enabled = read.boolean(c + "tls.enabled")
+    if not enabled and _tls_files_given(read, c + "tls."):
+        raise read.error(c + "tls.enabled", "expected true when tls files are set, got false")
+    return StoreAccess(username, password, _tls(read, c + "tls.", enabled=enabled))
+
+
+def _optional_text(read: Reader, key: str) -> str | None:
+    return None if read.raw(key) is None else read.text(key, r"\S+", "null or a name")
+
+
+_TLS_FILES = ("ca-file", "cert-file", "key-file")
+
+
+def _tls_files_given(read: Reader, t: str) -> bool:
+    return any(read.raw(t + name) is not None for name in _TLS_FILES)
+
+
+def _tls(read: Reader, t: str, *, enabled: bool) -> TlsFiles | None:
+    """The TLS block under ``t`` (``...tls.``), or None when TLS is off."""
+    if not enabled:
+        return None
+    ca, cert, key = (_pem_file(read, t + name) for name in _TLS_FILES)
+    if key is not None and cert is None:
+        raise read.error(t + "cert-file", "expected the client certificate of key-file, got null")
+    return TlsFiles(ca, cert, key, read.boolean(t + "check-hostname"))
+
+
+def _pem_file(read: Reader, key: str) -> str | None:
+    if read.raw(key) is None:
+        return None
+    path = read.text(key, expected="null or the path of a PEM file")
+    try:
+        Path(path).read_bytes()
+    except OSError as error:
+        raise read.error(key, f"expected a readable PEM file, got {path!r}: "
+                         f"{error.strerror or type(error).__name__}") from None
+    return path
 
 
 def cassandra_settings(read: Reader) -> CassandraSettings:
@@ -58,6 +125,7 @@ def cassandra_settings(read: Reader) -> CassandraSettings:
         connect_timeout=read.duration(c + "connect-timeout", 0.1, 300),
         request_timeout=read.duration(c + "request-timeout", 0.1, 600),
         concurrency=read.integer(c + "concurrency", 1, 1024),
+        access=_cassandra_access(read, c),
     )
     _check_datacenter(read, settings)
     _check_overlap(read, settings)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from onceflow.runtime.kafka_security import KafkaSecurity
+from onceflow.stores.access import StoreAccess
 
 OffsetReset = Literal["earliest", "latest"]
 ReplicationClass = Literal["SimpleStrategy", "NetworkTopologyStrategy"]
@@ -106,6 +107,7 @@ class RedisSettings:
 
     url: str
     key_prefix: str
+    access: StoreAccess
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class CassandraSettings:
     connect_timeout: float
     request_timeout: float
     concurrency: int
+    access: StoreAccess
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ Everything here is read once per pipeline incarnation by
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 from onceflow.actors.connection_check import ConnectionCheck
@@ -17,8 +18,11 @@ from onceflow.runtime.config import ConfigError, Settings
 from onceflow.runtime.kafka_security import client_kwargs
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import NO_STORE
+from onceflow.stores.access import StoreAccessDenied
 from onceflow.stores.base import StateStore
 from onceflow.stores.redis_store import RedisStore
+
+log = logging.getLogger(__name__)
 
 
 def load_pipeline(settings: Settings) -> Pipeline:
@@ -135,17 +139,22 @@ def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]
     not even load the Cassandra driver). Clients connect lazily, at their
     first call. Names are in the order the aggregates first use them.
     """
+    return {name: open_store(settings, name, pipeline.id) for name in _store_names(pipeline)}
+
+
+def _store_names(pipeline: Pipeline) -> dict[str, None]:
     names = dict.fromkeys(spec.store for spec in pipeline.aggregates)
     if pipeline.dedup_store is not None:  # the producer sequences' store
         names[pipeline.dedup_store] = None
-    return {name: open_store(settings, name, pipeline.id) for name in names}
+    return names
 
 
 def open_store(settings: Settings, name: str, pipeline_id: str) -> StateStore:
     if name == "redis":
         redis = settings.stores.redis
         return RedisStore(redis.url, redis.key_prefix, pipeline_id,
-                          history_retention=settings.state.history_retention)
+                          history_retention=settings.state.history_retention,
+                          access=redis.access)
     if name == "cassandra":
         from onceflow.stores.cassandra_store import CassandraStore
 
@@ -163,9 +172,53 @@ def open_store(settings: Settings, name: str, pipeline_id: str) -> StateStore:
             request_timeout=c.request_timeout,
             concurrency=c.concurrency,
             history_retention=settings.state.history_retention,
+            access=c.access,
         )
     raise ConfigError(settings.source, f"onceflow.stores.{name}",
                       f"unknown store {name!r}; supported: {', '.join(STORES)}")
+
+
+def check_store_access(settings: Settings, pipeline: Pipeline) -> None:
+    """Log in to every store the worker will use, once, before any actor starts.
+
+    A store that refuses the login, the certificate or a permission is a
+    ConfigError (the worker exits 2 naming the setting). One that does not
+    answer is only logged: the worker starts and retries it, as at any outage.
+    """
+    names = _store_names(pipeline)
+    kind = outbox_store(settings, pipeline)
+    if kind is not None:
+        names[kind] = None
+    for name in names:
+        store = open_store(settings, name, pipeline.id)
+        try:
+            error = store.check_access()
+            if error is not None:
+                log.warning("store %s does not answer yet (%s): starting, its calls are "
+                            "retried", name, error)
+        except StoreAccessDenied as denied:
+            raise access_error(settings, denied) from None
+        finally:
+            store.close()
+
+
+def access_error(settings: Settings, denied: StoreAccessDenied) -> ConfigError:
+    """The setting to blame for a store's refusal, as a ConfigError."""
+    prefix = f"onceflow.stores.{denied.store}."
+    if denied.refused == "tls":
+        return ConfigError(settings.source, prefix + "tls.ca-file", "expected the CA that "
+                           f"signed {denied.store}'s certificate: {denied.reason}")
+    if denied.refused == "certificate":
+        return ConfigError(settings.source, prefix + "tls.cert-file", "expected a client "
+                           f"certificate {denied.store} trusts: {denied.reason}")
+    access = getattr(settings.stores, denied.store).access
+    user = "the default user" if access.username is None else f"user {access.username!r}"
+    if denied.refused == "permission":
+        return ConfigError(settings.source, prefix + "username", f"expected a user allowed "
+                           f"onceflow's commands, {denied.store} denied {user}: {denied.reason}")
+    given = "no password" if access.password is None else "a password"
+    return ConfigError(settings.source, prefix + "password", f"expected a login "
+                       f"{denied.store} accepts, it refused {user} with {given}: {denied.reason}")
 
 
 def consumer_options(settings: Settings) -> dict[str, Any]:

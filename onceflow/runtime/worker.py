@@ -12,14 +12,17 @@ Two children, in dependency order (docs/architecture.md, "Supervision"):
 
 A failure of the core restarts both (under every policy, a child never
 outlives what it depends on). The supervisor escalates when its budget is
-spent: the worker then exits 1. A graceful stop (SIGTERM) stops fetching,
-flushes what was processed, commits it, leaves the group and exits 0.
+spent: the worker then exits 1, or 2 when a store refused its login,
+certificate or a permission (escalated at once: a restart cannot fix it). A
+graceful stop (SIGTERM) stops fetching, flushes what was processed, commits
+it, leaves the group and exits 0.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -64,6 +67,7 @@ from onceflow.runtime.config import Settings
 from onceflow.runtime.health import HealthServer
 from onceflow.runtime.topics import ensure_repartition_topics
 from onceflow.runtime.wiring import (
+    access_error,
     connection_check,
     consumer_options,
     delivery_settings,
@@ -74,11 +78,13 @@ from onceflow.runtime.wiring import (
 )
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.state import TopicPartition
+from onceflow.stores.access import access_denied
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_FAILED = 1
+EXIT_CONFIG = 2  # a store refused the worker's credentials: as cli.EXIT_CONFIG
 SIGNAL_POLL = 0.2  # s; a signal handler must not set an Event (see cli.StopSignals)
 
 
@@ -302,7 +308,7 @@ class Worker:
         self._supervisor = Supervisor.start(
             [ChildSpec("core", self._start_core),
              ChildSpec("consumer", self._start_stream, depends_on=("core",))],
-            restart, self._escalate,
+            restart, self._escalate, permanent=lambda error: access_denied(error) is not None,
         )
         m = self.settings.metrics
         if m.port:
@@ -367,4 +373,10 @@ class Worker:
         self._supervisor.stop()
         if self._http is not None:
             self._http.stop()
-        return EXIT_OK if self._failure is None else EXIT_FAILED
+        if self._failure is None:
+            return EXIT_OK
+        denied = access_denied(self._failure[1])
+        if denied is None:
+            return EXIT_FAILED
+        print(f"onceflow: config error: {access_error(self.settings, denied)}", file=sys.stderr)
+        return EXIT_CONFIG

@@ -4,7 +4,8 @@
   bytes per (stage, key) of one pipeline.
 - :mod:`onceflow.stores.redis_store`: one Redis string per state (``redis``).
 - :mod:`onceflow.stores.cassandra_store`: one Cassandra row per state
-  (``cassandra``).
+  (``cassandra``); its tables in :mod:`onceflow.stores.cassandra_schema`.
+- :mod:`onceflow.stores.access`: logins and TLS, and refusals (never retried).
 
 An aggregate names its store (``Pipeline.aggregate(..., store="cassandra")``).
 Nothing is imported here, so a Redis-only worker never loads the Cassandra driver.

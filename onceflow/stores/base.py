@@ -99,5 +99,14 @@ class StateStore(ABC):
     @abstractmethod
     def read_stats(self) -> dict[str, int]: ...
 
+    def check_access(self) -> Exception | None:
+        """Connect once: None if the store let us in, else why it did not answer.
+
+        Raises ``onceflow.stores.access.StoreAccessDenied`` if it refused the
+        credentials, certificate or a permission: checked before a worker
+        starts, so that a wrong password stops it with a configuration error.
+        """
+        return None
+
     @abstractmethod
     def close(self) -> None: ...

@@ -67,6 +67,7 @@ from cassandra import (
     CoordinationFailure,
     OperationTimedOut,
     Timeout,
+    Unauthorized,
     Unavailable,
 )
 from cassandra.cluster import (
@@ -81,17 +82,21 @@ from cassandra.connection import ConnectionException
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import PreparedStatement, tuple_factory
 
+from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, cassandra_options
 from onceflow.stores.base import OutboxKey, StateStore
+from onceflow.stores.cassandra_schema import (
+    HOMES_TABLE,
+    OUTBOX_TABLE,
+    STATES_TABLE,
+    STATS_TABLE,
+    TABLES,
+    create_schema,
+)
 
-__all__ = ["CONSISTENCY_LEVELS", "CassandraStore", "CassandraUnavailable"]
+__all__ = ["CONSISTENCY_LEVELS", "TABLES", "CassandraStore", "CassandraUnavailable"]
 
 log = logging.getLogger(__name__)
 
-STATES_TABLE = "states"
-STATS_TABLE = "stats"
-OUTBOX_TABLE = "outbox"
-HOMES_TABLE = "homes"
-TABLES = (STATES_TABLE, STATS_TABLE, OUTBOX_TABLE, HOMES_TABLE)
 #: Levels usable for both reads and writes in 2.1 and 4/5 (ANY cannot read,
 #: SERIAL/LOCAL_SERIAL are for lightweight transactions, EACH_QUORUM reads
 #: need 3.0+).
@@ -107,6 +112,10 @@ _TRANSIENT = (
     NoHostAvailable,
     ConnectionException,
 )
+
+
+# Refusals: a wrong login (inside NoHostAvailable) or a missing permission (CREATE).
+_REFUSED = (Unauthorized,)
 
 
 class CassandraUnavailable(ConnectionError):
@@ -139,6 +148,7 @@ class CassandraStore(StateStore):
         request_timeout: seconds before a request fails client-side.
         concurrency: most requests in flight per ``save``/``load``.
         history_retention: seconds after which history rows expire; 0: never.
+        access: the login (PasswordAuthenticator) and TLS (client encryption).
     """
 
     def __init__(
@@ -156,6 +166,7 @@ class CassandraStore(StateStore):
         request_timeout: float = 10.0,
         concurrency: int = 128,
         history_retention: float = 0.0,
+        access: StoreAccess = NO_ACCESS,
     ) -> None:
         if consistency not in CONSISTENCY_LEVELS:
             raise ValueError(f"consistency {consistency!r}: expected one of {CONSISTENCY_LEVELS}")
@@ -181,7 +192,7 @@ class CassandraStore(StateStore):
                 execution_profiles={EXEC_PROFILE_DEFAULT: profile},
                 connect_timeout=connect_timeout,
                 control_connection_timeout=max(connect_timeout, 2.0),
-                **options,
+                **options, **cassandra_options(access),
             )
 
         self._new_cluster = new_cluster
@@ -271,6 +282,14 @@ class CassandraStore(StateStore):
         rows = self._run(self._ready().stats, (self._pipeline,))
         return {name: int(value) for name, value in rows}
 
+    def check_access(self) -> Exception | None:
+        """Log in, set up the schema; the error if no node answered (refusals raise)."""
+        try:
+            self._ready()
+        except CassandraUnavailable as error:
+            return error
+        return None
+
     def close(self) -> None:
         self._cluster.shutdown()
 
@@ -285,11 +304,14 @@ class CassandraStore(StateStore):
                         self._session = self._cluster.connect()
                     create_schema(self._session, self._keyspace, self._replication)
                     self._statements = _Statements(self._session, self._keyspace)
-                except _TRANSIENT as error:
+                except (*_TRANSIENT, *_REFUSED) as error:
                     if self._session is None:
                         # The driver shuts a Cluster down when its first connect
                         # fails; the next try needs a new one.
                         self._cluster = self._new_cluster()
+                    denied = access_denied(error)
+                    if denied is not None:
+                        raise denied from error
                     raise CassandraUnavailable(f"cannot set up Cassandra: {error!r}") from error
             return self._statements
 
@@ -362,38 +384,3 @@ class _Statements:
         )
         # A retry after a timeout that did apply finds our own claim: the same answer.
         self.home_claim.is_idempotent = True
-
-
-def schema_statements(keyspace: str, replication: Mapping[str, str | int]) -> list[str]:
-    """The CQL that creates the keyspace, then each of :data:`TABLES` (each ``IF NOT EXISTS``)."""
-    options = ", ".join(f"{_literal(k)}: {_literal(v)}" for k, v in replication.items())
-    return [
-        f'CREATE KEYSPACE IF NOT EXISTS "{keyspace}" WITH replication = {{{options}}}',
-        f'CREATE TABLE IF NOT EXISTS "{keyspace}".{STATES_TABLE} (pipeline text, stage text, '
-        "key text, value blob, PRIMARY KEY ((pipeline, stage, key)))",
-        f'CREATE TABLE IF NOT EXISTS "{keyspace}".{STATS_TABLE} (pipeline text, name text, '
-        "value counter, PRIMARY KEY ((pipeline), name))",
-        f'CREATE TABLE IF NOT EXISTS "{keyspace}".{OUTBOX_TABLE} (pipeline text, lane text, '
-        "seq bigint, value blob, PRIMARY KEY ((pipeline), lane, seq)) "
-        "WITH gc_grace_seconds = 3600",
-        f'CREATE TABLE IF NOT EXISTS "{keyspace}".{HOMES_TABLE} (pipeline text, stage text, '
-        "key text, home text, PRIMARY KEY ((pipeline, stage, key)))",
-    ]
-
-
-def create_schema(session: Session, keyspace: str, replication: Mapping[str, str | int]
-                  ) -> None:
-    """Create the keyspace and tables the cluster's schema metadata lacks."""
-    create_keyspace, *create_tables = schema_statements(keyspace, replication)
-    existing = session.cluster.metadata.keyspaces.get(keyspace)
-    if existing is None:
-        log.info("creating keyspace %r with replication %s", keyspace, dict(replication))
-        session.execute(create_keyspace)
-    tables = set() if existing is None else set(existing.tables)
-    for table, create in zip(TABLES, create_tables, strict=True):
-        if table not in tables:
-            session.execute(create)  # the driver waits for schema agreement
-
-
-def _literal(value: str | int) -> str:
-    return str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"

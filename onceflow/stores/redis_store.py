@@ -18,17 +18,20 @@ from typing import Any, cast
 
 import redis
 
+from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, redis_options
 from onceflow.stores.base import OutboxKey, StateStore
 
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
 
 class RedisStore(StateStore):
+    """``access`` logs in (AUTH, an ACL user) and sets up TLS (a ``rediss://`` URL)."""
+
     def __init__(self, url: str, key_prefix: str, pipeline_id: str, timeout: float = 5.0,
-                 history_retention: float = 0.0):
+                 history_retention: float = 0.0, *, access: StoreAccess = NO_ACCESS):
         self.history_retention = history_retention
         self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout
+            url, socket_timeout=timeout, socket_connect_timeout=timeout, **redis_options(access)
         )
         self._base = f"{key_prefix}:{pipeline_id}"
         self._outbox = f"{self._base}:outbox"
@@ -123,6 +126,17 @@ class RedisStore(StateStore):
     def read_stats(self) -> dict[str, int]:
         raw = cast(dict[bytes, Any], self._client.hgetall(f"{self._base}:stats"))
         return {k.decode(): int(v) for k, v in raw.items()}
+
+    def check_access(self) -> Exception | None:
+        """PING (after AUTH and the TLS handshake); the error if Redis did not answer."""
+        try:
+            self._client.ping()
+        except redis.RedisError as error:
+            denied = access_denied(error)
+            if denied is not None:
+                raise denied from error
+            return error
+        return None
 
     def close(self) -> None:
         self._client.close()

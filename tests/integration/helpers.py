@@ -8,15 +8,28 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
 
 from onceflow.devtools import harness
+from onceflow.devtools.certs import LocalPki
 from onceflow.devtools.demo import redis_settings
+from onceflow.devtools.services import ServiceInfo
 from onceflow.stages.state import decode_state
 from onceflow.stores.base import StateStore
+
+
+@dataclass(frozen=True)
+class SecureService:
+    """A store that wants a login and TLS: where it is, its CA and client certificate,
+    and the administrator's login (user None: Redis's default user)."""
+
+    info: ServiceInfo
+    pki: LocalPki
+    admin: tuple[str | None, str]
 
 
 def stored_states(store: StateStore, stage: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from onceflow.runtime.config import (
     parse_duration,
 )
 from onceflow.runtime.kafka_security import PLAINTEXT
+from onceflow.stores.access import NO_ACCESS, StoreAccess, TlsFiles
 
 EXAMPLE_CONF = Path(__file__).resolve().parents[2] / "config" / "example.conf"
 DEMO_CONF = Path(str(resources.files("onceflow.examples").joinpath("demo.conf")))
@@ -42,6 +43,10 @@ ENV_VARS = (
     "ONCEFLOW_KAFKA_GROUP_ID",
     "ONCEFLOW_REDIS_URL",
     "ONCEFLOW_CASSANDRA_CONTACT_POINTS",
+    "ONCEFLOW_REDIS_USERNAME",
+    "ONCEFLOW_REDIS_PASSWORD",
+    "ONCEFLOW_CASSANDRA_USERNAME",
+    "ONCEFLOW_CASSANDRA_PASSWORD",
 )
 PIPELINE = 'onceflow.pipeline = "shop.orders:pipeline"\n'
 
@@ -119,7 +124,7 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
         state=StateSettings(max_cached_states=500_000),
         commit=CommitSettings(interval=5.0),
         stores=StoresSettings(
-            redis=RedisSettings("redis://127.0.0.1:6379/0", "onceflow"),
+            redis=RedisSettings("redis://127.0.0.1:6379/0", "onceflow", NO_ACCESS),
             cassandra=CassandraSettings(
                 contact_points=("127.0.0.1",),
                 port=9042,
@@ -131,6 +136,7 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
                 connect_timeout=5.0,
                 request_timeout=10.0,
                 concurrency=128,
+                access=NO_ACCESS,
             ),
         ),
         shutdown=ShutdownSettings(timeout=10.0),
@@ -182,7 +188,8 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
     assert settings.consumer == ConsumerSettings(16, gap_refetches=0, gap_refetch_backoff=0.02)
     assert settings.persistence.interval == 0.5
     assert settings.state == StateSettings(max_cached_states=50, history_retention=30 * 86400)
-    assert settings.stores.redis == RedisSettings("rediss://cache:6380/2", "shop")
+    assert settings.stores.redis == RedisSettings(  # rediss://: TLS, the system's CAs
+        "rediss://cache:6380/2", "shop", StoreAccess(tls=TlsFiles(None, None, None, True)))
 
 
 def test_environment_beats_reference_defaults(
@@ -327,6 +334,7 @@ def test_cassandra_settings_from_the_application_file(app_file: AppFile) -> None
         connect_timeout=2.0,
         request_timeout=1.5,
         concurrency=32,
+        access=NO_ACCESS,
     )
     assert cassandra.replication.cql_options() == {
         "class": "NetworkTopologyStrategy", "dc1": 3, "eu-west": 2,
