@@ -31,6 +31,7 @@ from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.connection_check import ConnectionCheck, check_connection
 from onceflow.actors.continuity import Continuity
+from onceflow.actors.fence import Fencing
 from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.loop import EventLoopThread
@@ -88,8 +89,10 @@ class ConsumerActor(ReportingActor):
         stop_timeout: float | None = None,
         single_worker: bool = False,
         exclusive: ExclusiveResume | None = None,
+        fencing: Fencing | None = None,
     ):
         super().__init__(on_fatal)
+        self._fencing = fencing  # epochs taken on assignment, before anything is fetched
         self._exclusive = exclusive  # what exclusive republish steps wrote: read on assignment
         self._single_worker = single_worker
         self._settling: set[KafkaPartition] = set()  # assigned, paused until adoption is done
@@ -271,22 +274,35 @@ class ConsumerActor(ReportingActor):
         await asyncio.gather(*(learn(tp) for tp in assigned))
         return positions
 
-    async def resume(self, positions: dict[TopicPartition, int]) -> None:
+    async def take_epochs(self, assigned: set[KafkaPartition]) -> set[TopicPartition]:
+        """Take the next epoch of each assigned partition; answers those that moved (another
+        worker held them since this one last did). Without fencing, none."""
+        if self._fencing is None:
+            return set()
+        fencing = self._fencing
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: fencing.take(_ours(tp) for tp in assigned))
+
+    async def resume(self, positions: dict[TopicPartition, int],
+                     moved: set[TopicPartition]) -> None:
         """Tell the ledger the assignment; forget cached progress it finds stale.
 
         A stream re-created after an outage usually gets its partitions back
         at the offsets this worker committed: the pipeline actor's states are still
         right and stay cached. A partition resumed from elsewhere (another
-        member committed it meanwhile) or gone makes the pipeline actor drop its cache.
+        member committed it meanwhile), ``moved`` (another member held it, its
+        epoch says) or gone makes the pipeline actor drop its cache.
         """
         with self._ledger() as ledger:
-            stale = ledger.assigned(positions)
+            stale = ledger.assigned(positions, moved)
         if stale:
             log.info("partitions %s moved while this stream was away: states reload",
                      sorted(stale))
             lost = frozenset(stale)
             await asyncio.get_running_loop().run_in_executor(
                 None, lambda: self._pipeline.ask(Forget(lost)))
+        if self._fencing is not None:  # their old progress is gone: write under the new epochs
+            self._fencing.fence.release(moved)
 
     async def adopt(self) -> None:
         """Queue the outbox rows of lanes that left other workers, before anything new."""

@@ -3,9 +3,11 @@
 Revoke: flush and commit before another member takes them (the actor's
 ``on_revoked``), then count the time to the next assignment as join time.
 Assign: pause the new partitions first (before any await), learn where
-each resumes, tell the checkpoint ledger (which finds stale cached
-progress), adopt the outbox, read what exclusive republish steps already
-wrote (``onceflow.actors.output_tail``), and only then let them be fetched.
+each resumes, take their next epochs in the store (fencing: from then on a
+worker that held them before can no longer write for them), tell the
+checkpoint ledger (which finds stale cached progress), adopt the outbox, read
+what exclusive republish steps already wrote (``onceflow.actors.output_tail``),
+and only then let them be fetched.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ class Rebalancing(Protocol):
     def check_single_worker(self, assigned: set[KafkaPartition]) -> None: ...
     async def learn_positions(self, assigned: set[KafkaPartition]
                               ) -> dict[TopicPartition, int]: ...
-    async def resume(self, positions: dict[TopicPartition, int]) -> None: ...
+    async def take_epochs(self, assigned: set[KafkaPartition]) -> set[TopicPartition]: ...
+    async def resume(self, positions: dict[TopicPartition, int],
+                     moved: set[TopicPartition]) -> None: ...
     async def adopt(self) -> None: ...
 
 
@@ -57,7 +61,8 @@ class RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
                      sorted((tp.topic, tp.partition) for tp in assigned))
             self._actor.check_single_worker(assigned)
             positions = await self._actor.learn_positions(assigned)
-            await self._actor.resume(positions)
+            moved = await self._actor.take_epochs(assigned)
+            await self._actor.resume(positions, moved)
             await self._actor.adopt()
         except BaseException:
             self._actor.settled()
