@@ -98,6 +98,9 @@ class PersistenceActor(ReportingActor):
             landed = self._write(message)
         except Fenced as error:
             self._fenced(error, message)
+            # Fail the pipeline now, whoever asked: a Flush in a revoke callback would
+            # only have its exception logged by aiokafka.
+            self._on_fatal(type(self).__name__, error)
             raise
         if landed and faults.KILL_AFTER_LANDING:
             faults.die()
