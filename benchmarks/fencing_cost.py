@@ -16,6 +16,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from onceflow.devtools import services
@@ -49,8 +50,8 @@ def main() -> None:
                   f"{'extra us/row':>13}")
             for n in args.rows:
                 rows = {f"robot-{i:06d}": STATE for i in range(n)}
-                plain = median_seconds(lambda: store.save("per_robot", rows), args.repeat)
-                fenced = median_seconds(lambda: store.save("per_robot", rows, guard=guard),
+                plain = median_seconds(partial(store.save, "per_robot", rows), args.repeat)
+                fenced = median_seconds(partial(store.save, "per_robot", rows, guard=guard),
                                         args.repeat)
                 print(f"{n:>7} {plain * 1e3:>9.2f} {fenced * 1e3:>11.2f} "
                       f"{(fenced - plain) * 1e3:>9.2f} {(fenced - plain) / n * 1e6:>13.2f}")
