@@ -122,6 +122,10 @@ class PersistenceActor(ReportingActor):
             landed |= self._save(self._stores[rows.store], rows, checkpoint.offsets, guard)
             if rows.stage_id == faults.KILL_AFTER_SAVE:
                 faults.die()
+        fenced = next((store for store in self._stores.values() if store.fenced), None)
+        if guard and not message.rows and fenced is not None:
+            # Nothing to write, but its offsets become durable: only if still the owner.
+            retrying("check epochs", lambda: fenced.check_epochs(guard))
         return landed
 
     def _fenced(self, error: Fenced, message: Snapshot) -> None:

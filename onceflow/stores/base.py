@@ -82,6 +82,10 @@ class StateStore(ABC):
         """The next epoch of each input partition, atomically (a fenced store only)."""
         raise NotImplementedError(f"{type(self).__name__} is not fenced")
 
+    def check_epochs(self, guard: Guard) -> None:
+        """Raise ``Fenced`` unless the store holds exactly these epochs (a fenced store only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not fenced")
+
     @abstractmethod
     def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:
         """Set each key's home to the proposed one unless it has one; answer every key's home.

@@ -55,6 +55,9 @@ class RedisStore(StateStore):
     def take_epochs(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
         return self.fence.take(partitions)
 
+    def check_epochs(self, guard: Guard) -> None:
+        self.fence.write(guard, "mset", {})
+
     def save(self, stage_id: str, rows: Mapping[str, bytes], *, guard: Guard | None = None
              ) -> None:
         if not rows:

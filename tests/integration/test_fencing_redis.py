@@ -93,3 +93,12 @@ def test_a_guarded_write_of_many_rows_goes_out_in_chunks(pair: tuple[RedisStore,
     outbox = {("out|1", i): b"x" for i in range(2_501)}
     old.outbox_append(outbox, guard=held)
     assert len(old.outbox_load()["out|1"]) == 2_501
+
+
+def test_checking_the_epochs_alone_writes_nothing(pair: tuple[RedisStore, RedisStore]) -> None:
+    old, new = pair
+    held = old.take_epochs([A])
+    old.check_epochs(held)
+    new.take_epochs([A])
+    with pytest.raises(Fenced):
+        old.check_epochs(held)
