@@ -65,3 +65,20 @@ def test_the_first_differing_epoch_names_the_partition_and_both_epochs() -> None
     missing = first_mismatch({B: 1}, {})
     assert missing is not None and missing.stored is None
     assert epoch_key("onceflow:p", ("a|b", 3)) == "onceflow:p:epoch:a|b|3"
+
+
+def test_the_worker_names_the_stores_it_cannot_fence() -> None:
+    from onceflow.runtime.wiring import unfenced_stores
+    from onceflow.stages.pipeline import Pipeline
+
+    def pipeline(*stores: str) -> Pipeline:
+        built = Pipeline("p", topics=("t",))
+        for i, store in enumerate(stores):
+            built = built.aggregate(f"a{i}", key=str, init=int, fold=lambda n, _: n + 1,
+                                    store=store)
+        return built
+
+    assert unfenced_stores(pipeline("redis")) == []
+    assert unfenced_stores(pipeline("redis", "cassandra")) == ["cassandra"]
+    assert unfenced_stores(pipeline("cassandra")) == ["cassandra"]
+    assert unfenced_stores(pipeline()) == []  # a stateless republisher writes no states
