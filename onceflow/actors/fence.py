@@ -56,6 +56,13 @@ class EpochFence:
                 if tp in self._kept_back:
                     self._held[tp] = self._kept_back.pop(tp)
 
+    def drop(self, partitions: Iterable[TopicPartition]) -> None:
+        """Revoked (flushed and forgotten): no write depends on them any more."""
+        with self._lock:
+            for tp in partitions:
+                self._held.pop(tp, None)
+                self._kept_back.pop(tp, None)
+
     def expect(self, depends: Iterable[TopicPartition]) -> Guard:
         """The guard of a write depending on ``depends``; refused here if one is not held."""
         with self._lock:

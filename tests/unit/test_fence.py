@@ -48,6 +48,14 @@ def test_an_epoch_that_jumped_is_kept_back_until_the_old_progress_is_forgotten()
     assert fence.held() == {A: 4, B: 6}
 
 
+def test_a_revoked_partition_leaves_the_outbox_guard() -> None:
+    fence = EpochFence()
+    fence.assign({A: 1, B: 1})
+    fence.drop({B})  # flushed and forgotten: its next owner may take its epoch now
+    assert fence.held() == {A: 1}
+    assert fence.assign({A: 2, B: 2}) == set()  # back with the next epoch: not moved
+
+
 def test_losing_the_store_drops_every_epoch() -> None:
     fence = EpochFence()
     fence.assign({A: 1})
