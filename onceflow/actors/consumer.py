@@ -1,16 +1,14 @@
 """ConsumerActor: the aiokafka consumer, fetching batches into the pipeline actor.
 
 Threads: the actor's own thread handles messages (batch done, commit, stop);
-the aiokafka consumer lives on the shared ``EventLoopThread`` loop, where
-the fetch task and the rebalance callbacks run. Start-up does not wait for
-the group join (which takes seconds, and a stuck broker may hold it for
-minutes): the join runs on the loop while the actor can still be told to
-stop, and ``JoinWatch`` bounds it. Backpressure: at most
-``max_in_flight`` batches are with the pipeline actor; beyond that the assigned
-partitions are paused instead of buffering records. Continuity: with a
+the aiokafka consumer lives on the shared ``EventLoopThread`` loop, where the
+fetch task and the rebalance callbacks run. Start-up does not wait for the
+group join (seconds; a stuck broker may hold it for minutes): the join runs on
+the loop while the actor can still be told to stop, and ``JoinWatch`` bounds
+it. Backpressure: at most ``max_in_flight`` batches are with the pipeline
+actor; beyond that the assigned partitions are paused. Continuity: with a
 ``GapCheck``, a fetch that skips offsets is cut before the hole and the
-partition re-fetched from it (see ``continuity``), so a broker that answers
-before an earlier batch is written cannot make the stream skip it.
+partition re-fetched from it (see ``continuity``).
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.connection_check import ConnectionCheck, check_connection
 from onceflow.actors.continuity import Continuity
+from onceflow.actors.fence import Fencing
 from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.loop import EventLoopThread
@@ -88,9 +87,10 @@ class ConsumerActor(ReportingActor):
         stop_timeout: float | None = None,
         single_worker: bool = False,
         exclusive: ExclusiveResume | None = None,
+        fencing: Fencing | None = None,
     ):
         super().__init__(on_fatal)
-        self._exclusive = exclusive  # what exclusive republish steps wrote: read on assignment
+        self._fencing, self._exclusive = fencing, exclusive  # both act on assignment
         self._single_worker = single_worker
         self._settling: set[KafkaPartition] = set()  # assigned, paused until adoption is done
         self._gap_backoff = gap_check.backoff if gap_check else 0.0
@@ -124,7 +124,8 @@ class ConsumerActor(ReportingActor):
     async def _begin(self) -> None:
         """Create the stream and let it join in the background (see the module doc)."""
         self._consumer = AIOKafkaConsumer(**self._options)
-        self._consumer.subscribe(self._topics, listener=RebalanceListener(self, self._exclusive))
+        self._consumer.subscribe(self._topics, listener=RebalanceListener(
+            self, self._exclusive, self._fencing))
         metrics.STREAM_STARTS.inc()
         self.join_began()
         self._opening = self._background(self._open())
@@ -271,16 +272,17 @@ class ConsumerActor(ReportingActor):
         await asyncio.gather(*(learn(tp) for tp in assigned))
         return positions
 
-    async def resume(self, positions: dict[TopicPartition, int]) -> None:
+    async def resume(self, positions: dict[TopicPartition, int],
+                     moved: set[TopicPartition]) -> None:
         """Tell the ledger the assignment; forget cached progress it finds stale.
 
         A stream re-created after an outage usually gets its partitions back
-        at the offsets this worker committed: the pipeline actor's states are still
-        right and stay cached. A partition resumed from elsewhere (another
-        member committed it meanwhile) or gone makes the pipeline actor drop its cache.
+        at the offsets this worker committed: the cached states are still right.
+        A partition resumed from elsewhere (another member committed it), ``moved``
+        (held by another, its epoch says) or gone makes the pipeline actor drop them.
         """
         with self._ledger() as ledger:
-            stale = ledger.assigned(positions)
+            stale = ledger.assigned(positions, moved)
         if stale:
             log.info("partitions %s moved while this stream was away: states reload",
                      sorted(stale))
@@ -388,9 +390,8 @@ def _ours(tp: KafkaPartition) -> TopicPartition:
 async def _close_parts(consumer: AIOKafkaConsumer) -> None:
     """Close the fetcher and connections an interrupted ``stop()`` left open.
 
-    aiokafka's ``stop()`` closes them only after the group coordinator has
-    finished (a join under way included); these attributes are private, so
-    this is best effort.
+    aiokafka's ``stop()`` closes them only after the group coordinator has finished
+    (a join under way included); these attributes are private: best effort.
     """
     for part in (getattr(consumer, "_fetcher", None), getattr(consumer, "_client", None)):
         if part is not None:

@@ -41,6 +41,7 @@ from onceflow.actors.retry import retrying
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
+from onceflow.stores.fencing import Fenced, Guard
 
 log = logging.getLogger(__name__)
 
@@ -139,8 +140,10 @@ class OutboxWriter:
     acknowledged: commits wait for it to reach zero.
     """
 
-    def __init__(self, store: StateStore, tally: OutboxTally):
+    def __init__(self, store: StateStore, tally: OutboxTally,
+                 guard: Callable[[], Guard] | None = None):
         self._store = store
+        self._guard = guard  # the epochs held (fencing): a zombie's rows are refused
         self._pending: list[tuple[str, _Entry]] = []
         self._wake = asyncio.Event()
         self.tally = tally
@@ -156,7 +159,9 @@ class OutboxWriter:
     async def _guarded(self) -> None:
         try:
             await self._run()
-        except Exception as error:  # the store stayed down beyond every retry
+        except Exception as error:  # the store stayed down beyond every retry, or fenced
+            if isinstance(error, Fenced):
+                metrics.FENCED.inc()
             self._failed = DeliveryFailed(f"outbox write failed: {error!r}")
             self._fail_pending()
             raise
@@ -186,8 +191,9 @@ class OutboxWriter:
             batch, self._pending = self._pending, []
             rows = {(lane, e.seq): encode_record(e.output) for lane, e in batch if not e.delivered}
             if rows:
-                await asyncio.to_thread(
-                    retrying, "outbox write", partial(self._store.outbox_append, rows))
+                guard = None if self._guard is None else self._guard()
+                await asyncio.to_thread(retrying, "outbox write",
+                                        partial(self._store.outbox_append, rows, guard=guard))
                 metrics.OUTBOXED.inc(len(rows))
             stale: dict[str, list[_Entry]] = {}
             for lane, e in batch:

@@ -15,6 +15,9 @@ input's fan-out. Unset (the default) they cost one attribute check.
   are settled (acknowledged, or in the outbox); records after them are never sent.
 - ``ONCEFLOW_FAULT_PRODUCE_FAILS=<topic>``: every send to that topic fails as
   if its leader were unreachable, so its records go to the outbox and stay.
+- ``ONCEFLOW_FAULT_NO_FENCING=1``: snapshot writes carry no epochs (wrong on
+  purpose, to show what fencing prevents: a paused worker's stale states then
+  overwrite its successor's).
 - ``ONCEFLOW_FAULT_STAGE_RAISES_ON=<text>``: the pipeline actor raises on every
   batch holding a record whose bytes contain ``text``, as a bug in the
   runtime would: the supervisor restarts it until the budget is gone.
@@ -30,6 +33,7 @@ KILL_AFTER_SAVE = os.environ.get("ONCEFLOW_FAULT_KILL_AFTER_SAVE") or None
 UPSTREAM_FIRST = os.environ.get("ONCEFLOW_FAULT_UPSTREAM_FIRST") == "1"
 KILL_AFTER_LANDING = os.environ.get("ONCEFLOW_FAULT_KILL_AFTER_LANDING") == "1"
 KILL_AFTER_SENDS = int(os.environ.get("ONCEFLOW_FAULT_KILL_AFTER_SENDS") or 0)
+NO_FENCING = os.environ.get("ONCEFLOW_FAULT_NO_FENCING") == "1"
 PRODUCE_FAILS = os.environ.get("ONCEFLOW_FAULT_PRODUCE_FAILS") or None
 STAGE_RAISES_ON = os.environ.get("ONCEFLOW_FAULT_STAGE_RAISES_ON", "").encode()
 

@@ -28,7 +28,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from onceflow.stages.state import TopicPartition
 
@@ -44,11 +44,15 @@ class Checkpoint:
     ``offsets``: per partition, the next offset to read; every record below
     it is folded into states of this checkpoint or an earlier one.
     ``sends``: the number of the last send handed to the producer before it.
+    ``depends``: the partitions with records processed but not written when it was
+    taken, whose folds its rows may hold: its writes are fenced on their epochs
+    (docs/architecture.md, "Fencing").
     """
 
     number: int
     offsets: Mapping[TopicPartition, int]
     sends: int
+    depends: frozenset[TopicPartition] = field(default=frozenset(), compare=False)
 
 
 class Ledger:
@@ -91,7 +95,8 @@ class Ledger:
         last = self._last_taken
         if not (dirty or force) and last.offsets == self._processed and last.sends == self._sends:
             return None
-        checkpoint = Checkpoint(last.number + 1, dict(self._processed), self._sends)
+        checkpoint = Checkpoint(last.number + 1, dict(self._processed), self._sends,
+                                frozenset(self.unwritten(self._processed)))
         self._taken.append(checkpoint)
         self._last_taken = checkpoint
         return checkpoint
@@ -123,17 +128,20 @@ class Ledger:
     def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
         self._committed.update(offsets)
 
-    def assigned(self, positions: Mapping[TopicPartition, int]) -> set[TopicPartition]:
+    def assigned(self, positions: Mapping[TopicPartition, int],
+                 moved: Iterable[TopicPartition] = ()) -> set[TopicPartition]:
         """Partitions now owned, each with the position the group resumes it from.
 
         Answers the partitions whose in-memory progress is stale: known here
         but resumed from elsewhere than this worker last committed (another
-        member processed and committed them meanwhile), or known here and not
-        assigned again. The caller forgets them (nothing of them is committable
-        until then); one still assigned stays owned and starts over at its
-        position.
+        member processed and committed them meanwhile), ``moved`` (their epoch
+        says another member held them meanwhile, committed or not), or known
+        here and not assigned again. The caller forgets them (nothing of them
+        is committable until then); one still assigned stays owned and starts
+        over at its position.
         """
-        stale = {tp for tp in self._known() if tp not in positions
+        moved = set(moved)
+        stale = {tp for tp in self._known() if tp not in positions or tp in moved
                  or positions[tp] != self._committed.get(tp, positions[tp])}
         self._owned = set(positions)
         self._stale = set(stale)  # the caller's copy is its own

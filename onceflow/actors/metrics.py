@@ -67,6 +67,10 @@ GAPS_ACCEPTED = Counter("onceflow_offset_gaps_accepted", "Holes in a partition's
                         registry=REGISTRY)
 JOIN_TIMEOUTS = Counter("onceflow_join_timeouts", "Consumers re-created because a group join "
                         "did not complete within join-timeout", registry=REGISTRY)
+FENCED = Counter("onceflow_fenced_writes", "Snapshot or outbox writes the store refused because "
+                 "another worker took one of their input partitions over (this one was "
+                 "paused past its session timeout); each restarts the pipeline",
+                 registry=REGISTRY)
 RESTARTS = Counter("onceflow_restarts", "Supervised restarts", ["child"], registry=REGISTRY)
 
 _last_progress = time.monotonic()

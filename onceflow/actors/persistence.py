@@ -11,10 +11,21 @@ Parquet file, after its history rows and before its states (which no longer
 hold those windows), so a committed offset implies its files exist and a
 crash before the states replays the windows' closing
 (``onceflow.analytics.landing`` explains why that stays idempotent).
+
+Fencing: every store write of a snapshot carries the epochs of the partitions
+the snapshot depends on (``Checkpoint.depends``), checked by the store
+atomically with the write. A refused write (``Fenced``: another worker took a
+partition over while this one was paused) is counted, logged and fails the
+actor: nothing more of the snapshot is written, its offsets never become
+durable, and the supervisor restarts the pipeline from what is durable
+(docs/architecture.md, "Fencing"). A landing file is written only after its
+history rows passed the check.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -22,14 +33,24 @@ import pykka
 
 from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.fence import EpochFence
 from onceflow.actors.ledger import LedgerError, SharedLedger
-from onceflow.actors.messages import Barrier, PersistenceMessage, StageRows, unexpected
+from onceflow.actors.messages import (
+    Barrier,
+    PersistenceMessage,
+    Snapshot,
+    StageRows,
+    unexpected,
+)
 from onceflow.actors.retry import retrying
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
+from onceflow.stores.fencing import Fenced, Guard
 
 if TYPE_CHECKING:
     from onceflow.actors.producer import ProducerActor
+
+log = logging.getLogger(__name__)
 
 
 class WindowSink(Protocol):
@@ -49,8 +70,10 @@ class PersistenceActor(ReportingActor):
         stats_store: StateStore | None,
         on_fatal: FatalHandler,
         landing: WindowSink | None = None,
+        fence: EpochFence | None = None,
     ):
         super().__init__(on_fatal)
+        self._fence = fence
         self._stores = stores
         self._producer = producer
         self._ledger = ledger
@@ -71,11 +94,14 @@ class PersistenceActor(ReportingActor):
             if not ledger.writable(checkpoint):
                 raise LedgerError(f"checkpoint {checkpoint.number} may not be written: "
                                   f"{ledger.why_not_writable(checkpoint)}")
-        landed = False
-        for rows in write_order(message.rows):
-            landed |= self._save(self._stores[rows.store], rows, checkpoint.offsets)
-            if rows.stage_id == faults.KILL_AFTER_SAVE:
-                faults.die()
+        try:
+            landed = self._write(message)
+        except Fenced as error:
+            self._fenced(error, message)
+            # Fail the pipeline now, whoever asked: a Flush in a revoke callback would
+            # only have its exception logged by aiokafka.
+            self._on_fatal(type(self).__name__, error)
+            raise
         if landed and faults.KILL_AFTER_LANDING:
             faults.die()
         with self._ledger() as ledger:
@@ -85,21 +111,50 @@ class PersistenceActor(ReportingActor):
             retrying("stats", lambda: stats.add_stats(message.stats))
         return checkpoint.offsets
 
+    def _write(self, message: Snapshot) -> bool:
+        """Every stage, downstream first; True when a landing file was written."""
+        checkpoint = message.checkpoint
+        guard = None
+        if self._fence is not None and not faults.NO_FENCING:
+            guard = self._fence.expect(checkpoint.depends)
+        landed = False
+        for rows in write_order(message.rows):
+            landed |= self._save(self._stores[rows.store], rows, checkpoint.offsets, guard)
+            if rows.stage_id == faults.KILL_AFTER_SAVE:
+                faults.die()
+        fenced = next((store for store in self._stores.values() if store.fenced), None)
+        if guard and not message.rows and fenced is not None:
+            # Nothing to write, but its offsets become durable: only if still the owner.
+            retrying("check epochs", lambda: fenced.check_epochs(guard))
+        return landed
+
+    def _fenced(self, error: Fenced, message: Snapshot) -> None:
+        """Count and log a refused write; the caller fails the actor."""
+        metrics.FENCED.inc()
+        log.error("%s; snapshot %d (offsets %s) not written: the pipeline restarts from what "
+                  "is durable", error, message.checkpoint.number,
+                  dict(sorted(message.checkpoint.offsets.items())))
+        stats = self._stats_store
+        if stats is not None:  # best effort, like every stat
+            with contextlib.suppress(Exception):
+                stats.add_stats({"fenced_writes": 1})
+
     def _save(self, store: StateStore, rows: StageRows,
-              offsets: Mapping[TopicPartition, int]) -> bool:
+              offsets: Mapping[TopicPartition, int], guard: Guard | None) -> bool:
         """Closed windows first (history, then landing file): the states written next no
         longer hold them. True when a landing file was written."""
         landing = self._landing
         if rows.closed_windows:
             retrying(f"save history {rows.stage_id}",
-                     lambda: store.save_history(rows.stage_id, rows.closed_windows))
+                     lambda: store.save_history(rows.stage_id, rows.closed_windows, guard=guard))
         landed = False
         if rows.closed_windows and landing is not None:
             retrying(f"landing {rows.stage_id}",
                      lambda: landing.write(rows.stage_id, rows.closed_windows, offsets))
             landed = True
         with metrics.STORE_SECONDS.labels(type(store).__name__).time():
-            retrying(f"save {rows.stage_id}", lambda: store.save(rows.stage_id, rows.states))
+            retrying(f"save {rows.stage_id}",
+                     lambda: store.save(rows.stage_id, rows.states, guard=guard))
         metrics.PERSISTED.labels(rows.stage_id).inc(len(rows.states))
         return landed
 

@@ -127,7 +127,11 @@ class PipelineActor(ReportingActor):
             case Flush():
                 return self._flush()
             case Forget():
-                self._forget(message.partitions)
+                try:
+                    self._forget(message.partitions)
+                except LedgerError as error:  # an ask's error reaches only the asker
+                    self._on_fatal(type(self).__name__, error)
+                    raise
             case ResumeOutputs():
                 self._runner.written.resume(message.topic, message.written, message.scanned)
             case _:

@@ -36,6 +36,7 @@ from onceflow.actors.messages import Adopt, Barrier, Pending, ProducerMessage, S
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
+from onceflow.stores.fencing import Guard
 
 
 async def _now(read: Callable[[], dict[TopicPartition, list[Output]]]
@@ -53,6 +54,7 @@ class ProducerActor(ReportingActor):
         max_block: float,
         outbox: StateStore | None,
         tally: OutboxTally,
+        outbox_guard: Callable[[], Guard] | None = None,
         io: EventLoopThread,
         start_timeout: float,
         on_fatal: FatalHandler,
@@ -62,6 +64,7 @@ class ProducerActor(ReportingActor):
         self._delivery = delivery
         self._max_block = max_block
         self._outbox_store = outbox
+        self._outbox_guard = outbox_guard
         self._tally = tally
         self._start_timeout = start_timeout
         self._io = io
@@ -81,7 +84,7 @@ class ProducerActor(ReportingActor):
         self._producer = AIOKafkaProducer(**self._options)
         self._order = asyncio.Lock()
         outbox = None if self._outbox_store is None else \
-            OutboxWriter(self._outbox_store, self._tally)
+            OutboxWriter(self._outbox_store, self._tally, self._outbox_guard)
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
         await self._producer.start()
 

@@ -56,6 +56,11 @@ class WorkerProcess:
         self._proc.wait()
         self.kills += 1
 
+    def signal(self, signum: signal.Signals) -> None:
+        """Send ``signum`` (e.g. SIGSTOP and SIGCONT to freeze and thaw it)."""
+        assert self._proc is not None
+        self._proc.send_signal(signum)
+
     def terminate(self, timeout: float) -> int | None:
         """SIGTERM and wait; None if it did not exit in time (then it is killed)."""
         assert self._proc is not None

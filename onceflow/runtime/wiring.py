@@ -132,6 +132,13 @@ def check_landing(settings: Settings, pipeline: Pipeline) -> None:
                           + f" (missing: {', '.join(absent)}), or leave the key unset")
 
 
+def unfenced_stores(pipeline: Pipeline) -> list[str]:
+    """The state stores of the pipeline whose writes are not fenced (Cassandra)."""
+    names = {spec.store for spec in pipeline.aggregates} | (
+        {pipeline.dedup_store} if pipeline.dedup_store else set())
+    return sorted(names - {"redis"})
+
+
 def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]:
     """One client per store the pipeline's aggregates use, by store name.
 

@@ -35,6 +35,7 @@ from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor, GapCheck
 from onceflow.actors.delivery import OutboxTally
+from onceflow.actors.fence import Fencing
 from onceflow.actors.join_watch import JoinWatch
 from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.loop import EventLoopThread
@@ -75,6 +76,7 @@ from onceflow.runtime.wiring import (
     open_stores,
     outbox_store,
     producer_options,
+    unfenced_stores,
 )
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.state import TopicPartition
@@ -127,12 +129,18 @@ class PipelineCore:
         stage_stores, write_stores = self._stores
         # Stats go to the first store the pipeline uses; a stateless republisher has none.
         stats_store = next(iter(write_stores.values()), None)
+        # Fencing: epochs in the first fenced (Redis) store; writes to it carry them.
+        fenced = next((store for store in stage_stores.values() if store.fenced), None)
+        self.fencing = None if fenced is None else Fencing(fenced)
+        fence = None if self.fencing is None else self.fencing.fence
         outbox_kind = outbox_store(s, pipeline)
         self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
         self.producer = ProducerActor.start(
             options=producer_options(s), delivery=delivery_settings(s),
             max_block=s.kafka.producer.max_block, outbox=self._outbox,
             tally=OutboxTally(self._count_outboxed),
+            outbox_guard=fence.held if fence is not None and self._outbox is not None
+            and self._outbox.fenced else None,
             io=self.io, start_timeout=self.start_timeout,
             on_fatal=on_fatal,
         )
@@ -149,6 +157,7 @@ class PipelineCore:
             stats_store=stats_store,
             on_fatal=on_fatal,
             landing=landing,
+            fence=fence,
         )
         self.pipeline_actor = PipelineActor.start(
             pipeline=pipeline,
@@ -242,6 +251,7 @@ class ConsumerStream:
             single_worker=s.single_worker,
             stop_timeout=s.shutdown.timeout / 2,  # leaving the group: half the budget
             exclusive=exclusive_resume(core, on_fatal),
+            fencing=core.fencing,
         )
         core.commit.proxy().use_consumer(self.actor).get()
 
@@ -315,6 +325,11 @@ class Worker:
             self._http = HealthServer(m.host, m.port, self.status).start()
             log.info("metrics and health on http://%s:%d/", m.host, self._http.port)
         log.info("worker started: pipeline %r on %s", self.pipeline.id, self.pipeline.topics)
+        unfenced = unfenced_stores(self.pipeline)
+        if unfenced:
+            log.warning("writes to %s are not fenced: a worker paused past its session "
+                        "timeout could still overwrite its successor's states there "
+                        "(README, Fencing)", ", ".join(unfenced))
 
     def status(self) -> dict[str, Any]:
         """What /health reports: per-child state, escalation, progress and lag."""

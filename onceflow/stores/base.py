@@ -14,6 +14,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 
+from onceflow.stores.fencing import Guard
+
 # History rows live beside the states under "<stage>#history" ('#' never
 # appears in a stage id), so every store supports them through save/scan.
 HISTORY_SUFFIX = "#history"
@@ -34,28 +36,39 @@ class StateStore(ABC):
     """
 
     history_retention: float = 0.0
+    #: Whether writes given a ``guard`` check it (``onceflow.stores.fencing``); a store
+    #: that does not ignores it.
+    fenced: bool = False
 
     @abstractmethod
     def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
         """Batched read; keys never written are absent from the result."""
 
     @abstractmethod
-    def save(self, stage_id: str, rows: Mapping[str, bytes]) -> None:
-        """Write every row; each row is written atomically on its own."""
+    def save(self, stage_id: str, rows: Mapping[str, bytes], *, guard: Guard | None = None
+             ) -> None:
+        """Write every row; each row is written atomically on its own.
+
+        With a ``guard``, a fenced store writes nothing and raises ``Fenced`` unless it
+        holds exactly those epochs, checked atomically with the write.
+        """
 
     @abstractmethod
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         """Every row of a stage (for verification and analytics, not the hot path)."""
 
-    def save_history(self, stage_id: str, rows: Mapping[tuple[str, int], bytes]) -> None:
+    def save_history(self, stage_id: str, rows: Mapping[tuple[str, int], bytes], *,
+                     guard: Guard | None = None) -> None:
         """Write closed windows, (key, window start ms) -> final value; idempotent."""
         encoded = {f"{start}|{key}": value for (key, start), value in rows.items()}
         if self.history_retention:
-            self.save_expiring(stage_id + HISTORY_SUFFIX, encoded, self.history_retention)
+            self.save_expiring(stage_id + HISTORY_SUFFIX, encoded, self.history_retention,
+                               guard=guard)
         else:
-            self.save(stage_id + HISTORY_SUFFIX, encoded)
+            self.save(stage_id + HISTORY_SUFFIX, encoded, guard=guard)
 
-    def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float) -> None:
+    def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float, *,
+                      guard: Guard | None = None) -> None:
         """Like ``save``, each row expiring ``ttl`` seconds (> 0) after this write."""
         raise NotImplementedError(f"{type(self).__name__} cannot expire rows")
 
@@ -64,6 +77,14 @@ class StateStore(ABC):
         for name, value in self.scan(stage_id + HISTORY_SUFFIX):
             start, _, key = name.partition("|")
             yield key, int(start), value
+
+    def take_epochs(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The next epoch of each input partition, atomically (a fenced store only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not fenced")
+
+    def check_epochs(self, guard: Guard) -> None:
+        """Raise ``Fenced`` unless the store holds exactly these epochs (a fenced store only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not fenced")
 
     @abstractmethod
     def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:
@@ -75,7 +96,8 @@ class StateStore(ABC):
         """
 
     @abstractmethod
-    def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
+    def outbox_append(self, rows: Mapping[OutboxKey, bytes], *, guard: Guard | None = None
+                      ) -> None:
         """Durably keep records not yet delivered (opaque bytes), so a crash cannot lose them.
 
         Idempotent: writing the same key and value again (a retry) is fine.

@@ -23,9 +23,8 @@ atomicity no caller needs). Only CQL that Cassandra 2.1 and 4/5 share is used::
         pipeline text, stage text, key text, home text,
         PRIMARY KEY ((pipeline, stage, key)));
 
-Rows are written ``USING TTL``: 0 (never expire) but for history rows under a
-retention. Expired rows are tombstones until compacted after gc_grace_seconds (10
-days); a scan meeting 100,000 fails, so expiring more wants a shorter one on states.
+Rows are written ``USING TTL``: 0 (never) but for history rows under a retention.
+Not fenced: a write's guard is ignored (docs/architecture.md, "Fencing").
 
 A key's home (the one input partition allowed to feed its state) is claimed
 with a lightweight transaction (``INSERT ... IF NOT EXISTS``), once per key
@@ -40,18 +39,16 @@ Cassandra's ``tombstone_failure_threshold`` (100,000) fails: hence the short
 sent again, a duplicate downstream discards. Outages that outbox more than
 ~100,000 records an hour want the Redis outbox (the default).
 
-The keyspace and tables are created on first use only if the cluster's
-schema metadata lacks them, so a schema created ahead of time (recommended
-on multi-node clusters: concurrent CREATE TABLE from several workers on
-different coordinators can disagree) needs no CREATE permission.
+The keyspace and tables are created on first use only if the schema metadata
+lacks them, so a schema created ahead of time (recommended on multi-node
+clusters: concurrent CREATE TABLE on different coordinators can disagree)
+needs no CREATE permission.
 
-Reads see every acknowledged write as long as the consistency level makes
-reads and writes overlap (LOCAL_QUORUM, the default, does within one
-datacenter; the settings refuse levels that do not for the configured
-replication). Write order between successive saves of one key rests on the
-driver's client-side timestamps, which are monotonic within a process; two
-workers on hosts with skewed clocks writing the same key (a rebalance) rely
-on the clocks being closer than the rebalance takes.
+Reads see every acknowledged write if the consistency level makes reads and
+writes overlap (LOCAL_QUORUM, the default, does in one datacenter; the settings
+refuse levels that do not). Write order between saves of one key rests on the
+driver's client-side timestamps, monotonic within a process; across workers (a
+rebalance) on clocks closer than the rebalance takes.
 """
 
 from __future__ import annotations
@@ -92,6 +89,7 @@ from onceflow.stores.cassandra_schema import (
     TABLES,
     create_schema,
 )
+from onceflow.stores.fencing import Guard
 
 __all__ = ["CONSISTENCY_LEVELS", "TABLES", "CassandraStore", "CassandraUnavailable"]
 
@@ -215,13 +213,15 @@ class CassandraStore(StateStore):
                 rows[key] = row[0]
         return rows
 
-    def save(self, stage_id: str, rows: Mapping[str, bytes], ttl: float = 0) -> None:
+    def save(self, stage_id: str, rows: Mapping[str, bytes], ttl: float = 0, *,
+             guard: Guard | None = None) -> None:  # not fenced: the guard is ignored
         if rows:  # TTL 0: the row never expires; else whole seconds, rounded up
             self._run_all(self._ready().insert, [(self._pipeline, stage_id, k, v, math.ceil(ttl))
                                                  for k, v in rows.items()])
 
-    def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float) -> None:
-        self.save(stage_id, rows, ttl)
+    def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float, *,
+                      guard: Guard | None = None) -> None:
+        self.save(stage_id, rows, ttl)  # not fenced either
 
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         """Every row of ``stage_id``, paging through the whole table.
@@ -247,7 +247,7 @@ class CassandraStore(StateStore):
             homes[key] = proposed if row["[applied]"] else row["home"]
         return homes
 
-    def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
+    def outbox_append(self, rows: Mapping[OutboxKey, bytes], *, guard: Guard | None = None) -> None:
         if rows:
             self._run_all(self._ready().outbox_insert,
                           [(self._pipeline, lane, seq, v) for (lane, seq), v in rows.items()])

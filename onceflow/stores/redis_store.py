@@ -9,6 +9,11 @@ key homes in one hash per stage ``<prefix>:<pipeline>:home:<stage>`` (HSETNX),
 history rows (``<stage>#history``) with a PX expiry when a retention is set,
 and the outbox, one hash ``<prefix>:<pipeline>:outbox`` of field ``<lane>|<seq>``
 (split from the right: a lane is ``<topic>|<partition>``) -> record.
+
+A write given a guard (the epochs of the input partitions it depends on) is
+one Lua script that checks them and writes, or refuses with ``Fenced``
+(``onceflow.stores.redis_fence``); the epochs are ``<prefix>:<pipeline>:epoch:
+<topic>|<partition>``.
 """
 
 from __future__ import annotations
@@ -20,12 +25,16 @@ import redis
 
 from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, redis_options
 from onceflow.stores.base import OutboxKey, StateStore
+from onceflow.stores.fencing import Guard
+from onceflow.stores.redis_fence import RedisFence
 
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
 
 class RedisStore(StateStore):
     """``access`` logs in (AUTH, an ACL user) and sets up TLS (a ``rediss://`` URL)."""
+
+    fenced = True
 
     def __init__(self, url: str, key_prefix: str, pipeline_id: str, timeout: float = 5.0,
                  history_retention: float = 0.0, *, access: StoreAccess = NO_ACCESS):
@@ -35,6 +44,7 @@ class RedisStore(StateStore):
         )
         self._base = f"{key_prefix}:{pipeline_id}"
         self._outbox = f"{self._base}:outbox"
+        self.fence = RedisFence(self._client, self._base)
 
     def _key(self, stage_id: str, key: str) -> str:
         return f"{self._base}:s:{stage_id}:{key}"
@@ -45,16 +55,32 @@ class RedisStore(StateStore):
         values = cast(list[bytes | None], self._client.mget([self._key(stage_id, k) for k in keys]))
         return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
-    def save(self, stage_id: str, rows: Mapping[str, bytes]) -> None:
+    def take_epochs(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return self.fence.take(partitions)
+
+    def check_epochs(self, guard: Guard) -> None:
+        self.fence.write(guard, "mset", {})
+
+    def save(self, stage_id: str, rows: Mapping[str, bytes], *, guard: Guard | None = None
+             ) -> None:
         if not rows:
             return
-        self._client.mset({self._key(stage_id, key): value for key, value in rows.items()})
+        named = {self._key(stage_id, key): value for key, value in rows.items()}
+        if guard:
+            self.fence.write(guard, "mset", named)
+        else:
+            self._client.mset(named)
 
-    def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float) -> None:
+    def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float, *,
+                      guard: Guard | None = None) -> None:
         """One SET PX per row, pipelined: one round trip, as MSET (which cannot expire)."""
         if not rows:
             return
         ttl_ms = max(1, round(ttl * 1000))
+        if guard:
+            self.fence.write(guard, "px", {self._key(stage_id, key): value
+                                          for key, value in rows.items()}, px=ttl_ms)
+            return
         pipe = self._client.pipeline(transaction=False)
         for key, value in rows.items():
             pipe.set(self._key(stage_id, key), value, px=ttl_ms)
@@ -91,8 +117,15 @@ class RedisStore(StateStore):
         winners = cast(list[bytes], pipe.execute()[-1])
         return {key: won.decode() for key, won in zip(proposals, winners, strict=True)}
 
-    def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
-        if rows:
+    def outbox_append(self, rows: Mapping[OutboxKey, bytes], *, guard: Guard | None = None
+                      ) -> None:
+        if not rows:
+            return
+        if guard:
+            self.fence.write(guard, "hset", {f"{lane}|{seq}": value
+                                             for (lane, seq), value in rows.items()},
+                             hash_key=self._outbox)
+        else:
             self._client.hset(self._outbox, mapping={f"{lane}|{seq}": value
                                                      for (lane, seq), value in rows.items()})
 

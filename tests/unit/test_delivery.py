@@ -19,6 +19,7 @@ from onceflow.actors.delivery import (
 )
 from onceflow.stages.outcome import Output
 from onceflow.stores.base import OutboxKey, StateStore
+from onceflow.stores.fencing import Guard
 
 FAST = DeliverySettings(delivery_timeout=0.2, request_timeout=0.2, retries=2,
                         retry_backoff=0.01, reconnect_backoff=0.01, reconnect_backoff_max=0.02)
@@ -31,7 +32,8 @@ class MemoryOutbox(StateStore):
         self.rows: dict[OutboxKey, bytes] = {}
         self.most = 0
 
-    def outbox_append(self, rows: Mapping[OutboxKey, bytes]) -> None:
+    def outbox_append(self, rows: Mapping[OutboxKey, bytes], *, guard: Guard | None = None
+                      ) -> None:
         self.rows.update(rows)
         self.most = max(self.most, len(self.rows))
 
@@ -48,7 +50,8 @@ class MemoryOutbox(StateStore):
     def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
         raise NotImplementedError
 
-    def save(self, stage_id: str, rows: Mapping[str, bytes]) -> None:
+    def save(self, stage_id: str, rows: Mapping[str, bytes], *, guard: Guard | None = None
+             ) -> None:
         raise NotImplementedError
 
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:

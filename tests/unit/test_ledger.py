@@ -609,3 +609,38 @@ class LedgerMachine(RuleBasedStateMachine):
 LedgerMachine.TestCase.settings = settings(
     max_examples=200, stateful_step_count=50, deadline=None, report_multiple_bugs=False)
 TestLedgerMachine = LedgerMachine.TestCase
+
+
+# -- fencing ------------------------------------------------------------------
+
+
+def test_a_checkpoint_depends_on_the_partitions_with_unwritten_records() -> None:
+    ledger = Ledger()
+    ledger.assigned({A: 0, B: 0})
+    ledger.processed({A: 3, B: 5}, sent=False)
+    first = ledger.take(dirty=True)
+    assert first is not None and first.depends == {A, B}
+    ledger.settled(0)
+    ledger.written(first)
+    ledger.processed({B: 7}, sent=False)  # only B has new records
+    second = ledger.take(dirty=True)
+    assert second is not None and second.depends == {B}
+    # Forgetting needs everything written, so a forgotten partition is never depended on.
+    ledger.written(second)
+    ledger.forget({A})
+    third = ledger.take(dirty=False, force=True)
+    assert third is not None and third.depends == frozenset()
+
+
+def test_a_moved_partition_is_stale_even_where_the_group_resumes_it_unchanged() -> None:
+    ledger = Ledger()
+    ledger.assigned({A: 0, B: 0})
+    ledger.processed({A: 4, B: 4}, sent=False)
+    checkpoint = ledger.take(dirty=True)
+    assert checkpoint is not None
+    ledger.written(checkpoint)
+    ledger.committed({A: 4, B: 4})
+    # Another member held A in between and wrote states, but committed nothing: only
+    # its epoch tells.
+    assert ledger.assigned({A: 4, B: 4}, moved={A}) == {A}
+    assert ledger.committable() == {}

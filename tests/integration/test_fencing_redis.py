@@ -1,0 +1,104 @@
+"""Fenced writes on a real Redis: epochs, and writes refused whole once an epoch moved.
+
+Two clients of the same pipeline stand for two workers: ``old`` took the
+partitions' epochs first, ``new`` took them over (the next epochs). Every kind
+of guarded write (states, expiring history rows, outbox rows) of ``old`` is
+then refused with ``Fenced`` and leaves the store as it was; ``new``'s pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from onceflow.devtools.services import ServiceInfo
+from onceflow.stores.fencing import Fenced
+from onceflow.stores.redis_store import RedisStore
+
+A, B = ("orders", 0), ("orders", 1)
+
+
+@pytest.fixture
+def pair(redis_service: ServiceInfo, unique_name: Callable[..., str]
+         ) -> Iterator[tuple[RedisStore, RedisStore]]:
+    prefix, pipeline = unique_name("ns"), unique_name("p")
+    url = f"redis://{redis_service.address}/0"
+    old, new = RedisStore(url, prefix, pipeline), RedisStore(url, prefix, pipeline)
+    yield old, new
+    old.close()
+    new.close()
+
+
+def test_epochs_count_up_per_partition_and_pipeline(
+    pair: tuple[RedisStore, RedisStore], redis_service: ServiceInfo,
+    unique_name: Callable[..., str],
+) -> None:
+    old, new = pair
+    assert old.take_epochs([A, B]) == {A: 1, B: 1}
+    assert new.take_epochs([A]) == {A: 2}
+    assert old.take_epochs([B, A]) == {A: 3, B: 2}
+    other = RedisStore(f"redis://{redis_service.address}/0", unique_name("ns"), "p")
+    try:
+        assert other.take_epochs([A]) == {A: 1}  # another namespace: its own epochs
+    finally:
+        other.close()
+    assert old.take_epochs([]) == {}
+
+
+def test_a_write_under_a_moved_epoch_is_refused_whole(pair: tuple[RedisStore, RedisStore]
+                                                      ) -> None:
+    old, new = pair
+    held = old.take_epochs([A, B])
+    old.save("s", {"k1": b"old-1"}, guard=held)  # still the owner: written
+    taken = new.take_epochs([B])  # B moves to the new owner
+    new.save("s", {"k1": b"new-1"}, guard={B: taken[B]})
+    with pytest.raises(Fenced) as refused:
+        old.save("s", {"k1": b"stale", "k2": b"stale"}, guard=held)
+    assert (refused.value.partition, refused.value.held, refused.value.stored) == (B, 1, 2)
+    assert old.load("s", ["k1", "k2"]) == {"k1": b"new-1"}  # nothing of it written
+    # A write that depends on A only still passes: A did not move.
+    old.save("s", {"k3": b"a-only"}, guard={A: held[A]})
+    assert old.load("s", ["k3"]) == {"k3": b"a-only"}
+
+
+def test_history_rows_and_outbox_rows_are_fenced_too(pair: tuple[RedisStore, RedisStore]
+                                                     ) -> None:
+    old, new = pair
+    held = old.take_epochs([A])
+    new.take_epochs([A])
+    for retention in (0.0, 60.0):  # plain MSET and SET PX
+        old.history_retention = retention
+        with pytest.raises(Fenced):
+            old.save_history("s", {("k", 0): b"w"}, guard=held)
+        assert list(old.scan_history("s")) == []
+    with pytest.raises(Fenced):
+        old.outbox_append({("out|0", 7): b"r"}, guard=held)
+    assert old.outbox_load() == {}
+    mine = new.take_epochs([A])
+    new.history_retention = 60.0
+    new.save_history("s", {("k", 0): b"w"}, guard=mine)
+    new.outbox_append({("out|0", 7): b"r", ("out|0", 8): b"s"}, guard=mine)
+    assert list(new.scan_history("s")) == [("k", 0, b"w")]
+    assert new.outbox_load() == {"out|0": [(7, b"r"), (8, b"s")]}
+
+
+def test_a_guarded_write_of_many_rows_goes_out_in_chunks(pair: tuple[RedisStore, RedisStore]
+                                                         ) -> None:
+    old, _ = pair
+    held = old.take_epochs([A, B])
+    rows = {f"k{i}": f"v{i}".encode() for i in range(5_003)}  # beyond Lua's unpack limit
+    old.save("s", rows, guard=held)
+    assert dict(old.scan("s")) == rows
+    outbox = {("out|1", i): b"x" for i in range(2_501)}
+    old.outbox_append(outbox, guard=held)
+    assert len(old.outbox_load()["out|1"]) == 2_501
+
+
+def test_checking_the_epochs_alone_writes_nothing(pair: tuple[RedisStore, RedisStore]) -> None:
+    old, new = pair
+    held = old.take_epochs([A])
+    old.check_epochs(held)
+    new.take_epochs([A])
+    with pytest.raises(Fenced):
+        old.check_epochs(held)

@@ -1,0 +1,147 @@
+"""PersistenceActor under fencing: a refused snapshot writes nothing and is never durable.
+
+The store here is a dict that checks guards as Redis's script does (every
+epoch equal, or nothing written); the real script is tested against Redis in
+``tests/integration/test_fencing_redis.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pykka
+import pytest
+
+from onceflow.actors import metrics
+from onceflow.actors.fence import EpochFence
+from onceflow.actors.ledger import SharedLedger
+from onceflow.actors.messages import Barrier, Snapshot, StageRows
+from onceflow.actors.persistence import PersistenceActor
+from onceflow.stages.state import TopicPartition
+from onceflow.stores.base import OutboxKey, StateStore
+from onceflow.stores.fencing import Fenced, Guard, first_mismatch
+
+A: TopicPartition = ("t", 0)
+B: TopicPartition = ("t", 1)
+
+
+class MemoryFencedStore(StateStore):
+    fenced = True
+
+    def __init__(self) -> None:
+        self.epochs: dict[TopicPartition, int] = {}
+        self.rows: dict[tuple[str, str], bytes] = {}
+        self.stats: dict[str, int] = {}
+
+    def _check(self, guard: Guard | None) -> None:
+        refused = first_mismatch(guard or {}, self.epochs)
+        if refused is not None:
+            raise refused
+
+    def save(self, stage_id: str, rows: Mapping[str, bytes], *, guard: Guard | None = None
+             ) -> None:
+        self._check(guard)
+        self.rows.update({(stage_id, key): value for key, value in rows.items()})
+
+    def check_epochs(self, guard: Guard) -> None:
+        self._check(guard)
+
+    def add_stats(self, counters: Mapping[str, int]) -> None:
+        for name, n in counters.items():
+            self.stats[name] = self.stats.get(name, 0) + n
+
+    def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
+        raise NotImplementedError
+
+    def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
+        raise NotImplementedError
+
+    def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:
+        raise NotImplementedError
+
+    def outbox_append(self, rows: Mapping[OutboxKey, bytes], *, guard: Guard | None = None
+                      ) -> None:
+        raise NotImplementedError
+
+    def outbox_remove(self, keys: Sequence[OutboxKey]) -> None:
+        raise NotImplementedError
+
+    def outbox_load(self) -> dict[str, list[tuple[int, bytes]]]:
+        raise NotImplementedError
+
+    def read_stats(self) -> dict[str, int]:
+        return dict(self.stats)
+
+    def close(self) -> None:
+        pass
+
+
+class SettledProducer(pykka.ThreadingActor):
+    """Answers every barrier: nothing was ever sent."""
+
+    def on_receive(self, message: Any) -> int:
+        assert isinstance(message, Barrier)
+        return 0
+
+
+@pytest.fixture
+def producer() -> Iterator[pykka.ActorRef[Any]]:
+    ref = SettledProducer.start()
+    yield ref
+    ref.stop()
+
+
+def snapshot_of(ledger: SharedLedger, rows: dict[str, bytes]) -> Snapshot:
+    with ledger() as ready:
+        ready.assigned({A: 0, B: 0})
+        ready.processed({A: 5, B: 3}, sent=False)
+        checkpoint = ready.take(dirty=bool(rows), force=True)
+    assert checkpoint is not None and checkpoint.depends == {A, B}
+    return Snapshot([StageRows("per_key", "mem", rows, {})] if rows else [], checkpoint)
+
+
+def persistence(store: MemoryFencedStore, ledger: SharedLedger, fence: EpochFence,
+                producer: pykka.ActorRef[Any], reported: list[BaseException]
+                ) -> pykka.ActorRef[PersistenceActor]:
+    return PersistenceActor.start(stores={"mem": store}, producer=producer, ledger=ledger,
+                                  stats_store=store, fence=fence,
+                                  on_fatal=lambda who, error: reported.append(error))
+
+
+@pytest.mark.parametrize("rows", [{"k": b"v"}, {}], ids=["rows", "no-rows"])
+def test_a_snapshot_of_a_partition_taken_over_is_refused_and_never_durable(
+    producer: pykka.ActorRef[Any], rows: dict[str, bytes],
+) -> None:
+    store, ledger, fence, reported = MemoryFencedStore(), SharedLedger(), EpochFence(), []
+    fence.assign({A: 1, B: 1})
+    store.epochs = {A: 1, B: 2}  # another worker took B over
+    before = metrics.FENCED._value.get()
+    ref = persistence(store, ledger, fence, producer, reported)
+    try:
+        with pytest.raises(Fenced, match=r"t\[1\]: this worker holds epoch 1, the store has 2"):
+            ref.ask(snapshot_of(ledger, rows), timeout=5)
+    finally:
+        ref.stop()
+    assert store.rows == {}
+    assert [type(error) for error in reported] == [Fenced]  # the pipeline restarts
+    assert store.stats == {"fenced_writes": 1}
+    assert metrics.FENCED._value.get() == before + 1
+    with ledger() as after:
+        assert after.committable() == {}  # its offsets never became durable
+
+
+def test_a_snapshot_of_partitions_still_held_is_written_and_durable(
+    producer: pykka.ActorRef[Any],
+) -> None:
+    store, ledger, fence, reported = MemoryFencedStore(), SharedLedger(), EpochFence(), []
+    fence.assign({A: 1, B: 1})
+    store.epochs = {A: 1, B: 1}
+    ref = persistence(store, ledger, fence, producer, reported)
+    try:
+        assert ref.ask(snapshot_of(ledger, {"k": b"v"}), timeout=5) == {A: 5, B: 3}
+    finally:
+        ref.stop()
+    assert store.rows == {("per_key", "k"): b"v"} and reported == []
+    with ledger() as after:
+        assert after.committable() == {A: 5, B: 3}
