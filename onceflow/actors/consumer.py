@@ -8,7 +8,8 @@ the loop while the actor can still be told to stop, and ``JoinWatch`` bounds
 it. Backpressure: at most ``max_in_flight`` batches are with the pipeline
 actor; beyond that the assigned partitions are paused. Continuity: with a
 ``GapCheck``, a fetch that skips offsets is cut before the hole and the
-partition re-fetched from it (see ``continuity``).
+partition re-fetched from it; always, a partition that serves records below
+its assigned position stops the worker (see ``continuity``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -28,7 +28,7 @@ from aiokafka.errors import IllegalStateError, KafkaError
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.connection_check import ConnectionCheck, check_connection
-from onceflow.actors.continuity import Continuity
+from onceflow.actors.continuity import Continuity, GapCheck
 from onceflow.actors.fence import Fencing
 from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.ledger import SharedLedger
@@ -57,14 +57,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class GapCheck:
-    """``onceflow.consumer.gap-*``: re-fetches of a hole before it is accepted, and the pause."""
-
-    refetches: int
-    backoff: float
-
-
 class ConsumerActor(ReportingActor):
     def __init__(
         self,
@@ -81,8 +73,8 @@ class ConsumerActor(ReportingActor):
         producer: pykka.ActorRef[ProducerActor],
         ledger: SharedLedger,
         on_fatal: FatalHandler,
+        gap_check: GapCheck,
         connection_check: ConnectionCheck | None = None,
-        gap_check: GapCheck | None = None,
         join_watch: JoinWatch | None = None,
         stop_timeout: float | None = None,
         single_worker: bool = False,
@@ -93,8 +85,9 @@ class ConsumerActor(ReportingActor):
         self._fencing, self._exclusive = fencing, exclusive  # both act on assignment
         self._single_worker = single_worker
         self._settling: set[KafkaPartition] = set()  # assigned, paused until adoption is done
-        self._gap_backoff = gap_check.backoff if gap_check else 0.0
-        self._continuity = Continuity(gap_check.refetches) if gap_check else None
+        self._gap_backoff = gap_check.backoff
+        self._continuity = Continuity(gap_check.refetches, gap_check.rewind_grace)
+        self._ends_checked = 0.0  # when the fetched high watermarks were last compared
         self._held: dict[KafkaPartition, asyncio.TimerHandle] = {}  # paused before a re-fetch
         self._join = join_watch
         self._stop_timeout = start_timeout if stop_timeout is None else stop_timeout
@@ -165,7 +158,8 @@ class ConsumerActor(ReportingActor):
                     if high is not None:
                         metrics.LAG.labels(tp.topic, str(tp.partition)).set(
                             high - recs[-1].offset - 1)
-                    records += recs if self._continuity is None else self._continuous(tp, recs)
+                    records += self._continuous(tp, recs)
+            self._check_ends(consumer)
             if records:
                 self._in_flight += 1
                 if self._in_flight >= self._max_in_flight:
@@ -176,9 +170,18 @@ class ConsumerActor(ReportingActor):
                     log.warning("pipeline actor gone (its failure is being handled): fetch stops")
                     return
 
+    def _check_ends(self, consumer: AIOKafkaConsumer) -> None:
+        """Once a second: does a partition's log end below where this worker is?"""
+        now = asyncio.get_running_loop().time()
+        if now - self._ends_checked >= 1.0:
+            self._ends_checked = now
+            for tp in consumer.assignment():
+                if (high := consumer.highwater(tp)) is not None:
+                    self._continuity.ends_at(_ours(tp), high, now)
+
     def _continuous(self, tp: KafkaPartition, recs: list[Any]) -> list[Any]:
         """The records of ``tp`` before any hole; a hole makes ``tp`` re-fetch from it."""
-        assert self._continuity is not None and self._consumer is not None
+        assert self._consumer is not None
         verdict = self._continuity.check(_ours(tp), recs)
         if verdict.deliver == len(recs) and verdict.accepted is None:
             return recs
@@ -266,8 +269,7 @@ class ConsumerActor(ReportingActor):
                 positions[_ours(tp)] = -1
             else:
                 positions[_ours(tp)] = offset
-                if continuity is not None:
-                    continuity.expect(_ours(tp), offset)
+                continuity.expect(_ours(tp), offset)
 
         await asyncio.gather(*(learn(tp) for tp in assigned))
         return positions
@@ -366,8 +368,7 @@ class ConsumerActor(ReportingActor):
         """Flush and commit before another member takes the partitions."""
         self._release_all()  # a new assignment starts unpaused
         lost = frozenset(_ours(tp) for tp in revoked)
-        if self._continuity is not None:
-            self._continuity.forget(lost)
+        self._continuity.forget(lost)
         if not lost:
             return
         loop = asyncio.get_running_loop()

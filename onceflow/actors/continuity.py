@@ -8,6 +8,18 @@ leaves holes that stay: compacted records, transaction markers, aborted
 batches. So a hole is first re-fetched (a few times, after a short pause),
 and accepted only when it persists.
 
+A partition can also move the other way: its records restart *below* the
+offset this worker's group committed, when the topic was deleted and
+re-created under its name, or truncated (an unclean leader election). The
+client then resets to the earliest offset on its own, and every new record
+would sit below the watermarks its predecessors left: each one discarded as
+a copy, silently. So a record below the position a partition was assigned
+at stops the worker with ``PartitionRewound`` instead. A broker may also
+just serve nothing there (Tansu answers a fetch beyond the log's end with
+an empty batch, not an out-of-range error): a high watermark that stays
+below the expected offset for ``rewind_grace`` seconds stops it too (a real
+Kafka's watermark may lag a moment after a leader change, hence the grace).
+
 Pure logic, no I/O: the consumer asks :meth:`Continuity.check` about each
 partition's fetched records and acts on the :class:`Verdict`.
 """
@@ -15,6 +27,7 @@ partition's fetched records and acts on the :class:`Verdict`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from onceflow.stages.state import TopicPartition
@@ -25,6 +38,30 @@ class HasOffset(Protocol):
 
     @property
     def offset(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class GapCheck:
+    """``onceflow.consumer.gap-*``: re-fetches of a hole before it is accepted (0: none),
+    the pause before each, and ``rewind-grace`` (see the module doc)."""
+
+    refetches: int = 0
+    backoff: float = 0.0
+    rewind_grace: float = 30.0
+
+
+class PartitionRewound(RuntimeError):
+    """A partition's log restarted below the offset this worker's group had reached."""
+
+    def __init__(self, tp: TopicPartition, committed: int, found: int, ends: bool = False):
+        served = f"ends at offset {found}" if ends else f"served offset {found}"
+        super().__init__(
+            f"{tp[0]}[{tp[1]}] {served}, below offset {committed} that this consumer group "
+            f"had reached: the topic was deleted and re-created (or truncated). "
+            f"Its new records would sit below the watermarks of the old ones and be "
+            f"discarded as copies, so the worker stops. Give the new topic a new name, or "
+            f"start over with a new pipeline id and consumer group (README, Limits)")
+        self.tp, self.committed, self.found = tp, committed, found
 
 
 class Verdict(NamedTuple):
@@ -48,23 +85,26 @@ class Continuity:
 
     Args:
         refetches: re-fetches of one hole (at one expected offset) before it
-            is accepted; at least 1 (a consumer that does not want the check
-            does not build this object).
+            is accepted; 0 accepts a hole on sight (still logged and counted).
 
     A partition without an expected offset (not announced by :meth:`expect`)
     is tracked from the first record fetched for it.
     """
 
-    def __init__(self, refetches: int) -> None:
-        if refetches < 1:
-            raise ValueError(f"refetches must be at least 1, got {refetches}")
+    def __init__(self, refetches: int, rewind_grace: float = 30.0) -> None:
+        if refetches < 0:
+            raise ValueError(f"refetches must be at least 0, got {refetches}")
         self._limit = refetches
         self._next: dict[TopicPartition, int] = {}
         self._spent: dict[TopicPartition, int] = {}
+        self._floor: dict[TopicPartition, int] = {}  # the position at assignment
+        self._grace = rewind_grace
+        self._short_since: dict[TopicPartition, float] = {}  # watermark below expected since
 
     def expect(self, tp: TopicPartition, offset: int) -> None:
-        """The next record of ``tp`` must be ``offset`` (its position at assignment)."""
-        self._next[tp] = offset
+        """The next record of ``tp`` must be ``offset`` (its position at assignment); none
+        may ever be below it."""
+        self._next[tp] = self._floor[tp] = offset
         self._spent.pop(tp, None)
 
     def forget(self, tps: Iterable[TopicPartition]) -> None:
@@ -72,6 +112,19 @@ class Continuity:
         for tp in tps:
             self._next.pop(tp, None)
             self._spent.pop(tp, None)
+            self._floor.pop(tp, None)
+            self._short_since.pop(tp, None)
+
+    def ends_at(self, tp: TopicPartition, highwater: int, now: float) -> None:
+        """The broker says ``tp`` ends at ``highwater`` (a fetch's answer, at time ``now``):
+        ``PartitionRewound`` once it has stayed below the expected offset for the grace."""
+        expected = self._next.get(tp)
+        if expected is None or highwater >= expected:
+            self._short_since.pop(tp, None)
+            return
+        since = self._short_since.setdefault(tp, now)
+        if now - since >= self._grace:
+            raise PartitionRewound(tp, expected, highwater, ends=True)
 
     def expected(self, tp: TopicPartition) -> int | None:
         return self._next.get(tp)
@@ -81,7 +134,8 @@ class Continuity:
 
         Dense records (the normal case) cost two comparisons. Records below
         the expected offset are delivered as they are (a replay the
-        watermarks discard) and re-anchor the tracking.
+        watermarks discard) and re-anchor the tracking, unless they are below
+        the assigned position: ``PartitionRewound``.
         """
         first, count = records[0].offset, len(records)
         expected = self._next.get(tp, first)
@@ -93,6 +147,9 @@ class Continuity:
         return self._walk(tp, records, expected)
 
     def _walk(self, tp: TopicPartition, records: Sequence[HasOffset], expected: int) -> Verdict:
+        floor = self._floor.get(tp)
+        if floor is not None and records[0].offset < floor:
+            raise PartitionRewound(tp, floor, records[0].offset)
         accepted: tuple[int, int] | None = None
         for index, record in enumerate(records):
             offset = record.offset

@@ -157,6 +157,7 @@ def _build(read: Reader, source: str) -> Settings:
             read.integer("onceflow.consumer.max-in-flight-batches", 1, 1000),
             gap_refetches=read.integer("onceflow.consumer.gap-refetches", 0, 100),
             gap_refetch_backoff=read.duration("onceflow.consumer.gap-refetch-backoff", 0, 10),
+            rewind_grace=read.duration("onceflow.consumer.rewind-grace", 1, 3600),
         ),
         persistence=PersistenceSettings(read.duration("onceflow.persistence.interval", 0.01, 3600)),
         state=StateSettings(read.integer("onceflow.state.cache.max-states", 1, 1_000_000_000),

@@ -76,6 +76,7 @@ class ConsumerSettings:
     max_in_flight_batches: int
     gap_refetches: int
     gap_refetch_backoff: float
+    rewind_grace: float
 
 
 @dataclass(frozen=True)

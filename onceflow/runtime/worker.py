@@ -33,7 +33,8 @@ import pykka
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
-from onceflow.actors.consumer import ConsumerActor, GapCheck
+from onceflow.actors.consumer import ConsumerActor
+from onceflow.actors.continuity import GapCheck, PartitionRewound
 from onceflow.actors.delivery import OutboxTally
 from onceflow.actors.fence import Fencing
 from onceflow.actors.join_watch import JoinWatch
@@ -88,6 +89,11 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2  # a store refused the worker's credentials: as cli.EXIT_CONFIG
 SIGNAL_POLL = 0.2  # s; a signal handler must not set an Event (see cli.StopSignals)
+
+
+def _permanent(error: BaseException) -> bool:
+    """Failures no restart can fix: a store refusing us, a partition whose log restarted."""
+    return access_denied(error) is not None or isinstance(error, PartitionRewound)
 
 
 def tune_gc() -> None:
@@ -245,8 +251,8 @@ class ConsumerStream:
             ledger=core.ledger,
             on_fatal=on_fatal,
             connection_check=connection_check(s),
-            gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff)
-            if s.consumer.gap_refetches else None,
+            gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff,
+                               s.consumer.rewind_grace),
             join_watch=self.join,
             single_worker=s.single_worker,
             stop_timeout=s.shutdown.timeout / 2,  # leaving the group: half the budget
@@ -318,7 +324,7 @@ class Worker:
         self._supervisor = Supervisor.start(
             [ChildSpec("core", self._start_core),
              ChildSpec("consumer", self._start_stream, depends_on=("core",))],
-            restart, self._escalate, permanent=lambda error: access_denied(error) is not None,
+            restart, self._escalate, permanent=_permanent,
         )
         m = self.settings.metrics
         if m.port:

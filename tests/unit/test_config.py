@@ -119,7 +119,7 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
             security=PLAINTEXT,
             dead_letter_max_value=524_288,
         ),
-        consumer=ConsumerSettings(4, gap_refetches=5, gap_refetch_backoff=0.1),
+        consumer=ConsumerSettings(4, gap_refetches=5, gap_refetch_backoff=0.1, rewind_grace=30.0),
         persistence=PersistenceSettings(interval=1.0),
         state=StateSettings(max_cached_states=500_000),
         commit=CommitSettings(interval=5.0),
@@ -185,7 +185,8 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
     # Untouched keys keep their defaults, even a `${?VAR}` one beside the app's
     # own kafka keys (pyhocon alone turns it into None: chimpler/pyhocon#331).
     assert settings.kafka.group_id == "onceflow"
-    assert settings.consumer == ConsumerSettings(16, gap_refetches=0, gap_refetch_backoff=0.02)
+    assert settings.consumer == ConsumerSettings(16, gap_refetches=0, gap_refetch_backoff=0.02,
+                                                 rewind_grace=30.0)
     assert settings.persistence.interval == 0.5
     assert settings.state == StateSettings(max_cached_states=50, history_retention=30 * 86400)
     assert settings.stores.redis == RedisSettings(  # rediss://: TLS, the system's CAs
@@ -529,6 +530,11 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "consumer.gap-refetch-backoff = 1m",
             "onceflow.consumer.gap-refetch-backoff",
             "expected a duration in 0ms..10s, got 1m",
+        ),
+        (
+            "consumer.rewind-grace = 0s",
+            "onceflow.consumer.rewind-grace",
+            "expected a duration in 1s..1h, got 0ms",
         ),
         (
             "kafka.dead-letter-max-value = -1",

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow.actors.continuity import Continuity, Verdict
+from onceflow.actors.continuity import Continuity, PartitionRewound, Verdict
 
 TP = ("t", 0)
 
@@ -80,8 +80,22 @@ def test_a_filled_hole_resets_the_refetch_budget() -> None:
 def test_records_below_the_expected_offset_are_delivered_and_reanchor() -> None:
     c = Continuity(refetches=1)
     c.expect(TP, 10)
-    assert c.check(TP, recs(8, 9, 10)) == Verdict(3)
-    assert c.expected(TP) == 11
+    assert c.check(TP, recs(10, 11, 12, 13)) == Verdict(4)
+    assert c.check(TP, recs(11, 12)) == Verdict(2)  # served again: the watermarks discard it
+    assert c.expected(TP) == 13
+
+
+def test_records_below_the_assigned_position_mean_the_log_restarted() -> None:
+    c = Continuity(refetches=1)
+    c.expect(TP, 10)
+    assert c.check(TP, recs(10, 11)) == Verdict(2)
+    with pytest.raises(PartitionRewound) as raised:
+        c.check(TP, recs(0, 1, 2))  # the client reset to the start of a re-created topic
+    assert (raised.value.tp, raised.value.committed, raised.value.found) == (TP, 10, 0)
+    assert "t[0] served offset 0, below offset 10" in str(raised.value)
+    c.forget([TP])  # a new assignment learns a new position
+    c.expect(TP, 0)
+    assert c.check(TP, recs(0, 1)) == Verdict(2)
 
 
 def test_partitions_are_independent_and_forget_drops_the_tracking() -> None:
@@ -96,9 +110,12 @@ def test_partitions_are_independent_and_forget_drops_the_tracking() -> None:
     assert c.expected(other) == 51
 
 
-def test_zero_refetches_is_refused() -> None:
+def test_zero_refetches_accepts_a_hole_on_sight_and_negative_is_refused() -> None:
+    c = Continuity(refetches=0)
+    c.expect(TP, 0)
+    assert c.check(TP, recs(0, 3, 4)) == Verdict(3, accepted=(1, 2))
     with pytest.raises(ValueError):
-        Continuity(refetches=0)
+        Continuity(refetches=-1)
 
 
 @settings(max_examples=300, deadline=None)
@@ -143,3 +160,15 @@ def test_simulated_tail_delivers_every_record_once_in_order(
     assert lost == [o for first, last in accepted for o in range(first, last + 1)]
     assert all(hidden_for > limit for hidden_for in
                (max(f for h0, n, f in holes if h0 <= o < h0 + n) for o in lost))
+
+
+def test_a_high_watermark_below_the_expected_offset_stops_after_the_grace() -> None:
+    c = Continuity(refetches=1, rewind_grace=5.0)
+    c.expect(TP, 400)
+    c.ends_at(TP, 50, now=100.0)  # a leader's watermark may lag a moment
+    c.ends_at(TP, 50, now=104.9)
+    c.ends_at(TP, 400, now=105.0)  # it caught up: the grace starts over
+    c.ends_at(TP, 50, now=106.0)
+    with pytest.raises(PartitionRewound, match=r"t\[0\] ends at offset 50, below offset 400"):
+        c.ends_at(TP, 50, now=111.0)
+    c.ends_at(("t", 1), 0, now=200.0)  # a partition not tracked is never judged
