@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+from digest import log_digest, window_diff
 from helpers import expected_counts, stored_states
 
 from onceflow.devtools import harness
@@ -37,6 +38,7 @@ class Setup:
         self.tmp_path = tmp_path
         self.unique_name = unique_name
         self.env = {**os.environ, "ONCEFLOW_ROBOTS_STORE": "redis"}
+        self.processes: list[harness.WorkerProcess] = []
 
     def worker(self, name: str, pipeline: str, group: str, faults: Mapping[str, str] = {},
                extra: Mapping[str, str] = {}) -> harness.WorkerProcess:
@@ -50,7 +52,12 @@ class Setup:
         argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
         process = harness.WorkerProcess(argv, {**self.env, **faults}, self.tmp_path, name)
         process.start()
+        self.processes.append(process)
         return process
+
+    def digest(self) -> str:
+        """The workers' logs in short, for a failed assertion (CI keeps no files)."""
+        return log_digest(log for process in self.processes for log in process.logs)
 
     def store(self, pipeline_id: str) -> RedisStore:
         return RedisStore(self.redis_url, self.prefix, pipeline_id)
@@ -119,7 +126,7 @@ def test_republisher_killed_in_the_middle_of_one_inputs_fan_out(
         asyncio.run(harness.create_topic(s.bootstrap, topic, 1))
     raw_ends = asyncio.run(harness.produce(s.bootstrap, raw, stream.messages))
     rep_group, agg_group = unique_name("rep"), unique_name("agg")
-    dying = s.worker("republisher", "onceflow.examples.robot_chain:normalize", rep_group,
+    dying = s.worker("dying", "onceflow.examples.robot_chain:normalize", rep_group,
                      {"ONCEFLOW_FAULT_KILL_AFTER_SENDS": str(kill_after)})
     wait_killed(dying)
     partial = asyncio.run(harness.read_ends(s.bootstrap, normalized, 1))[0]
@@ -135,7 +142,9 @@ def test_republisher_killed_in_the_middle_of_one_inputs_fan_out(
     store = s.store("robots-windows")
     for stage in ("per_robot_minute", "per_robot_day"):
         found, overlaps = stored_windows(store, stage)
-        assert overlaps == 0 and found == truth[stage], stage
+        exact = overlaps == 0 and found == truth[stage]
+        assert exact, (f"{stage}: {overlaps} overlaps; {window_diff(found, truth[stage])}; "
+                       f"ends {norm_ends}, partial {partial}\n{s.digest()}")
     assert store.read_stats()["per_robot_minute.duplicates"] >= norm_ends[0] - stream.events
 
 
