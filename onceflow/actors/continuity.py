@@ -60,7 +60,8 @@ class PartitionRewound(RuntimeError):
             f"had reached: the topic was deleted and re-created (or truncated). "
             f"Its new records would sit below the watermarks of the old ones and be "
             f"discarded as copies, so the worker stops. Give the new topic a new name, or "
-            f"start over with a new pipeline id and consumer group (README, Limits)")
+            f"start over with a new pipeline id and consumer group (README: \"A log that "
+            f"restarts below the group's offset\")")
         self.tp, self.committed, self.found = tp, committed, found
 
 
