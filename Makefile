@@ -12,7 +12,7 @@ demo: setup
 	$(BIN)/onceflow demo
 
 test: setup lint
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=25 tests
 
 setup: prereqs $(STAMP)
 
