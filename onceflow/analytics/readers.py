@@ -3,9 +3,11 @@
 Every source yields the same rows, ``(stage, key, window_start, closed,
 value)``: one per window, ``closed`` for history rows (final values) and not
 for windows still open in a key's current state, ``value`` the window's
-value as JSON. A window is in history or open, never both (the history row
-is written before the state that drops it; where both exist after a crash
-between the two writes, they are equal and readers keep the history row).
+value as JSON. A non-windowed aggregate (one of the ``plain`` stages) gives
+one row per key, with its current state and ``window_start`` null. A window
+is in history or open, never both (the history row is written before the
+state that drops it; where both exist after a crash between the two writes,
+they are equal and readers keep the history row).
 
 * Cassandra: the Murmur3 token ring is cut into ranges, the ranges are
   spread over ``splits`` Spark partitions, and each task opens its own
@@ -54,7 +56,7 @@ __all__ = [
 MIN_TOKEN = -(2**63)
 MAX_TOKEN = 2**63 - 1
 WINDOW_COLUMNS = ("stage", "key", "window_start", "closed", "value")
-Row = tuple[str, str, int, bool, str]
+Row = tuple[str, str, int | None, bool, str]
 
 
 def window_schema() -> Any:
@@ -69,18 +71,22 @@ def window_schema() -> Any:
     return StructType([
         StructField("stage", StringType(), False),
         StructField("key", StringType(), False),
-        StructField("window_start", LongType(), False),
+        StructField("window_start", LongType(), True),
         StructField("closed", BooleanType(), False),
         StructField("value", StringType(), False),
     ])
 
 
-def decode_row(stage_row: str, key: str, value: bytes, stages: Iterable[str]) -> list[Row]:
-    """One stored row -> its windows; [] for rows of other stages.
+def decode_row(stage_row: str, key: str, value: bytes, stages: Iterable[str],
+               plain: Iterable[str] = ()) -> list[Row]:
+    """One stored row -> its windows (or its state, for ``plain`` stages); [] for others.
 
     ``stage_row`` is the store's stage name: ``<stage>`` for current states,
     ``<stage>#history`` for closed windows (key ``<start>|<key>``).
     """
+    if stage_row in plain:
+        return [(stage_row, key, None, False,
+                 json.dumps(decode_state(value).value, separators=(",", ":")))]
     wanted = set(stages)
     if stage_row.endswith(HISTORY_SUFFIX):
         stage = stage_row[: -len(HISTORY_SUFFIX)]
@@ -158,7 +164,7 @@ def ring_ranges(source: CassandraSource, minimum: int) -> list[tuple[int, int]]:
 
 
 def read_token_ranges(source: CassandraSource, ranges: Iterable[tuple[int, int]],
-                      stages: Sequence[str]) -> Iterator[Row]:
+                      stages: Sequence[str], plain: Sequence[str] = ()) -> Iterator[Row]:
     """Runs in a Spark task: one session, every row of this pipeline in ``ranges``."""
     from cassandra import ConsistencyLevel
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
@@ -186,18 +192,19 @@ def read_token_ranges(source: CassandraSource, ranges: Iterable[tuple[int, int]]
         for low, high in ranges:
             for pipeline, stage, key, value in session.execute(query, (low, high)):
                 if pipeline == source.pipeline_id:
-                    yield from decode_row(stage, key, value, stages)
+                    yield from decode_row(stage, key, value, stages, plain)
     finally:
         cluster.shutdown()
 
 
 def cassandra_windows(spark: Any, source: CassandraSource, stages: Sequence[str],
-                      splits: int) -> Any:
-    """A DataFrame of every window of ``stages``, read by token range in the executors."""
+                      splits: int, plain: Sequence[str] = ()) -> Any:
+    """A DataFrame of every window of ``stages`` (and state of ``plain`` stages), read by
+    token range in the executors."""
     ranges = ring_ranges(source, splits)
     slices = min(splits, len(ranges))
     rdd = spark.sparkContext.parallelize(ranges, slices).mapPartitions(
-        lambda part: read_token_ranges(source, list(part), tuple(stages)))
+        lambda part: read_token_ranges(source, list(part), tuple(stages), tuple(plain)))
     return _prefer_history(spark.createDataFrame(rdd, window_schema()))
 
 
@@ -238,7 +245,7 @@ def redis_shard_patterns(source: RedisSource, stages: Sequence[str], shards: int
 
 
 def read_redis_shard(source: RedisSource, shards: Iterable[tuple[str, bytes, bool]],
-                     stages: Sequence[str]) -> Iterator[Row]:
+                     stages: Sequence[str], plain: Sequence[str] = ()) -> Iterator[Row]:
     """Runs in a Spark task: SCAN each pattern, MGET in batches, decode."""
     import redis
 
@@ -250,27 +257,29 @@ def read_redis_shard(source: RedisSource, shards: Iterable[tuple[str, bytes, boo
             for found in client.scan_iter(match=pattern, count=1000):
                 batch.append(found)
                 if len(batch) >= 1000:
-                    yield from _mget(client, batch, len(prefix), name, stages)
+                    yield from _mget(client, batch, len(prefix), name, stages, plain)
                     batch = []
-            yield from _mget(client, batch, len(prefix), name, stages)
+            yield from _mget(client, batch, len(prefix), name, stages, plain)
     finally:
         client.close()
 
 
-def _mget(client: Any, names: list[bytes], cut: int, stage_name: str, stages: Sequence[str]
-          ) -> Iterator[Row]:
+def _mget(client: Any, names: list[bytes], cut: int, stage_name: str, stages: Sequence[str],
+          plain: Sequence[str]) -> Iterator[Row]:
     if not names:
         return
     for name, value in zip(names, client.mget(names), strict=True):
         if value is not None:
-            yield from decode_row(stage_name, name[cut:].decode(), value, stages)
+            yield from decode_row(stage_name, name[cut:].decode(), value, stages, plain)
 
 
-def redis_windows(spark: Any, source: RedisSource, stages: Sequence[str], shards: int) -> Any:
-    """A DataFrame of every window of ``stages``, SCANned by pattern shard in the executors."""
-    patterns = redis_shard_patterns(source, stages, shards)
+def redis_windows(spark: Any, source: RedisSource, stages: Sequence[str], shards: int,
+                  plain: Sequence[str] = ()) -> Any:
+    """A DataFrame of every window of ``stages`` (and state of ``plain`` stages), SCANned
+    by pattern shard in the executors."""
+    patterns = redis_shard_patterns(source, [*stages, *plain], shards)
     rdd = spark.sparkContext.parallelize(patterns, min(len(patterns), shards * 2)).mapPartitions(
-        lambda part: read_redis_shard(source, list(part), tuple(stages)))
+        lambda part: read_redis_shard(source, list(part), tuple(stages), tuple(plain)))
     return _prefer_history(spark.createDataFrame(rdd, window_schema()))
 
 

@@ -4,7 +4,8 @@ The demo's own pipeline keeps one running total per robot; analytics needs
 windows, so this step runs the windowed robot pipeline (republisher +
 per-minute and per-day windows, ``onceflow.examples.robot_chain``) through
 ``onceflow chaos`` machinery with a few SIGKILLs and the landing zone on,
-checks it is exact, then runs ``onceflow analytics`` over the Redis store.
+checks it is exact, then runs ``onceflow analytics`` with the robots report job
+(``onceflow.examples.robots_report``) over the Redis store.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from pathlib import Path
 
 from rich.console import Console
 
-from onceflow.analytics.cli import run_analytics, summary_table
-from onceflow.analytics.job import JobResult
+from onceflow.analytics.cli import run_analytics
 from onceflow.devtools.chaos import ChaosOptions, run_chaos
 from onceflow.devtools.harness import packaged_config
+from onceflow.examples import robots_report
 from onceflow.examples.robot_chain import build_windows
 from onceflow.runtime.config import load_settings
 
@@ -24,7 +25,8 @@ __all__ = ["run_demo_analytics"]
 
 
 def run_demo_analytics(bootstrap: str, redis_url: str, state: Path, console: Console,
-                       messages: int = 12_000, kills: int = 3, seed: int = 7) -> JobResult:
+                       messages: int = 12_000, kills: int = 3, seed: int = 7
+                       ) -> robots_report.JobResult:
     prefix = f"demo-analytics-{seed}"
     landing = state / "landing"
     store_settings = {"onceflow.stores.redis.url": redis_url,
@@ -47,7 +49,8 @@ def run_demo_analytics(bootstrap: str, redis_url: str, state: Path, console: Con
         "onceflow.analytics.spark.master": '"local[*]"',
         "onceflow.analytics.spark.ui-enabled": "false",
     })
-    result = run_analytics(settings, build_windows("unused", "redis"), out=state / "analytics",
-                           console=console)
-    console.print(summary_table(result))
+    result: robots_report.JobResult = run_analytics(
+        settings, build_windows("unused", "redis"), out=state / "analytics", console=console,
+        job=robots_report.report)
+    console.print(robots_report.summary_table(result))
     return result

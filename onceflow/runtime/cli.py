@@ -85,8 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("demo", help="the robot demo: SIGKILLs and restarts, then checks totals")
     sub.add_parser("status", help="ask a running worker's /health and /metrics")
     sub.add_parser("chaos", help="republisher + windowed aggregator under SIGKILL, verified")
-    sub.add_parser("analytics", help="Spark job over the persisted windows: rates, top "
-                   "failing, trend, anomalies, charts, HTML report (--follow: streaming)")
+    sub.add_parser("analytics", help="Spark over the persisted aggregates: a generic report "
+                   "(keys, distributions, top keys, windows; charts, HTML), or --job "
+                   "module:function (--follow: streaming)")
     return parser
 
 

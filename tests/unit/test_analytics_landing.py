@@ -99,6 +99,13 @@ def test_decode_row_gives_open_and_closed_windows() -> None:
     assert decode_row("other", "robot-1", state, ["m"]) == []
     plain = encode_state(AggregateState({"ok": 1, "failed": 0}))
     assert decode_row("m", "robot-1", plain, ["m"]) == []  # not windowed
+    # A non-windowed stage gives its state as it is, also one that looks windowed.
+    assert decode_row("p", "robot-1", plain, ["m"], ["p"]) == [
+        ("p", "robot-1", None, False, '{"ok":1,"failed":0}')]
+    assert decode_row("p", "robot-1", state, [], ["p"]) == [
+        ("p", "robot-1", None, False,
+         '{"open":{"0":{"ok":1,"failed":2},"60000":{"ok":5,"failed":0}},"max_ts":61}')]
+    assert decode_row("p#history", "0|robot-1", b"1", [], ["p"]) == []
 
 
 def test_parse_time() -> None:

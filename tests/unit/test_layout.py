@@ -74,7 +74,7 @@ def test_library_code_imports_neither_examples_nor_devtools() -> None:
         ("runtime/worker.py", "from onceflow.examples.robots import pipeline", True),
         ("stores/base.py", "import onceflow.devtools.harness", True),
         ("actors/pipeline_actor.py", "from onceflow import examples", True),
-        ("analytics/job.py", "def f():\n    from onceflow.devtools import chaos", True),
+        ("analytics/overview.py", "def f():\n    from onceflow.devtools import chaos", True),
         ("runtime/cli.py", "from onceflow.devtools import demo", True),
         ("runtime/cli.py", "def f():\n    from onceflow.examples import robots", True),
         ("runtime/cli.py", "def f():\n    from onceflow.devtools import demo", False),

@@ -17,14 +17,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow.analytics import readers
-from onceflow.analytics.cli import run_analytics, store_windows
-from onceflow.analytics.job import HOUR_MS, JobOptions, run_job
+from onceflow.analytics.cli import run_analytics
+from onceflow.analytics.frames import store_windows
 from onceflow.analytics.landing import read_landing
 from onceflow.devtools.chaos import ChaosOptions, StoreOpener, expected_windows, run_chaos
 from onceflow.devtools.harness import packaged_config
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
+from onceflow.examples import robots_report
 from onceflow.examples.robot_chain import DAY_STAGE, MINUTE_STAGE, build_windows
+from onceflow.examples.robots_report import HOUR_MS, JobOptions, run_job
 from onceflow.runtime.config import Settings, load_settings
 
 STAGES = (MINUTE_STAGE, DAY_STAGE)
@@ -170,7 +172,8 @@ def test_analytics_after_chaos_equal_ground_truth(
     settings = job_settings(store_settings, landing)
     pipeline = build_windows("unused", store)
     started = time.monotonic()
-    result = run_analytics(settings, pipeline, out=tmp_path / "out", spark=spark)
+    result = run_analytics(settings, pipeline, out=tmp_path / "out", spark=spark,
+                           job=robots_report.report)
     elapsed = time.monotonic() - started
     compared = assert_job_matches(tmp_path / "out", expected_tables(truth, settings))
     assert compared["robot_windows"] > 4 * 3_000, compared

@@ -118,7 +118,8 @@ def test_kill_between_landing_and_commit_leaves_no_duplicate_rows(
                     f'onceflow.landing.dir = "{landing}"\n'
                     "onceflow.analytics.spark { master = \"local[2]\", ui-enabled = false }\n")
     out = tmp_path / "cli-out"
-    assert analytics_cli(["-c", str(conf), "--source", "landing", "--out", str(out)]) == 0
+    assert analytics_cli(["-c", str(conf), "--source", "landing", "--out", str(out),
+                          "--job", "onceflow.examples.robots_report:report"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert {s: (v["closed_windows"], v["ok"], v["failed"])
             for s, v in summary["stages"].items()} == want

@@ -1,4 +1,4 @@
-"""Charts (matplotlib, headless) and the one-page HTML report of the batch job."""
+"""Charts (matplotlib, headless) and the one-page HTML page of the robots report job."""
 
 from __future__ import annotations
 

@@ -1,7 +1,12 @@
-"""The batch job over the robot workload's windows: rates, top failing, trend, anomalies.
+"""The robots report, an ``onceflow analytics --job`` example: rates, top failing, trend,
+anomalies over the robot workload's windows.
 
-Input: the rows of :mod:`onceflow.analytics.readers` (one per window of each
-windowed stage, its value ``{"ok": n, "failed": n}``). Output, under ``out``:
+    onceflow analytics -c app.conf --job onceflow.examples.robots_report:report
+
+``report`` is the job function: it takes the windowed stages' frames (values
+``{"ok": n, "failed": n}``, finest window first) and hands them to
+``run_job``, whose input is the raw rows of :mod:`onceflow.analytics.readers`
+(stage, key, window_start, closed, value JSON). Output, under ``out``:
 
 * ``tables/robot_windows``: stage, robot, window_start, closed, ok, failed,
   total, failure_rate (failed / total), for every window of every stage.
@@ -15,7 +20,7 @@ windowed stage, its value ``{"ok": n, "failed": n}``). Output, under ``out``:
   of the robots with at least ``min_events`` events there; a robot is an
   anomaly when its rate is more than ``k`` deviations above that mean
   (``z = (rate - mean) / std > k``, windows with ``std = 0`` have none).
-* PNG charts and ``report.html`` (see :mod:`onceflow.analytics.report`),
+* PNG charts and ``report.html`` (see :mod:`onceflow.examples.robots_charts`),
   ``summary.json``.
 
 ``since``/``until`` keep windows with ``since <= window_start < until``.
@@ -27,12 +32,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HOUR_MS", "JobOptions", "JobResult", "run_job"]
+from onceflow.runtime.settings import Settings
+
+__all__ = ["HOUR_MS", "JobOptions", "JobResult", "report", "run_job", "summary_table"]
 
 HOUR_MS = 3_600_000
 
@@ -83,7 +90,7 @@ def run_job(spark: Any, windows: Any, options: JobOptions,
     """Compute every table, write them as Parquet, draw the charts, write the report."""
     from pyspark.sql import functions as F
 
-    from onceflow.analytics import report
+    from onceflow.examples import robots_charts
 
     started = time.monotonic()
     out = options.out
@@ -172,10 +179,51 @@ def run_job(spark: Any, windows: Any, options: JobOptions,
         "anomalies": len(collected["anomalies"]),
     }
     step("drawing charts")
-    result.charts = report.draw_charts(collected, fine_stage, options.anomaly_k, out / "charts")
-    result.report = report.write_html(out / "report.html", result.summary, collected,
-                                      result.charts, result.tables)
+    result.charts = robots_charts.draw_charts(collected, fine_stage, options.anomaly_k,
+                                              out / "charts")
+    result.report = robots_charts.write_html(out / "report.html", result.summary, collected,
+                                             result.charts, result.tables)
     (out / "summary.json").write_text(json.dumps(result.summary, indent=2) + "\n")
     result.elapsed = time.monotonic() - started
     result.summary["elapsed_s"] = round(result.elapsed, 1)
     return result
+
+
+def report(spark: Any, frames: Mapping[str, Any], out: Path, settings: Settings) -> JobResult:
+    """The ``--job`` entry: every windowed frame, finest window first, through ``run_job``."""
+    from pyspark.sql import functions as F
+
+    sizes = {}
+    for stage, frame in frames.items():
+        if "window_start" in frame.columns:
+            first = frame.select((F.col("window_end") - F.col("window_start")).alias("n")).first()
+            sizes[stage] = first["n"] if first is not None else 2**62
+    if not sizes:
+        raise ValueError("the robots report needs a windowed aggregate")
+    stages = sorted(sizes, key=lambda s: sizes[s])
+    windows = frames[stages[0]]
+    for stage in stages[1:]:
+        windows = windows.unionByName(frames[stage])
+    windows = windows.select("stage", "key", "window_start", "closed",
+                             F.col("value_json").alias("value"))
+    a = settings.analytics
+    options = JobOptions(stages, out, a.top_n, a.anomaly_k, a.min_events,
+                         source=f"the stores named in {settings.source}")
+    return run_job(spark, windows, options)
+
+
+def summary_table(result: JobResult) -> Any:
+    """A rich table of the per-stage totals (for ``make demo``)."""
+    from rich.table import Table
+
+    table = Table(title="onceflow analytics: robots report")
+    width = max([len(stage) for stage in result.summary["stages"]] + [5])
+    table.add_column("stage", no_wrap=True, min_width=width)
+    for column in ("robots", "windows", "closed", "ok", "failed", "failed %"):
+        table.add_column(column, justify="right")
+    for stage, v in result.summary["stages"].items():
+        total = v["ok"] + v["failed"]
+        table.add_row(stage, f"{v['robots']:,}", f"{v['windows']:,}", f"{v['closed_windows']:,}",
+                      f"{v['ok']:,}", f"{v['failed']:,}",
+                      f"{100 * v['failed'] / total:.2f}" if total else "-")
+    return table
