@@ -114,17 +114,22 @@ DEAD_LETTER_MAX_VALUE = 524_288
 
 def late_event(topic: str, record: ConsumedRecord, stage_id: str, key: str,
                position: tuple[int, ...], late_by_ms: int, root: tuple[str, int],
-               max_value: int = DEAD_LETTER_MAX_VALUE) -> Output:
+               max_value: int = DEAD_LETTER_MAX_VALUE, pipeline_id: str = "",
+               index: int = 0) -> Output:
     """The record a late value came from, with which value it was and why it is late.
 
     ``onceflow.root`` (``topic/partition``) and ``onceflow.position`` name the
-    value in its root partition's order (``stages.lineage``).
+    value in its root partition's order (``stages.lineage``); ``onceflow.index``
+    is its order among the record's late events (``side_outputs``: a replay
+    skips those already written).
     """
     value, cut = _bounded(record.value, max_value)
     return Output(topic, _text(key), value, (
         ("onceflow.reason", f"late for stage {stage_id!r} by {late_by_ms} ms".encode()),
         ("onceflow.stage", _text(stage_id)),
+        ("onceflow.pipeline", _text(pipeline_id)),
         ("onceflow.source", _source(record)),
+        ("onceflow.index", str(index).encode()),
         ("onceflow.root", f"{root[0]}/{root[1]}".encode()),
         ("onceflow.position", ".".join(map(str, position)).encode()),
         *cut,
