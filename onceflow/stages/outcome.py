@@ -64,6 +64,7 @@ class BatchOutcome:
     misaligned_reason: dict[str, str] = field(default_factory=dict)  # the first one per stage
     rejected: Counter[tuple[str, str]] = field(default_factory=Counter)  # (stage, kind) -> n
     first_rejection: dict[tuple[str, str], str] = field(default_factory=dict)  # its reason
+    side_skipped: int = 0  # dead letters and late events a replay found already written
 
     def dead_letter(self, output: Output, reason: Exception) -> None:
         """Count a dead letter by stage and kind of reason (``source`` for format errors)."""
@@ -79,6 +80,8 @@ class BatchOutcome:
     def stats(self, records: int) -> Counter[str]:
         """The batch's counters under the worker's stat names (``<stage>.folded`` ...)."""
         batch = Counter({"records": records, "dead_letters": self.dead_letters})
+        if self.side_skipped:
+            batch["side_outputs_skipped"] = self.side_skipped
         for name, counts in (("folded", self.folded), ("duplicates", self.duplicates),
                              ("late", self.late), ("misaligned", self.misaligned),
                              ("producer_duplicates", self.producer_duplicates)):

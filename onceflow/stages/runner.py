@@ -179,6 +179,7 @@ class PipelineRunner:
                 self._failed(entry, outcome, failure)
         if sequences is not None:
             sequences.count(outcome)
+        outcome.side_skipped, self.side.skipped = self.side.skipped, 0
         return outcome
 
     def _reject(self, outcome: BatchOutcome, record: ConsumedRecord, failure: Exception,

@@ -71,6 +71,7 @@ class SideOutputs:
     def __init__(self, written: WrittenOutputs):
         self._written = written
         self.partitions: dict[str, int] = {}  # topic -> partition count, from the scan
+        self.skipped = 0  # outputs dropped as already written, since last taken
 
     def placed(self, outputs: Iterable[Output], record: ConsumedRecord) -> Iterator[Output]:
         """``outputs`` of one record, in order (their index is their order), each on the
@@ -82,5 +83,6 @@ class SideOutputs:
                 continue
             mark = self._written.up_to(output.topic, record)
             if mark is not None and (record.offset, index) <= mark:
+                self.skipped += 1
                 continue
             yield output._replace(partition=side_partition(record.partition, count))
