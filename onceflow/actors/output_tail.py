@@ -133,7 +133,6 @@ class TailReader:
         await consumer.start()
         try:
             known = await consumer.topics()
-            found = {}
             for (topic, partition), committed in plan.items():
                 partitions = consumer.partitions_for_topic(topic) if topic in known else None
                 if not partitions or partition not in partitions:
@@ -142,9 +141,13 @@ class TailReader:
                         f"(it has {len(partitions or ())}) for input partitions "
                         f"{sorted(committed)}: create the topic with enough partitions, or "
                         "give the step a partition map that stays within it")
+            highs = await self._high_watermarks([KafkaPartition(*tp) for tp in plan])
+            found = {}
+            for (topic, partition), committed in plan.items():
                 scan = TailScan(committed, out.origin)
                 scan.feed((o.value, o.headers) for o in pending.get((topic, partition), ()))
-                read = await self._scan(consumer, KafkaPartition(topic, partition), scan)
+                tp = KafkaPartition(topic, partition)
+                read = await self._scan(consumer, tp, highs[tp], scan)
                 found[(topic, partition)] = scan.written
                 log.info("%s output %s[%d]: read %d records back; replays from %s skip up to "
                          "%s", "side" if out.side else "exclusive", topic, partition, read,
@@ -153,10 +156,12 @@ class TailReader:
         finally:
             await consumer.stop()
 
-    async def _scan(self, consumer: AIOKafkaConsumer, tp: KafkaPartition, scan: TailScan) -> int:
-        """Feed ``scan`` chunks from the end backwards until it is done; records read."""
+    async def _scan(self, consumer: AIOKafkaConsumer, tp: KafkaPartition, high: int,
+                    scan: TailScan) -> int:
+        """Feed ``scan`` chunks from ``high`` backwards until it is done; records read."""
+        if high == 0:
+            return 0
         consumer.assign([tp])
-        high = await self._high_watermark(consumer, tp)
         read = 0
         for start, end in windows(0, high, self._chunk):
             if scan.done:
@@ -168,15 +173,33 @@ class TailReader:
             scan.feed(records)
         return read
 
-    async def _high_watermark(self, consumer: AIOKafkaConsumer, tp: KafkaPartition) -> int:
-        consumer.seek(tp, 0)
-        deadline = time.monotonic() + self._timeout
-        while (high := consumer.highwater(tp)) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no fetch answer for {tp.topic}[{tp.partition}] within "
-                                   f"{self._timeout:g}s")
-            await consumer.getmany(tp, timeout_ms=100, max_records=1)
-        return int(high)
+    async def _high_watermarks(self, tps: Sequence[KafkaPartition]
+                               ) -> dict[KafkaPartition, int]:
+        """Each partition's high watermark, from fetches of them all at once (an empty
+        partition answers only after the fetch wait: one wait, not one per partition).
+
+        A consumer of its own: aiokafka's consumer hung (in ``stop``) after one
+        that fetched several partitions was re-assigned to one of them.
+        """
+        consumer = AIOKafkaConsumer(**self._options)
+        await consumer.start()
+        try:
+            consumer.assign(list(tps))
+            for tp in tps:
+                consumer.seek(tp, 0)
+            highs: dict[KafkaPartition, int] = {}
+            deadline = time.monotonic() + self._timeout
+            while missing := [tp for tp in tps if tp not in highs]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no fetch answer for {missing[0].topic}"
+                                       f"{sorted(tp.partition for tp in missing)} within "
+                                       f"{self._timeout:g}s")
+                await consumer.getmany(*missing, timeout_ms=100, max_records=1)
+                highs.update({tp: int(high) for tp in missing
+                              if (high := consumer.highwater(tp)) is not None})
+            return highs
+        finally:
+            await consumer.stop()
 
     async def _read(self, consumer: AIOKafkaConsumer, tp: KafkaPartition, start: int, end: int
                     ) -> list[tuple[bytes | None, Sequence[Header]]]:
