@@ -75,6 +75,14 @@ class ExclusiveOutput:
         return plan
 
 
+def resumed_outputs(pipeline: Pipeline, dead_letter_topic: str, late_events_topic: str
+                    ) -> tuple[ExclusiveOutput, ...]:
+    """What a worker reads on assignment: its exclusive republish steps' outputs, then the
+    side outputs."""
+    return (*exclusive_outputs(pipeline),
+            *side_outputs(pipeline, dead_letter_topic, late_events_topic))
+
+
 def exclusive_outputs(pipeline: Pipeline) -> tuple[ExclusiveOutput, ...]:
     return tuple(ExclusiveOutput(step.id, step.topic, inputs, step.partition_of)
                  for step, inputs in pipeline.exclusive_outputs)

@@ -50,8 +50,7 @@ from onceflow.actors.messages import (
 from onceflow.actors.output_tail import (
     ExclusiveResume,
     TailReader,
-    exclusive_outputs,
-    side_outputs,
+    resumed_outputs,
     tail_options,
 )
 from onceflow.actors.persistence import PersistenceActor
@@ -273,8 +272,7 @@ class ConsumerStream:
 def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveResume:
     """The tail reads on assignment: exclusive republish steps, dead letters, late events."""
     kafka = core.settings.kafka
-    outputs = (*exclusive_outputs(core.pipeline),
-               *side_outputs(core.pipeline, kafka.dead_letter_topic, kafka.late_events_topic))
+    outputs = resumed_outputs(core.pipeline, kafka.dead_letter_topic, kafka.late_events_topic)
     reader = TailReader(tail_options(consumer_options(core.settings)), core.start_timeout)
     return ExclusiveResume(outputs, reader, core.pipeline_actor, core.producer, on_fatal)
 
