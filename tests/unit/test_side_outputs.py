@@ -6,12 +6,15 @@ Pure logic only (the Kafka side: tests/e2e/test_hostile_records_under_sigkill.py
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 
+import pytest
 from test_runner import Rec, envelope
 from test_windows import MINUTE, windowed
 
+from onceflow.actors.output_tail import ExclusiveResume, resumed_outputs
 from onceflow.stages import Pipeline
 from onceflow.stages.outcome import Output
 from onceflow.stages.output_tail import TailScan, Written, windows
@@ -131,3 +134,28 @@ def test_late_events_carry_their_index_and_a_replay_skips_those_written() -> Non
     replay.written.resume("late", written, [("in", 0)])
     again = replay.process(batch).outputs
     assert [dict(o.headers)["onceflow.index"] for o in again] == [b"1"]
+
+
+class Counts:
+    """Stands in for ``TailReader.partition_counts``: the topics the broker has."""
+
+    def __init__(self, topics: dict[str, int]):
+        self.topics = topics
+
+    async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        return {t: n for t, n in self.topics.items() if t in topics}
+
+
+def test_side_outputs_are_spread_over_their_topics_and_a_missing_one_is_left_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    outputs = resumed_outputs(windowed(), "dead", "late")
+    assert [(o.topic, o.side) for o in outputs] == [("dead", True), ("late", True)]
+    assert [o.topic for o in resumed_outputs(counting(), "dead", "late")] == ["dead"]
+    resume = ExclusiveResume(outputs, Counts({"dead": 3}), None, None,  # type: ignore[arg-type]
+                             lambda who, error: None)
+    placed, counts = asyncio.run(resume._placed())
+    assert counts == {"dead": 3} and [o.topic for o in placed] == ["dead"]
+    assert placed[0].plan({("in", 4): 7, ("in", 5): 0}) == \
+        {("dead", 1): {("in", 4): 7}, ("dead", 2): {("in", 5): 0}}
+    assert "topic 'late' does not exist yet" in caplog.text
