@@ -93,11 +93,13 @@ class Pending:
 @dataclass(frozen=True)
 class ResumeOutputs:
     """(ask) What an exclusive republish finds already in its output ``topic``: per input
-    partition the highest position written, for the input partitions ``scanned``."""
+    partition the highest position written, for the input partitions ``scanned``. For a
+    side output (dead letters, late events), ``partitions``: the topic's partition count."""
 
     topic: str
     written: dict[TopicPartition, tuple[int, ...]]
     scanned: frozenset[TopicPartition]
+    partitions: int | None = None
 
 
 @dataclass(frozen=True)

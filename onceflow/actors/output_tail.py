@@ -9,6 +9,10 @@ before anything newer, so they count as written), then the partition is read
 backwards in chunks from its high watermark, which a fetch reports (never
 ListOffsets, wrong on some brokers for multi-record batches). The pipeline
 actor gets the marks before any record of those partitions is fetched.
+
+The dead-letter topic (and the late-events topic of a pipeline with windows)
+is resumed the same way (``onceflow.stages.side_outputs``): its partition
+count is read first, and the pipeline actor learns it with the marks.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -29,8 +33,9 @@ from onceflow.actors.base import FatalHandler
 from onceflow.actors.messages import Flush, Pending, ResumeOutputs
 from onceflow.stages.origin import Header
 from onceflow.stages.outcome import Output
-from onceflow.stages.output_tail import TailScan, Written, windows
+from onceflow.stages.output_tail import Origin, TailScan, Written, windows, written_origin
 from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.side_outputs import SideOrigin, side_partition
 from onceflow.stages.state import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -50,6 +55,12 @@ class ExclusiveOutput:
     topic: str
     inputs: tuple[str, ...]  # the topics its input records are consumed from
     partition_of: Callable[[str, int], int | None]
+    origin: Origin = written_origin
+    side: bool = False  # dead letters or late events: partition_of set once the count is read
+
+    def spread_over(self, partitions: int) -> ExclusiveOutput:
+        """A side output with its partition map: input partition mod ``partitions``."""
+        return replace(self, partition_of=lambda _, p: side_partition(p, partitions))
 
     def plan(self, positions: Mapping[TopicPartition, int]
              ) -> dict[TopicPartition, dict[TopicPartition, int]]:
@@ -64,9 +75,32 @@ class ExclusiveOutput:
         return plan
 
 
+def resumed_outputs(pipeline: Pipeline, dead_letter_topic: str, late_events_topic: str
+                    ) -> tuple[ExclusiveOutput, ...]:
+    """What a worker reads on assignment: its exclusive republish steps' outputs, then the
+    side outputs."""
+    return (*exclusive_outputs(pipeline),
+            *side_outputs(pipeline, dead_letter_topic, late_events_topic))
+
+
 def exclusive_outputs(pipeline: Pipeline) -> tuple[ExclusiveOutput, ...]:
     return tuple(ExclusiveOutput(step.id, step.topic, inputs, step.partition_of)
                  for step, inputs in pipeline.exclusive_outputs)
+
+
+def side_outputs(pipeline: Pipeline, dead_letter_topic: str, late_events_topic: str
+                 ) -> tuple[ExclusiveOutput, ...]:
+    """The dead-letter topic, and the late-events topic if an aggregate has a window."""
+    topics = {dead_letter_topic: "dead-letters"}
+    if any(spec.window is not None for spec in pipeline.aggregates):
+        topics.setdefault(late_events_topic, "late-events")
+    origin = SideOrigin(pipeline.id)
+    return tuple(ExclusiveOutput(name, topic, pipeline.consumed_topics, _unmapped, origin, True)
+                 for topic, name in topics.items())
+
+
+def _unmapped(topic: str, partition: int) -> int | None:
+    raise AssertionError("a side output's partitions are known only once read")
 
 
 def tail_options(consumer_options: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,7 +120,20 @@ class TailReader:
         self._timeout = timeout
         self._chunk = chunk
 
-    async def written(self, plan: Mapping[TopicPartition, Mapping[TopicPartition, int]],
+    async def partition_counts(self, topics: Sequence[str]) -> dict[str, int]:
+        """How many partitions each of ``topics`` has; a topic that does not exist is left
+        out (asking for all topics never makes a broker create one)."""
+        consumer = AIOKafkaConsumer(**self._options)
+        await consumer.start()
+        try:
+            known = await consumer.topics()
+            return {topic: len(consumer.partitions_for_topic(topic) or ())
+                    for topic in topics if topic in known}
+        finally:
+            await consumer.stop()
+
+    async def written(self, out: ExclusiveOutput,
+                      plan: Mapping[TopicPartition, Mapping[TopicPartition, int]],
                       pending: Mapping[TopicPartition, Sequence[Output]]
                       ) -> dict[TopicPartition, Written]:
         """Per output partition of ``plan``: what its input partitions already have there."""
@@ -94,7 +141,6 @@ class TailReader:
         await consumer.start()
         try:
             known = await consumer.topics()
-            found = {}
             for (topic, partition), committed in plan.items():
                 partitions = consumer.partitions_for_topic(topic) if topic in known else None
                 if not partitions or partition not in partitions:
@@ -103,20 +149,27 @@ class TailReader:
                         f"(it has {len(partitions or ())}) for input partitions "
                         f"{sorted(committed)}: create the topic with enough partitions, or "
                         "give the step a partition map that stays within it")
-                scan = TailScan(committed)
+            highs = await self._high_watermarks([KafkaPartition(*tp) for tp in plan])
+            found = {}
+            for (topic, partition), committed in plan.items():
+                scan = TailScan(committed, out.origin)
                 scan.feed((o.value, o.headers) for o in pending.get((topic, partition), ()))
-                read = await self._scan(consumer, KafkaPartition(topic, partition), scan)
+                tp = KafkaPartition(topic, partition)
+                read = await self._scan(consumer, tp, highs[tp], scan)
                 found[(topic, partition)] = scan.written
-                log.info("exclusive output %s[%d]: read %d records back; replays from %s "
-                         "skip up to %s", topic, partition, read, dict(committed), scan.written)
+                log.info("%s output %s[%d]: read %d records back; replays from %s skip up to "
+                         "%s", "side" if out.side else "exclusive", topic, partition, read,
+                         dict(committed), scan.written)
             return found
         finally:
             await consumer.stop()
 
-    async def _scan(self, consumer: AIOKafkaConsumer, tp: KafkaPartition, scan: TailScan) -> int:
-        """Feed ``scan`` chunks from the end backwards until it is done; records read."""
+    async def _scan(self, consumer: AIOKafkaConsumer, tp: KafkaPartition, high: int,
+                    scan: TailScan) -> int:
+        """Feed ``scan`` chunks from ``high`` backwards until it is done; records read."""
+        if high == 0:
+            return 0
         consumer.assign([tp])
-        high = await self._high_watermark(consumer, tp)
         read = 0
         for start, end in windows(0, high, self._chunk):
             if scan.done:
@@ -128,15 +181,33 @@ class TailReader:
             scan.feed(records)
         return read
 
-    async def _high_watermark(self, consumer: AIOKafkaConsumer, tp: KafkaPartition) -> int:
-        consumer.seek(tp, 0)
-        deadline = time.monotonic() + self._timeout
-        while (high := consumer.highwater(tp)) is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no fetch answer for {tp.topic}[{tp.partition}] within "
-                                   f"{self._timeout:g}s")
-            await consumer.getmany(tp, timeout_ms=100, max_records=1)
-        return int(high)
+    async def _high_watermarks(self, tps: Sequence[KafkaPartition]
+                               ) -> dict[KafkaPartition, int]:
+        """Each partition's high watermark, from fetches of them all at once (an empty
+        partition answers only after the fetch wait: one wait, not one per partition).
+
+        A consumer of its own: aiokafka's consumer hung (in ``stop``) after one
+        that fetched several partitions was re-assigned to one of them.
+        """
+        consumer = AIOKafkaConsumer(**self._options)
+        await consumer.start()
+        try:
+            consumer.assign(list(tps))
+            for tp in tps:
+                consumer.seek(tp, 0)
+            highs: dict[KafkaPartition, int] = {}
+            deadline = time.monotonic() + self._timeout
+            while missing := [tp for tp in tps if tp not in highs]:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no fetch answer for {missing[0].topic}"
+                                       f"{sorted(tp.partition for tp in missing)} within "
+                                       f"{self._timeout:g}s")
+                await consumer.getmany(*missing, timeout_ms=100, max_records=1)
+                highs.update({tp: int(high) for tp in missing
+                              if (high := consumer.highwater(tp)) is not None})
+            return highs
+        finally:
+            await consumer.stop()
 
     async def _read(self, consumer: AIOKafkaConsumer, tp: KafkaPartition, start: int, end: int
                     ) -> list[tuple[bytes | None, Sequence[Header]]]:
@@ -173,18 +244,32 @@ class ExclusiveResume:
         only log an exception from the assignment callback).
         """
         try:
-            plans = [(out, plan) for out in self._outputs if (plan := out.plan(positions))]
+            outputs, counts = await self._placed()
+            plans = [(out, plan) for out in outputs if (plan := out.plan(positions))]
             if plans:
                 await self._ask(Flush())
             for out, plan in plans:
                 pending = await self._ask(Pending(frozenset(plan)), self._producer)
-                for out_tp, written in (await self._reader.written(plan, pending)).items():
-                    await self._ask(ResumeOutputs(out.topic, written, frozenset(plan[out_tp])))
+                for out_tp, written in (await self._reader.written(out, plan, pending)).items():
+                    await self._ask(ResumeOutputs(out.topic, written, frozenset(plan[out_tp]),
+                                                  counts.get(out.topic)))
         except Exception as error:
             log.error("cannot resume exclusive republish outputs: %r", error)
             self._on_fatal("ConsumerActor.exclusive_resume", error)
             return False
         return True
+
+    async def _placed(self) -> tuple[list[ExclusiveOutput], dict[str, int]]:
+        """The outputs with their partition maps (side outputs: mod their partition
+        counts, read now), and those counts; a side topic that does not exist is left out."""
+        sides = [out.topic for out in self._outputs if out.side]
+        counts = await self._reader.partition_counts(sides) if sides else {}
+        for topic in sorted(set(sides) - set(counts)):
+            log.warning("topic %r does not exist yet: its records are written at least once "
+                        "(a replay may write one again) until the next assignment finds it",
+                        topic)
+        return [out.spread_over(counts[out.topic]) if out.side else out
+                for out in self._outputs if not out.side or out.topic in counts], counts
 
     async def _ask(self, message: Any, actor: pykka.ActorRef[Any] | None = None) -> Any:
         ref = self._pipeline if actor is None else actor

@@ -134,6 +134,8 @@ class PipelineActor(ReportingActor):
                     raise
             case ResumeOutputs():
                 self._runner.written.resume(message.topic, message.written, message.scanned)
+                if message.partitions is not None:
+                    self._runner.side.partitions[message.topic] = message.partitions
             case _:
                 unexpected("PipelineActor", message)
         return None

@@ -51,7 +51,7 @@ from onceflow.actors.messages import (
 from onceflow.actors.output_tail import (
     ExclusiveResume,
     TailReader,
-    exclusive_outputs,
+    resumed_outputs,
     tail_options,
 )
 from onceflow.actors.persistence import PersistenceActor
@@ -275,11 +275,10 @@ class ConsumerStream:
             log.debug("stopping the consumer: %r", error)
 
 
-def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveResume | None:
-    """The tail reads of exclusive republish steps on assignment; None without any."""
-    outputs = exclusive_outputs(core.pipeline)
-    if not outputs:
-        return None
+def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveResume:
+    """The tail reads on assignment: exclusive republish steps, dead letters, late events."""
+    kafka = core.settings.kafka
+    outputs = resumed_outputs(core.pipeline, kafka.dead_letter_topic, kafka.late_events_topic)
     reader = TailReader(tail_options(consumer_options(core.settings)), core.start_timeout)
     return ExclusiveResume(outputs, reader, core.pipeline_actor, core.producer, on_fatal)
 

@@ -64,6 +64,7 @@ class BatchOutcome:
     misaligned_reason: dict[str, str] = field(default_factory=dict)  # the first one per stage
     rejected: Counter[tuple[str, str]] = field(default_factory=Counter)  # (stage, kind) -> n
     first_rejection: dict[tuple[str, str], str] = field(default_factory=dict)  # its reason
+    side_skipped: int = 0  # dead letters and late events a replay found already written
 
     def dead_letter(self, output: Output, reason: Exception) -> None:
         """Count a dead letter by stage and kind of reason (``source`` for format errors)."""
@@ -79,6 +80,8 @@ class BatchOutcome:
     def stats(self, records: int) -> Counter[str]:
         """The batch's counters under the worker's stat names (``<stage>.folded`` ...)."""
         batch = Counter({"records": records, "dead_letters": self.dead_letters})
+        if self.side_skipped:
+            batch["side_outputs_skipped"] = self.side_skipped
         for name, counts in (("folded", self.folded), ("duplicates", self.duplicates),
                              ("late", self.late), ("misaligned", self.misaligned),
                              ("producer_duplicates", self.producer_duplicates)):
@@ -114,17 +117,22 @@ DEAD_LETTER_MAX_VALUE = 524_288
 
 def late_event(topic: str, record: ConsumedRecord, stage_id: str, key: str,
                position: tuple[int, ...], late_by_ms: int, root: tuple[str, int],
-               max_value: int = DEAD_LETTER_MAX_VALUE) -> Output:
+               max_value: int = DEAD_LETTER_MAX_VALUE, pipeline_id: str = "",
+               index: int = 0) -> Output:
     """The record a late value came from, with which value it was and why it is late.
 
     ``onceflow.root`` (``topic/partition``) and ``onceflow.position`` name the
-    value in its root partition's order (``stages.lineage``).
+    value in its root partition's order (``stages.lineage``); ``onceflow.index``
+    is its order among the record's late events (``side_outputs``: a replay
+    skips those already written).
     """
     value, cut = _bounded(record.value, max_value)
     return Output(topic, _text(key), value, (
         ("onceflow.reason", f"late for stage {stage_id!r} by {late_by_ms} ms".encode()),
         ("onceflow.stage", _text(stage_id)),
+        ("onceflow.pipeline", _text(pipeline_id)),
         ("onceflow.source", _source(record)),
+        ("onceflow.index", str(index).encode()),
         ("onceflow.root", f"{root[0]}/{root[1]}".encode()),
         ("onceflow.position", ".".join(map(str, position)).encode()),
         *cut,

@@ -22,7 +22,7 @@ that this worker does not own) are read past.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from google.protobuf.message import DecodeError
@@ -35,6 +35,9 @@ from onceflow.stages.state import TopicPartition
 
 #: Input partition -> the highest (offset, fan-out index) already written for it.
 Written = dict[TopicPartition, Position]
+#: Where a record of an output came from: (value, headers) -> input partition and position.
+Origin = Callable[[bytes | None, Sequence[Header] | None],
+                  tuple[TopicPartition, Position] | None]
 
 
 def written_origin(value: bytes | None, headers: Sequence[Header] | None
@@ -68,10 +71,12 @@ class TailScan:
     ``committed``: each input partition mapped here that this worker owns,
     with the offset its replay starts at (-1 when unknown: the scan of it
     then ends at its newest output). Feed it chunks newest first; each chunk
-    in any order.
+    in any order. ``origin`` reads a record's input position (dead letters and
+    late events carry theirs in other headers: ``side_outputs.SideOrigin``).
     """
 
     committed: Mapping[TopicPartition, int]
+    origin: Origin = written_origin
     written: Written = field(default_factory=dict)
     open: set[TopicPartition] = field(default_factory=set)
 
@@ -82,7 +87,7 @@ class TailScan:
         """One chunk of (value, headers); chunks newest first."""
         settled = set()
         for value, headers in records:
-            found = written_origin(value, headers)
+            found = self.origin(value, headers)
             if found is None or found[0] not in self.committed:
                 continue
             tp, position = found

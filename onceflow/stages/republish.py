@@ -53,6 +53,14 @@ class WrittenOutputs:
         return len(self._marks)
 
 
+def defaults(envelope: Envelope | None, record: ConsumedRecord) -> tuple[int, str]:
+    """Event time and key of outputs whose step gives none: the envelope's, or for a raw
+    record its Kafka timestamp and key (UTF-8)."""
+    if envelope is not None:
+        return envelope.event_time_ms, envelope.key
+    return record.timestamp or 0, (record.key or b"").decode(errors="replace")
+
+
 def republished(
     step: Republish,
     envelope: Envelope | None,

@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.formats import (
     FormatError,
     Reader,
@@ -49,8 +48,9 @@ from onceflow.stages.outcome import (
 )
 from onceflow.stages.pipeline import Aggregate, Pipeline, Republish
 from onceflow.stages.producer_dedup import SequenceLoader, SequenceTables
-from onceflow.stages.republish import WrittenOutputs, republished
+from onceflow.stages.republish import WrittenOutputs, defaults, republished
 from onceflow.stages.segments import AGGREGATE, FILTER, FLAT_MAP, MAP, segments
+from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state import AggregateState, StateTable, TopicPartition
 from onceflow.stages.windows import empty_windows, fold_windowed
 
@@ -122,6 +122,7 @@ class PipelineRunner:
         self.sequences = None if pipeline.dedup is None else SequenceTables(  # producer dedup
             pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
         self.written = WrittenOutputs()  # what exclusive republish steps find written
+        self.side = SideOutputs(self.written)  # dead letters and late events: the same
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.
@@ -129,10 +130,11 @@ class PipelineRunner:
         Records are applied as they are planned while every key they touch
         is cached (the steady state). From the first record that needs a
         load, records are held back, the missing states loaded in one
-        batched read, and the held-back records applied in their order.
+        batched read, and the held-back records applied in their order (dead
+        letters too: each input partition's are written in its order).
         """
         outcome = BatchOutcome()
-        held: list[_Plan] = []
+        held: list[_Plan | tuple[ConsumedRecord, Exception]] = []
         missing: dict[StateTable, dict[str, TopicPartition]] = {}  # key -> first feeder
         next_offsets = outcome.next_offsets
         sequences = self.sequences
@@ -146,7 +148,7 @@ class PipelineRunner:
             try:
                 plan = self._plan(record)
             except (StageFailure, FormatError) as failure:
-                self._dead_letter(outcome, record, failure)
+                self._reject(outcome, record, failure, held)
                 continue
             if plan is None:
                 continue  # a producer duplicate
@@ -154,7 +156,7 @@ class PipelineRunner:
                 new_keys = unknown_keys((share.table, share.keys) for share in plan.order
                                         if type(share) is _Fold)
             except StageFailure as failure:
-                self._dead_letter(outcome, record, failure)
+                self._reject(outcome, record, failure, held)
                 continue
             for table, key in new_keys:
                 missing.setdefault(table, {}).setdefault(key, (record.topic, record.partition))
@@ -167,14 +169,26 @@ class PipelineRunner:
                 self._failed(plan, outcome, failure)
         for table, feeders in missing.items():
             self._load_into(table, dict(sorted(feeders.items())))
-        for plan in held:
+        for entry in held:
+            if isinstance(entry, tuple):
+                self._dead_letter(outcome, entry[0], entry[1])
+                continue
             try:
-                self._apply(plan, outcome)
+                self._apply(entry, outcome)
             except StageFailure as failure:
-                self._failed(plan, outcome, failure)
+                self._failed(entry, outcome, failure)
         if sequences is not None:
             sequences.count(outcome)
+        outcome.side_skipped, self.side.skipped = self.side.skipped, 0
         return outcome
+
+    def _reject(self, outcome: BatchOutcome, record: ConsumedRecord, failure: Exception,
+                held: list[_Plan | tuple[ConsumedRecord, Exception]]) -> None:
+        """Dead-letter now, or after the records held back before it."""
+        if held:
+            held.append((record, failure))
+        else:
+            self._dead_letter(outcome, record, failure)
 
     def _failed(self, plan: _Plan, outcome: BatchOutcome, failure: StageFailure) -> None:
         """A record whose apply failed: dead-lettered, counted if its key is homed elsewhere."""
@@ -237,24 +251,12 @@ class PipelineRunner:
                 else:
                     assert isinstance(step, Republish)
                     pairs = list(zip(positions, values, strict=True))
-                    emit = self._republish(step, envelope, record, root, pairs)
-                    plan.order.append(emit)
+                    time_ms, key = defaults(envelope, record)
+                    plan.order.append(_Emit(*republished(step, envelope, record, root, pairs,
+                                                         time_ms, key, self.written)))
         except Exception as error:
             raise StageFailure(stage, error) from error
         return plan
-
-    def _republish(
-        self,
-        step: Republish,
-        envelope: Envelope | None,
-        record: ConsumedRecord,
-        root: RootPartition,
-        values: list[tuple[Position, Any]],
-    ) -> _Emit:
-        time_ms, key = _defaults(envelope, record)
-        positions, outputs = republished(step, envelope, record, root, values, time_ms, key,
-                                         self.written)
-        return _Emit(positions, outputs)
 
     def _load_into(self, table: StateTable, feeders: dict[str, TopicPartition]) -> None:
         """Load states (new keys start from ``init``); claim a home for those without one."""
@@ -338,7 +340,8 @@ class PipelineRunner:
                     raise StageFailure(spec.id, error) from error
                 if result.late_by_ms is not None:
                     late.add(pos)
-                    late_outputs.append(self._late(plan, spec, key, pos, result.late_by_ms))
+                    late_outputs.append(self._late(plan, spec, key, pos, result.late_by_ms,
+                                                   len(late_outputs)))
                 else:
                     current[0] = result.state
                     if result.closed:
@@ -368,27 +371,21 @@ class PipelineRunner:
         if emitted:
             outcome.outputs.extend(emitted)
         if late_outputs:
-            outcome.outputs.extend(late_outputs)
+            outcome.outputs.extend(self.side.placed(late_outputs, plan.record))
 
     def _late(self, plan: _Plan, spec: Aggregate, key: str, pos: Position,
-              late_by_ms: int) -> Output:
+              late_by_ms: int, index: int) -> Output:
         return late_event(self._late_topic, plan.record, spec.id, key, pos, late_by_ms,
-                          plan.root, self._max_value)
+                          plan.root, self._max_value, self.pipeline.id, index)
 
     def _dead_letter(
         self, outcome: BatchOutcome, record: ConsumedRecord, reason: Exception
     ) -> None:
-        outcome.dead_letter(
-            dead_letter(self._dead_letter_topic, record, self.pipeline.id, reason,
-                        self._max_value), reason)
-
-
-def _defaults(envelope: Envelope | None, record: ConsumedRecord) -> tuple[int, str]:
-    """Event time and key of outputs whose step gives none: the envelope's, or for a raw
-    record its Kafka timestamp and key (UTF-8)."""
-    if envelope is not None:
-        return envelope.event_time_ms, envelope.key
-    return record.timestamp or 0, (record.key or b"").decode(errors="replace")
+        """A replay skips a dead letter already written (``side_outputs``)."""
+        letter = dead_letter(self._dead_letter_topic, record, self.pipeline.id, reason,
+                             self._max_value)
+        for placed in self.side.placed((letter,), record):
+            outcome.dead_letter(placed, reason)
 
 
 def _is_stopped(position: Position, stopped: list[tuple[int, set[Position]]]) -> bool:
