@@ -1,0 +1,160 @@
+"""A record whose header name is not UTF-8 is read, instead of failing every fetch.
+
+Kafka header names are strings, but a hand-made batch can hold any bytes there
+(Kafka's Java clients cannot write one; a broker stores it). aiokafka decodes
+them strictly, in its C extension and its pure-Python parser alike, so one such
+record made every ``getmany`` of its partition raise ``UnicodeDecodeError``:
+the records around it were never delivered, the stream failed until the
+restart budget was spent, and the partition never moved again.
+
+``install()`` changes two things in aiokafka's fetcher, neither on the path of
+a record: the fetcher's ``MemoryRecords`` keeps the fetched bytes (one more
+attribute per fetch), and ``PartitionRecords.__next__`` (aiokafka's own five
+lines, plus an ``except``) catches ``UnicodeDecodeError``. Only then is the
+rest of that fetch parsed again, from the failing batch on, by aiokafka's
+pure-Python batch with header names decoded with ``surrogateescape`` (the
+original bytes stay recoverable); iteration goes on where it failed, since
+aiokafka skips the records below ``next_fetch_offset``, which it already
+returned. Every other batch keeps the C parser. The runner then dead-letters
+such a record with the name's bytes (``stages.guards.check_header_names``).
+
+Checked against aiokafka 0.12.0 to 0.14.0 (pyproject pins ``<0.15``):
+``tests/unit/test_tolerant_records.py`` fails if a seam moves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, SupportsIndex, overload
+
+import aiokafka.consumer.fetcher as fetcher
+from aiokafka.errors import CorruptRecordException
+from aiokafka.record.default_records import _DefaultRecordBatchPy
+from aiokafka.record.legacy_records import LegacyRecordBatch
+from aiokafka.record.memory_records import MemoryRecords
+
+log = logging.getLogger(__name__)
+
+_LOG_OVERHEAD = 12  # every batch format starts with offset (int64) and length (int32)
+_MAGIC_AT = 16  # then v2's leader epoch (int32), v0/v1's crc (int32), then magic (int8)
+_V2_HEADER = 61  # a v2 batch's header, before its records
+#: aiokafka's own ``PartitionRecords.__next__``, which ``_next_record`` repeats.
+AIOKAFKA_NEXT = fetcher.PartitionRecords.__next__
+
+
+class KeptRecords(MemoryRecords):  # type: ignore[misc]  # final for typing only
+    """aiokafka's ``MemoryRecords`` (the C one when built) keeping its bytes for a re-parse."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(data)
+        self.data = data
+
+
+class _Name(bytearray):
+    """A slice of a record whose ``decode`` keeps bytes that are not UTF-8 as surrogates."""
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return bytearray.decode(self, encoding, "surrogateescape")
+
+
+class _Slicing(bytearray):
+    """A batch's buffer whose slices are ``_Name``s.
+
+    aiokafka's parser reads a header name as ``buffer[a:b].decode("utf-8")``;
+    keys and values as ``bytes(buffer[a:b])``, which a ``_Name`` gives unchanged.
+    """
+
+    @overload
+    def __getitem__(self, index: SupportsIndex) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> bytearray: ...
+    def __getitem__(self, index: SupportsIndex | slice) -> int | bytearray:
+        if isinstance(index, slice):
+            return _Name(super().__getitem__(index))
+        return super().__getitem__(index)
+
+
+class LenientBatch(_DefaultRecordBatchPy):  # type: ignore[misc]  # final for typing only
+    """aiokafka's pure-Python v2 batch, header names decoded with ``surrogateescape``."""
+
+    def __iter__(self) -> LenientBatch:
+        super().__iter__()  # decompresses: the records' bytes are in ``_buffer`` from here
+        self._buffer: bytearray = _Slicing(self._buffer)
+        return self
+
+
+class Reparsed:
+    """The batches of one fetch from ``resume_at`` on, v2 ones as ``LenientBatch``.
+
+    Batches that end at or below ``resume_at`` were fully returned already and
+    are left out: aiokafka sets ``next_fetch_offset`` to each batch's end.
+    """
+
+    def __init__(self, data: bytes, resume_at: int) -> None:
+        self._size = len(data)
+        self._batches = deque(b for b in _batches(data) if b.next_offset > resume_at)
+
+    def size_in_bytes(self) -> int:
+        return self._size
+
+    def has_next(self) -> bool:
+        return bool(self._batches)
+
+    def next_batch(self) -> Any:
+        return self._batches.popleft() if self._batches else None
+
+
+def _batches(data: bytes) -> Iterator[Any]:
+    """The whole batches in ``data`` (a fetch may end with part of one, left out)."""
+    view = memoryview(data)
+    pos = 0
+    while len(view) - pos >= _LOG_OVERHEAD:
+        end = pos + _LOG_OVERHEAD + int.from_bytes(view[pos + 8:pos + 12], "big", signed=True)
+        if end > len(view):
+            return
+        part = view[pos:end]
+        if len(part) <= _MAGIC_AT:
+            raise CorruptRecordException(f"record batch of {len(part)} bytes")
+        magic = part[_MAGIC_AT]
+        if magic < 2:
+            yield LegacyRecordBatch(part, magic)  # v0/v1 have no headers
+        elif len(part) < _V2_HEADER:
+            raise CorruptRecordException(f"record batch of {len(part)} bytes")
+        else:
+            yield LenientBatch(part)
+        pos = end
+
+
+def _next_record(self: Any) -> Any:
+    """aiokafka's ``PartitionRecords.__next__``, re-parsing a fetch a header name broke."""
+    try:
+        return next(self._records_iterator)
+    except StopIteration:
+        self._records_iterator = None  # as aiokafka: breaks a reference cycle
+        raise
+    except UnicodeDecodeError:
+        kept = self._records
+        if not isinstance(kept, KeptRecords):
+            raise  # re-parsed already: not a header name (a deserializer), aiokafka's way
+    log.info("%s: a record batch at offset %d or after holds a header name that is not "
+             "UTF-8: parsing it again leniently", self._tp, self.next_fetch_offset)
+    self._records = Reparsed(kept.data, self.next_fetch_offset)
+    self._records_iterator = self._unpack_records()
+    return _next_record(self)
+
+
+def install() -> None:
+    """Make aiokafka's fetcher tolerate header names that are not UTF-8 (idempotent)."""
+    records = fetcher.PartitionRecords
+    if records.__next__ is _next_record:
+        return
+    if fetcher.MemoryRecords is not MemoryRecords or not hasattr(records, "_unpack_records"):
+        log.warning("aiokafka's fetcher is not as expected: a record whose header name is not "
+                    "UTF-8 will fail its partition's fetches")
+        return
+    fetcher.MemoryRecords = KeptRecords
+    records.__next__ = _next_record
