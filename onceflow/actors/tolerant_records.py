@@ -42,6 +42,7 @@ _MAGIC_AT = 16  # then v2's leader epoch (int32), v0/v1's crc (int32), then magi
 _V2_HEADER = 61  # a v2 batch's header, before its records
 #: aiokafka's own ``PartitionRecords.__next__``, which ``_next_record`` repeats.
 AIOKAFKA_NEXT = fetcher.PartitionRecords.__next__
+_told = False  # whether a re-parse was logged at INFO (the next ones are DEBUG)
 
 
 class KeptRecords(MemoryRecords):  # type: ignore[misc]  # final for typing only
@@ -140,8 +141,12 @@ def _next_record(self: Any) -> Any:
         kept = self._records
         if not isinstance(kept, KeptRecords):
             raise  # re-parsed already: not a header name (a deserializer), aiokafka's way
-    log.info("%s: a record batch at offset %d or after holds a header name that is not "
-             "UTF-8: parsing it again leniently", self._tp, self.next_fetch_offset)
+    global _told
+    log.log(logging.DEBUG if _told else logging.INFO, "%s[%d]: a record batch at offset %d or "
+            "after holds a header name that is not UTF-8: parsing it again leniently%s",
+            self._tp.topic, self._tp.partition, self.next_fetch_offset,
+            "" if _told else " (said once; its records are dead-lettered)")
+    _told = True
     self._records = Reparsed(kept.data, self.next_fetch_offset)
     self._records_iterator = self._unpack_records()
     return _next_record(self)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
-from aiokafka.producer import message_accumulator
+from aiokafka.producer import message_accumulator, producer
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
 from onceflow.devtools import harness
@@ -124,15 +124,18 @@ class RawName(str):
 
 @contextlib.contextmanager
 def raw_header_names() -> Iterator[None]:
-    """Batches created meanwhile write ``RawName``s as their bytes.
+    """Producers write ``RawName``s as their bytes meanwhile (only in this process).
 
-    aiokafka's C batch builder encodes a header name itself; its pure-Python one
-    calls ``.encode()``, which ``RawName`` answers. Only this process's producers
-    (``producer.create_batch()``, or ``send`` when it starts a batch).
+    aiokafka's C batch builder encodes a header name itself and refuses a ``str``
+    subclass; its pure-Python one calls ``.encode()``, which ``RawName`` answers.
+    Batches are built as ``send`` (or ``create_batch``) starts them.
     """
-    saved = message_accumulator.DefaultRecordBatchBuilder
-    message_accumulator.DefaultRecordBatchBuilder = _DefaultRecordBatchBuilderPy  # type: ignore[misc]
+    modules = (message_accumulator, producer)
+    saved = [module.DefaultRecordBatchBuilder for module in modules]
+    for module in modules:
+        module.DefaultRecordBatchBuilder = _DefaultRecordBatchBuilderPy
     try:
         yield
     finally:
-        message_accumulator.DefaultRecordBatchBuilder = saved  # type: ignore[misc]
+        for module, builder in zip(modules, saved, strict=True):
+            module.DefaultRecordBatchBuilder = builder
