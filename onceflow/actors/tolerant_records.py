@@ -2,23 +2,25 @@
 
 Kafka header names are strings, but a hand-made batch can hold any bytes there
 (Kafka's Java clients cannot write one; a broker stores it). aiokafka decodes
-them strictly, in its C extension and its pure-Python parser alike, so one such
-record made every ``getmany`` of its partition raise ``UnicodeDecodeError``:
-the records around it were never delivered, the stream failed until the
-restart budget was spent, and the partition never moved again.
+them strictly, so one such record made every ``getmany`` of its partition
+raise ``UnicodeDecodeError`` (wrapped in ``CorruptRecordException`` by the
+pure-Python parser, used when the C extension is not built): the records
+around it were never delivered, the stream failed until the restart budget
+was spent, and the partition never moved again.
 
-``install()`` changes two things in aiokafka's fetcher, neither on the path of
-a record: the fetcher's ``MemoryRecords`` keeps the fetched bytes (one more
-attribute per fetch), and ``PartitionRecords.__next__`` (aiokafka's own five
-lines, plus an ``except``) catches ``UnicodeDecodeError``. Only then is the
+``install()`` changes two things in aiokafka's fetcher, and adds no work per
+record: its ``MemoryRecords`` keeps the fetched bytes (one attribute per
+fetch), and ``PartitionRecords.__next__`` is aiokafka's own five lines plus an
+``except`` for that error (free in CPython until it fires). Only then is the
 rest of that fetch parsed again, from the failing batch on, by aiokafka's
 pure-Python batch with header names decoded with ``surrogateescape`` (the
-original bytes stay recoverable); iteration goes on where it failed, since
-aiokafka skips the records below ``next_fetch_offset``, which it already
-returned. Every other batch keeps the C parser. The runner then dead-letters
-such a record with the name's bytes (``stages.guards.check_header_names``).
+bytes stay recoverable); iteration goes on where it failed, since aiokafka
+skips the records below ``next_fetch_offset``, which it returned already.
+Every other fetch keeps the C parser. The runner then dead-letters such a
+record, naming the bytes (``stages.guards.check_header_names``).
 
-Checked against aiokafka 0.12.0 to 0.14.0 (pyproject pins ``<0.15``):
+Tested with aiokafka 0.14.0, with and without its C extension; the seams read
+the same in the 0.12.0 and 0.13.0 sources (pyproject pins ``>=0.12,<0.15``).
 ``tests/unit/test_tolerant_records.py`` fails if a seam moves.
 """
 
@@ -137,10 +139,10 @@ def _next_record(self: Any) -> Any:
     except StopIteration:
         self._records_iterator = None  # as aiokafka: breaks a reference cycle
         raise
-    except UnicodeDecodeError:
+    except (UnicodeDecodeError, CorruptRecordException) as error:
         kept = self._records
-        if not isinstance(kept, KeptRecords):
-            raise  # re-parsed already: not a header name (a deserializer), aiokafka's way
+        if not isinstance(kept, KeptRecords) or not _undecodable(error):
+            raise  # corrupt, or re-parsed already (so not a header name): aiokafka's way
     global _told
     log.log(logging.DEBUG if _told else logging.INFO, "%s[%d]: a record batch at offset %d or "
             "after holds a header name that is not UTF-8: parsing it again leniently%s",
@@ -150,6 +152,12 @@ def _next_record(self: Any) -> Any:
     self._records = Reparsed(kept.data, self.next_fetch_offset)
     self._records_iterator = self._unpack_records()
     return _next_record(self)
+
+
+def _undecodable(error: Exception) -> bool:
+    """A name the C parser could not decode, or the pure-Python one (it wraps the error)."""
+    return isinstance(error, UnicodeDecodeError) or isinstance(error.__cause__,
+                                                               UnicodeDecodeError)
 
 
 def install() -> None:
