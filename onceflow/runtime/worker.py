@@ -30,7 +30,7 @@ from typing import Any
 
 import pykka
 
-from onceflow.actors import metrics
+from onceflow.actors import metrics, tolerant_records
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor
@@ -317,6 +317,7 @@ class Worker:
 
     def start(self) -> None:
         tune_gc()
+        tolerant_records.install()  # a header name that is not UTF-8 must not stop fetches
         sv = self.settings.supervision
         restart = RestartSettings(Policy(sv.policy), sv.max_restarts, sv.within,
                                   sv.backoff_initial, sv.backoff_max, sv.backoff_jitter)

@@ -2,8 +2,9 @@
 
 A source topic may hold anything its writers put there. What a user function
 returns is checked where the runner meets it; these are the checks on what
-comes from the record itself and on what a store must hold: a source chain no
-onceflow step can have written, and aggregate keys no store can encode. Each
+comes from the record itself and on what a store must hold: a header name that
+is not UTF-8, a source chain no onceflow step can have written, and aggregate
+keys no store can encode. Each
 raises what the runner dead-letters (``FormatError``, ``StageFailure``), so the
 record is refused with a reason and the batch goes on.
 """
@@ -20,6 +21,34 @@ from onceflow.stages.state import StateTable
 
 #: Most hops a source chain may have (onceflow's own chains grow by one per republish hop).
 MAX_HOPS = 100
+
+
+def check_header_names(headers: Sequence[tuple[str, bytes]]) -> None:
+    """FormatError for a header name that is not UTF-8.
+
+    Kafka header names are strings; a hand-made batch can still hold any bytes
+    there, which the consumer reads with ``surrogateescape``
+    (``actors.tolerant_records``). Such a record breaks the protocol: it is
+    dead-lettered with the name's bytes rather than handed to user functions,
+    whose encoding of the name would fail far from the record.
+    """
+    for name, _ in headers:
+        if not name.isascii():
+            try:
+                name.encode()
+            except UnicodeEncodeError:
+                raw = name.encode(errors="surrogateescape") if _escaped(name) else name
+                raise FormatError("header", f"header name {raw!r} is not UTF-8 (Kafka "
+                                  "header names are strings)") from None
+
+
+def _escaped(name: str) -> bool:
+    """Whether ``name`` came from bytes decoded with ``surrogateescape``."""
+    try:
+        name.encode(errors="surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_chain(envelope: Envelope, record: ConsumedRecord) -> None:

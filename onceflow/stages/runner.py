@@ -33,7 +33,7 @@ from onceflow.stages.formats import (
     meta_of,
     source_reader,
 )
-from onceflow.stages.guards import check_chain, unknown_keys
+from onceflow.stages.guards import check_chain, check_header_names, unknown_keys
 from onceflow.stages.lineage import Position, RootPartition, Route, origin_of
 from onceflow.stages.origin import chain_envelope
 from onceflow.stages.outcome import (
@@ -207,6 +207,8 @@ class PipelineRunner:
     def _plan(self, record: ConsumedRecord) -> _Plan | None:
         """The record through the stateless steps; None for a producer duplicate."""
         reader: Reader = self._readers.get(record.topic) or self._readers[self.pipeline.topics[0]]
+        if record.headers:
+            check_header_names(record.headers)
         value, envelope = reader.parse(record)  # FormatError: a dead letter naming the formats
         if envelope is None and record.headers:  # a plain output of another onceflow step:
             envelope = chain_envelope(record.key, record.timestamp, record.headers)  # its chain

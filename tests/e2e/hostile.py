@@ -2,7 +2,9 @@
 
 Valid reports follow ``onceflow.examples.robots``: robot ``r-<n>`` always to
 partition ``n % partitions`` (its key's home), ``seq`` rising per robot.
-Hostile records go to random partitions with odd keys and headers; each kind
+Hostile records go to random partitions with odd keys and headers (header
+names that are not UTF-8 need ``helpers.raw_header_names`` around the
+producer); each kind
 names a fragment of the ``onceflow.reason`` its dead letter must carry. None
 can fold: the ones shaped like reports use serials no valid robot has.
 """
@@ -15,6 +17,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from helpers import RawName
 
 Headers = list[tuple[str, bytes]]
 BIG = 2_000_000  # larger than a fetch (max_partition_fetch_bytes, 1 MiB by default)
@@ -68,6 +72,10 @@ KINDS: dict[str, Kind] = {
                                         [("onceflow-chain", f"{{topic}}/{p}/999999999/0"
                                           .encode())]),
                      "forged or corrupt"),
+    "header-name": (lambda i, rng, p: (_dumps(_report(f"h-{i}", i, rng)), None,
+                                       [("site", b"a"), (RawName(b"\xff" + rng.randbytes(3)),
+                                                         b"v")]),
+                    "is not UTF-8 (Kafka header names are strings)"),
     "bad-event-time": (lambda i, rng, p: (_dumps(_report(f"h-{i}", i, rng)), None,
                                           [("onceflow-chain", b"elsewhere/0/1/0"),
                                            ("onceflow-event-time-ms", b"soon")]),

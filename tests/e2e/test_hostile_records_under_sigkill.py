@@ -4,12 +4,12 @@ The robots pipeline (plain JSON, producer dedup on serial and seq) reads
 30,000 valid reports (with ~2% re-sends) and 10,000 hostile records of every
 kind in ``hostile.py`` (garbage, truncated and deeply nested JSON, tombstones,
 keys no store can hold, broken or forged chain headers, a lying format
-header, values larger than a fetch), spread over four partitions. Afterwards
-every robot's totals are exact, and the dead-letter topic holds each hostile
-record (matched by its ``onceflow.source``) with the reason of its kind, once:
-a replay after a kill skips the dead letters already written
-(``onceflow.stages.side_outputs``), each input partition's on one dead-letter
-partition, in input order.
+header, header names that are not UTF-8, values larger than a fetch), spread
+over four partitions. Afterwards every robot's totals are exact, and the
+dead-letter topic holds each hostile record (matched by its
+``onceflow.source``) with the reason of its kind, once: a replay after a kill
+skips the dead letters already written (``onceflow.stages.side_outputs``),
+each input partition's on one dead-letter partition, in input order.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer, ConsumerRecord
-from helpers import stored_states
+from helpers import raw_header_names, stored_states
 from hostile import BIG, Message, generate
 
 from onceflow.devtools import harness
@@ -42,12 +42,13 @@ async def produce(bootstrap: str, topic: str, messages: list[Message], seconds: 
     await producer.start()
     ends: dict[int, int] = {}
     placed: dict[str, Message] = {}
+    chunk = max(1, len(messages) // int(seconds * 10))
     try:
-        chunk = max(1, len(messages) // int(seconds * 10))
         for start in range(0, len(messages), chunk):
             part = messages[start:start + chunk]
-            acks = [await producer.send(topic, m.value, key=m.key, partition=m.partition,
-                                        headers=m.headers) for m in part]
+            with raw_header_names():  # the batches these sends start
+                acks = [await producer.send(topic, m.value, key=m.key, partition=m.partition,
+                                            headers=m.headers) for m in part]
             for m, meta in zip(part, await asyncio.gather(*acks), strict=True):
                 placed[f"{topic}/{meta.partition}/{meta.offset}"] = m
                 ends[meta.partition] = max(ends.get(meta.partition, 0), meta.offset + 1)

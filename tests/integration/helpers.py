@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.producer import message_accumulator, producer
+from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy
 
 from onceflow.devtools import harness
 from onceflow.devtools.certs import LocalPki
@@ -103,3 +106,36 @@ def wait_for_log(proc: subprocess.Popen[bytes], log: Path, needle: str, timeout:
         time.sleep(0.1)
     raise AssertionError(f"{needle!r} not in log after {timeout}s:\n{log.read_text()[-3000:]}")
 
+
+
+class RawName(str):
+    """A header name written as ``raw`` bytes, UTF-8 or not (as a hand-made batch can)."""
+
+    def __new__(cls, raw: bytes) -> RawName:
+        named = super().__new__(cls, raw.decode(errors="surrogateescape"))
+        named.raw = raw
+        return named
+
+    raw: bytes
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return self.raw
+
+
+@contextlib.contextmanager
+def raw_header_names() -> Iterator[None]:
+    """Producers write ``RawName``s as their bytes meanwhile (only in this process).
+
+    aiokafka's C batch builder encodes a header name itself and refuses a ``str``
+    subclass; its pure-Python one calls ``.encode()``, which ``RawName`` answers.
+    Batches are built as ``send`` (or ``create_batch``) starts them.
+    """
+    modules = (message_accumulator, producer)
+    saved = [module.DefaultRecordBatchBuilder for module in modules]
+    for module in modules:
+        module.DefaultRecordBatchBuilder = _DefaultRecordBatchBuilderPy
+    try:
+        yield
+    finally:
+        for module, builder in zip(modules, saved, strict=True):
+            module.DefaultRecordBatchBuilder = builder

@@ -175,7 +175,8 @@ def hostile_values(draw: st.DrawFn, kind: str) -> bytes | None:
 
 header_names = st.one_of(st.sampled_from(["producer", "seq", FORMAT_HEADER, CHAIN_HEADER,
                                           EVENT_TIME_HEADER, "onceflow-event-id"]),
-                         st.text(max_size=6))
+                         st.text(max_size=6),  # and any bytes, as the consumer reads them:
+                         st.binary(max_size=6).map(lambda b: b.decode(errors="surrogateescape")))
 header_values = st.one_of(
     st.none(), st.binary(max_size=12), st.just(b"\xff\xfe"), st.just(b"envelope"),
     st.just(b"json"), st.just(Big(b"9" * 4300)), st.just(b"-1"), st.just(b"1e3"),
@@ -207,6 +208,15 @@ def _check_producible(topic: str, key: bytes | None, value: bytes,
     assert batch.append(timestamp=None, key=key, value=value, headers=list(headers)) is not None
     size = len(value) + len(key or b"") + sum(len(n.encode()) + len(v) for n, v in headers)
     assert size < BROKER_MAX_MESSAGE - 1024, f"{topic}: {size} bytes"
+
+
+def _name_not_utf8(record: Rec) -> bool:
+    """A record with a header name that is not UTF-8 (on any format)."""
+    try:
+        [name.encode() for name, _ in record.headers]
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _must_refuse(record: Rec) -> bool:
@@ -262,7 +272,8 @@ def _run(kind: str, dedup: bool, stream: list[tuple[bool, Any]], cuts: list[int]
         start = cut
     assert all(n == 1 for n in dead.values()), dead
     for f in fed:
-        if f.valid is None and kind != "envelope" and _must_refuse(f.record):
+        if f.valid is None and (_name_not_utf8(f.record)
+                                or (kind != "envelope" and _must_refuse(f.record))):
             assert f"{TOPIC}/0/{f.record.offset}" in dead, f.record
     valid_dead = [f.record.offset for f in fed
                   if f.valid is not None and f"{TOPIC}/0/{f.record.offset}" in dead]
@@ -374,6 +385,20 @@ def test_chain_headers_that_lie_or_do_not_parse_are_dead_letters(chain: bytes,
               Record({"serial": "r1"})])
     assert [(d.record.offset, d.reason) for d in run.dead_letters] == [(3, reason)]
     assert run.states("per_robot") == {"r1": 3}
+
+
+def test_a_header_name_that_is_not_utf8_is_a_dead_letter_naming_its_bytes() -> None:
+    read = b"\xff\xfebad".decode(errors="surrogateescape")  # as the worker's consumer reads it
+    reason = "header name b'\\xff\\xfebad' is not UTF-8 (Kafka header names are strings)"
+    run = TestRun(_robots())
+    run.feed([Record({"serial": "r1"}),
+              Record({"serial": "r1"}, headers=[("a", b"1"), (read, b"v")]),
+              Record({"serial": "r1"}, headers=[("\u00e9t\u00e9", b"v")])])  # UTF-8: fine
+    assert [(d.record.offset, d.reason) for d in run.dead_letters] == [(1, reason)]
+    assert run.states("per_robot") == {"r1": 2}
+    run = TestRun(_robots("envelope"))  # checked before the value is parsed, on any format
+    run.feed([Record(b"\x00", headers=[(read, b"v")])])
+    assert [d.reason for d in run.dead_letters] == [reason]
 
 
 def test_a_format_header_that_lies_is_a_dead_letter() -> None:
