@@ -64,3 +64,30 @@ def _handler(status: Status) -> type[BaseHTTPRequestHandler]:
             pass  # scrapes every few seconds would drown the worker's log
 
     return Handler
+
+
+def health_report(pipeline_id: str, children: dict[str, Any], consumer: dict[str, Any] | None,
+                  escalated: str | None, stall_timeout: float) -> dict[str, Any]:
+    """What /health reports: per-child state, escalation, progress, lag and held commits."""
+    idle = metrics.seconds_since_progress()
+    lag = metrics.total_lag()
+    stalled = lag > 0 and idle > stall_timeout
+    # Records the broker does not take (e.g. an unreachable dead-letter topic) wait in
+    # the outbox, and commits with them: processing goes on, so say it here.
+    outbox, since_commit = metrics.outbox_records(), metrics.seconds_since_commit()
+    held = outbox > 0 and since_commit > stall_timeout
+    return {
+        "healthy": escalated is None and bool(children)
+        and all(state == "running" for state in children.values()) and not stalled
+        and not held and not (consumer and consumer["join_overdue"]),
+        "pipeline": pipeline_id,
+        "children": children,
+        "consumer": consumer,
+        "escalated": escalated,
+        "seconds_since_progress": round(idle, 3),
+        "lag": lag,
+        "stalled": stalled,
+        "outbox": outbox,
+        "seconds_since_commit": round(since_commit, 3),
+        "commits_held": held,
+    }

@@ -30,7 +30,7 @@ from typing import Any
 
 import pykka
 
-from onceflow.actors import metrics, tolerant_records
+from onceflow.actors import tolerant_records
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor
@@ -66,7 +66,7 @@ from onceflow.actors.supervisor import (
 )
 from onceflow.actors.ticker import Ticker
 from onceflow.runtime.config import Settings
-from onceflow.runtime.health import HealthServer
+from onceflow.runtime.health import HealthServer, health_report
 from onceflow.runtime.topics import ensure_repartition_topics
 from onceflow.runtime.wiring import (
     access_error,
@@ -346,30 +346,10 @@ class Worker:
                           self._supervisor.proxy().states().get(timeout=2).items()}
             except Exception:  # the supervisor is gone: the worker is stopping
                 states = {"core": "stopped", "consumer": "stopped"}
-        idle = metrics.seconds_since_progress()
-        lag = metrics.total_lag()
-        stalled = lag > 0 and idle > self.settings.metrics.stall_timeout
-        # Records the broker does not take (e.g. an unreachable dead-letter topic) wait in
-        # the outbox, and commits with them: processing goes on, so say it here.
-        outbox, since_commit = metrics.outbox_records(), metrics.seconds_since_commit()
-        held = outbox > 0 and since_commit > self.settings.metrics.stall_timeout
         consumer = None if self._stream is None else self._stream.join.report()
-        return {
-            "healthy": self._failure is None and bool(states)
-            and all(state == "running" for state in states.values()) and not stalled
-            and not held and not (consumer and consumer["join_overdue"]),
-            "pipeline": self.pipeline.id,
-            "children": states,
-            "consumer": consumer,
-            "escalated": None if self._failure is None else
-            f"{self._failure[0]}: {self._failure[1]!r}",
-            "seconds_since_progress": round(idle, 3),
-            "lag": lag,
-            "stalled": stalled,
-            "outbox": outbox,
-            "seconds_since_commit": round(since_commit, 3),
-            "commits_held": held,
-        }
+        escalated = None if self._failure is None else f"{self._failure[0]}: {self._failure[1]!r}"
+        return health_report(self.pipeline.id, states, consumer, escalated,
+                             self.settings.metrics.stall_timeout)
 
     def run(self, signalled: Callable[[], bool] = lambda: False) -> int:
         """Wait for a stop (``request_stop``, ``signalled()``) or an escalation; the exit code."""
