@@ -45,7 +45,7 @@ def main() -> None:
         info = services.start_redis(Path(state))
         try:
             store = RedisStore(f"redis://{info.address}/0", "bench", "fencing")
-            guard = store.take_epochs([("robot-reports", p) for p in range(args.partitions)])
+            guard = store.take_epochs([("robot-reports", p) for p in range(args.partitions)]).guard
             print(f"{'rows':>7} {'MSET ms':>9} {'guarded ms':>11} {'extra ms':>9} "
                   f"{'extra us/row':>13}")
             for n in args.rows:

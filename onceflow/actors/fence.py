@@ -86,7 +86,7 @@ class Fencing:
     fence: EpochFence = field(default_factory=EpochFence)
 
     def take(self, partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
-        """Take the next epoch of each newly assigned partition; answers the moved ones.
+        """Take one new epoch for the assigned partitions; answers the moved ones.
 
         If the store cannot answer, nothing is held any more (every guarded
         write is refused) and the error goes on to fail the stream.
@@ -113,3 +113,11 @@ def epoch_source(stores: Iterable[StateStore]) -> StateStore | None:
     fenced = [store for store in stores if store.fenced]
     return next((store for store in fenced if store.atomic_fence),
                 fenced[0] if fenced else None)
+
+
+def share_epochs(source: StateStore | None, stores: Iterable[StateStore | None]) -> None:
+    """Tell every fenced store but those of the source's kind that the epochs are elsewhere."""
+    for store in stores:
+        if source is not None and store is not None and store.fenced \
+                and not store.atomic_fence and type(store) is not type(source):
+            store.epochs_elsewhere()

@@ -36,7 +36,7 @@ from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor
 from onceflow.actors.continuity import GapCheck, PartitionRewound
 from onceflow.actors.delivery import OutboxTally
-from onceflow.actors.fence import Fencing, epoch_source
+from onceflow.actors.fence import Fencing, epoch_source, share_epochs
 from onceflow.actors.join_watch import JoinWatch
 from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.loop import EventLoopThread
@@ -135,17 +135,13 @@ class PipelineCore:
         stage_stores, write_stores = self._stores
         # Stats go to the first store the pipeline uses; a stateless republisher has none.
         stats_store = next(iter(write_stores.values()), None)
-        # Fencing: ONE store keeps the epochs (Redis if the pipeline uses it); the
-        # guards of writes to every store carry them.
+        # Fencing: ONE store keeps the epochs; guards carry them to every store.
         source = epoch_source(stage_stores.values())
         self.fencing = None if source is None else Fencing(source)
         fence = None if self.fencing is None else self.fencing.fence
         outbox_kind = outbox_store(s, pipeline)
         self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
-        for store in (*write_stores.values(), *stage_stores.values(), self._outbox):
-            if source is not None and store is not None and store.fenced \
-                    and not store.atomic_fence and type(store) is not type(source):
-                store.epochs_elsewhere()
+        share_epochs(source, (*write_stores.values(), *stage_stores.values(), self._outbox))
         self.producer = ProducerActor.start(
             options=producer_options(s), delivery=delivery_settings(s),
             max_block=s.kafka.producer.max_block, outbox=self._outbox,

@@ -5,14 +5,15 @@ and sets it as the epoch of every partition assigned, answering each one's
 previous epoch, all atomically. Epochs are therefore ordered across
 partitions: any successor's epoch is greater than every epoch a zombie holds,
 which lets Cassandra order writes by epoch (``write_timestamp``). A worker
-remembers the epochs it took, and a store write that depends on a partition (states and history rows
-folded from its records, outbox rows) passes them as a ``Guard``; the store
-checks every one against what it holds, atomically with the write, and
-refuses the whole write if any differs. A worker that lost a partition (its
-session expired while it was paused, and another member took the partition
-and its next epoch) can then no longer overwrite the new owner's rows: its
-write is refused as if it had crashed just before it (docs/architecture.md,
-"Fencing").
+remembers the epochs it took, and a store write that depends on a partition
+(states and history rows folded from its records, outbox rows) passes them as
+a ``Guard``; the store checks every one against what it holds (atomically
+with the write on Redis; on Cassandra just before it, with the write
+timestamps ordering what slips between), and refuses the whole write if any
+differs. A worker that lost a partition (its session expired while it was
+paused, and another member took the partition under a new epoch) can then no
+longer overwrite the new owner's rows: its write is refused as if it had
+crashed just before it (docs/architecture.md, "Fencing").
 """
 
 from __future__ import annotations
