@@ -80,10 +80,12 @@ class EpochFence:
 
 @dataclass(frozen=True)
 class Fencing:
-    """The fenced store that keeps the epochs, and the epochs this worker holds."""
+    """The fenced store that keeps the epochs, the epochs this worker holds, and the
+    pipeline's other fenced stores (their rows are ordered by these epochs too)."""
 
     store: StateStore
     fence: EpochFence = field(default_factory=EpochFence)
+    others: tuple[StateStore, ...] = ()
 
     def take(self, partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
         """Take one new epoch for the assigned partitions; answers the moved ones.
@@ -93,7 +95,7 @@ class Fencing:
         """
         wanted = sorted(partitions)
         try:
-            epochs = retrying("take epochs", lambda: self.store.take_epochs(wanted))
+            epochs = retrying("take epochs", lambda: self._take(wanted))
         except Exception:
             self.fence.assign(Taken(0, {}))
             raise
@@ -101,6 +103,17 @@ class Fencing:
         log.info("epoch %d taken for %s%s", epochs.epoch, sorted(epochs.previous),
                  f"; moved meanwhile: {sorted(moved)}" if moved else "")
         return moved
+
+    def _take(self, wanted: list[TopicPartition]) -> Taken:
+        """Above every epoch the other stores' rows may carry (their counters), and those
+        counters raised to it: if the pipeline's stores change, its epochs still grow."""
+        if not wanted:
+            return Taken(0, {})
+        floor = max((other.raise_counter(0) for other in self.others), default=0)
+        taken = self.store.take_epochs(wanted, floor)
+        for other in self.others:
+            other.raise_counter(taken.epoch)
+        return taken
 
 
 def epoch_source(stores: Iterable[StateStore]) -> StateStore | None:
@@ -115,9 +128,12 @@ def epoch_source(stores: Iterable[StateStore]) -> StateStore | None:
                 fenced[0] if fenced else None)
 
 
-def share_epochs(source: StateStore | None, stores: Iterable[StateStore | None]) -> None:
-    """Tell every fenced store but those of the source's kind that the epochs are elsewhere."""
-    for store in stores:
-        if source is not None and store is not None and store.fenced \
-                and not store.atomic_fence and type(store) is not type(source):
-            store.epochs_elsewhere()
+def share_epochs(source: StateStore | None, stores: Iterable[StateStore | None]
+                 ) -> tuple[StateStore, ...]:
+    """Tell every fenced store but those of the source's kind that the epochs are
+    elsewhere; answers them."""
+    told = tuple(store for store in stores if source is not None and store is not None
+                 and store.fenced and not store.atomic_fence and type(store) is not type(source))
+    for store in told:
+        store.epochs_elsewhere()
+    return told

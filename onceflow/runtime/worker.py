@@ -137,11 +137,12 @@ class PipelineCore:
         stats_store = next(iter(write_stores.values()), None)
         # Fencing: ONE store keeps the epochs; guards carry them to every store.
         source = epoch_source(stage_stores.values())
-        self.fencing = None if source is None else Fencing(source)
+        others = share_epochs(source, stage_stores.values())
+        self.fencing = None if source is None else Fencing(source, others=others)
         fence = None if self.fencing is None else self.fencing.fence
         outbox_kind = outbox_store(s, pipeline)
         self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
-        share_epochs(source, (*write_stores.values(), *stage_stores.values(), self._outbox))
+        share_epochs(source, (*write_stores.values(), self._outbox))
         self.producer = ProducerActor.start(
             options=producer_options(s), delivery=delivery_settings(s),
             max_block=s.kafka.producer.max_block, outbox=self._outbox,

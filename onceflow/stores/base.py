@@ -81,9 +81,9 @@ class StateStore(ABC):
             start, _, key = name.partition("|")
             yield key, int(start), value
 
-    def take_epochs(self, partitions: Sequence[tuple[str, int]]) -> Taken:
-        """One new epoch from the pipeline's counter for all ``partitions``, with each
-        one's previous epoch, atomically (a fenced store only)."""
+    def take_epochs(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
+        """One new epoch from the pipeline's counter (and above ``floor``) for all
+        ``partitions``, with each one's previous epoch, atomically (a fenced store only)."""
         raise NotImplementedError(f"{type(self).__name__} is not fenced")
 
     def check_epochs(self, guard: Guard) -> None:
@@ -93,6 +93,14 @@ class StateStore(ABC):
     def epochs_elsewhere(self) -> None:
         """The pipeline's epochs are kept in another store: order writes by the guards'
         epochs, without checking them here (a fenced store whose check is not atomic)."""
+        raise NotImplementedError(f"{type(self).__name__} checks the epochs it holds")
+
+    def raise_counter(self, epoch: int) -> int:
+        """Raise the pipeline's epoch counter here to at least ``epoch``; answer what it was.
+
+        For a store whose rows are ordered by epochs taken elsewhere: should it keep
+        the epochs one day (the pipeline's stores changed), its epochs start above.
+        """
         raise NotImplementedError(f"{type(self).__name__} checks the epochs it holds")
 
     @abstractmethod

@@ -76,14 +76,15 @@ class CassandraFence:
         self._insert = session.prepare(
             f"INSERT INTO {table} (pipeline, name, value) VALUES (?, ?, ?) IF NOT EXISTS")
 
-    def take(self, partitions: Sequence[TopicPartition]) -> Taken:
-        """One new epoch for every partition, and their previous epochs, atomically."""
+    def take(self, partitions: Sequence[TopicPartition], floor: int = 0) -> Taken:
+        """One new epoch above ``floor`` for every partition, and their previous epochs,
+        atomically."""
         if not partitions:
             return Taken(0, {})
         names = [COUNTER, *(row_name(tp) for tp in partitions)]
         for _ in range(TAKE_ATTEMPTS):
             stored = self._values(self._serial_read, names)
-            epoch = (stored.get(COUNTER) or 0) + 1
+            epoch = max(stored.get(COUNTER) or 0, floor) + 1
             batch = BatchStatement(serial_consistency_level=ConsistencyLevel.SERIAL)
             for name in names:
                 old = stored.get(name)
@@ -96,6 +97,20 @@ class CassandraFence:
                 return Taken(epoch, {tp: stored.get(row_name(tp)) for tp in partitions})
         raise EpochsContended(f"epochs not taken: other workers' takes won {TAKE_ATTEMPTS} "
                               "times in a row")
+
+    def raise_counter(self, epoch: int) -> int:
+        """Raise the counter to at least ``epoch`` (compare-and-set); answer what it was."""
+        for _ in range(TAKE_ATTEMPTS):
+            counter = self._values(self._serial_read, [COUNTER]).get(COUNTER)
+            if counter is not None and counter >= epoch:
+                return counter
+            answer = self._run(self._insert, (self._pipeline, COUNTER, epoch)) \
+                if counter is None else \
+                self._run(self._update, (epoch, self._pipeline, COUNTER, counter))
+            if answer and answer[0][0]:
+                return counter or 0
+        raise EpochsContended(f"epoch counter not raised to {epoch}: other workers' takes won "
+                              f"{TAKE_ATTEMPTS} times in a row")
 
     def check(self, guard: Guard) -> None:
         """Raise ``Fenced`` unless every epoch of ``guard`` is the stored one (one read)."""

@@ -232,10 +232,10 @@ class CassandraStore(StateStore):
                       guard: Guard | None = None) -> None:
         self.save(stage_id, rows, ttl, guard=guard)
 
-    def take_epochs(self, partitions: Sequence[tuple[str, int]]) -> Taken:
+    def take_epochs(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
         self._ready()
         assert self._fence is not None
-        taken = self._fence.take(partitions)
+        taken = self._fence.take(partitions, floor)
         self._clock.saw(taken.epoch)
         return taken
 
@@ -247,6 +247,11 @@ class CassandraStore(StateStore):
 
     def epochs_elsewhere(self) -> None:
         self._epochs_here = False
+
+    def raise_counter(self, epoch: int) -> int:
+        self._ready()
+        assert self._fence is not None
+        return self._fence.raise_counter(epoch)
 
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         """Every row of ``stage_id``, paging through the whole table.

@@ -71,11 +71,15 @@ return 0
 """
 
 
-# KEYS: the counter, then the partitions' epoch keys. Epochs taken under the
+# KEYS: the counter, then the partitions' epoch keys; ARGV[1]: the floor (the
+# counters of the pipeline's other stores). Epochs taken under the
 # per-partition scheme of earlier versions may exceed the counter: the new
 # epoch then skips above them, so a partition's epoch only ever grows.
 TAKE = """
 local epoch = redis.call('INCR', KEYS[1])
+if tonumber(ARGV[1]) >= epoch then
+  epoch = tonumber(ARGV[1]) + 1
+end
 local old = {}
 for i = 2, #KEYS do
   old[i - 1] = redis.call('GET', KEYS[i]) or false
@@ -100,12 +104,13 @@ class RedisFence:
         self._script = client.register_script(GUARDED_WRITE)
         self._take = client.register_script(TAKE)
 
-    def take(self, partitions: Sequence[tuple[str, int]]) -> Taken:
-        """One new epoch for every partition, and their previous epochs (one script)."""
+    def take(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
+        """One new epoch above ``floor`` for every partition, and their previous epochs
+        (one script)."""
         if not partitions:
             return Taken(0, {})
         keys = [f"{self._base}:{COUNTER}", *(epoch_key(self._base, tp) for tp in partitions)]
-        epoch, old = cast(list[Any], self._take(keys=keys))
+        epoch, old = cast(list[Any], self._take(keys=keys, args=[floor]))
         return Taken(int(epoch), {tp: None if value is None else int(value)
                                   for tp, value in zip(partitions, old, strict=True)})
 

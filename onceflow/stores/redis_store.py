@@ -55,8 +55,8 @@ class RedisStore(StateStore):
         values = cast(list[bytes | None], self._client.mget([self._key(stage_id, k) for k in keys]))
         return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
-    def take_epochs(self, partitions: Sequence[tuple[str, int]]) -> Taken:
-        return self.fence.take(partitions)
+    def take_epochs(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
+        return self.fence.take(partitions, floor)
 
     def check_epochs(self, guard: Guard) -> None:
         self.fence.write(guard, "mset", {})

@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterator
 import pytest
 from cassandra.cluster import Cluster
 
+from onceflow.actors.fence import Fencing
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.cassandra_store import CassandraStore
 from onceflow.stores.fencing import Fenced, Guard, Taken
+from onceflow.stores.redis_store import RedisStore
 
 A, B = ("orders", 0), ("orders", 1)
 
@@ -158,3 +160,30 @@ def test_epochs_kept_elsewhere_order_the_rows_without_a_check_here(
     new.check_epochs({A: 9})  # nothing to check here
     old.save("s", {"k": b"stale"}, guard={A: 8})
     assert old.load("s", ["k"]) == {"k": b"new"}
+
+
+def test_epochs_keep_growing_when_the_pipeline_moves_between_cassandra_only_and_mixed(
+    pair: tuple[CassandraStore, CassandraStore], redis_service: ServiceInfo,
+    unique_name: Callable[..., str],
+) -> None:
+    cassandra, _ = pair
+    for _ in range(5):  # Cassandra-only for a while: its epochs reach 5
+        Fencing(cassandra).take([A])
+    cassandra.save("s", {"k": b"cassandra-only"}, guard={A: 5})
+    redis_store = RedisStore(f"redis://{redis_service.address}/0", unique_name("ns"), "p")
+    try:  # a Redis stage joins: Redis keeps the epochs now, above Cassandra's
+        (mixed := Fencing(redis_store, others=(cassandra,))).take([A])
+        held = mixed.fence.held()
+        assert held == {A: 6}
+        cassandra.epochs_elsewhere()
+        cassandra.save("s", {"k": b"mixed"}, guard=held)
+        assert cassandra.load("s", ["k"]) == {"k": b"mixed"}  # not below the old row
+        for _ in range(3):
+            mixed.take([A])
+        assert mixed.fence.held() == {A: 9}
+    finally:
+        redis_store.close()
+    # The Redis stage goes again: Cassandra's counter followed, so its epochs go on above.
+    alone = Fencing(pair[1])
+    alone.take([A])
+    assert alone.fence.held() == {A: 10}
