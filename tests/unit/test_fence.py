@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 
-from onceflow.actors.fence import EpochFence
+from onceflow.actors.fence import EpochFence, Fencing, epoch_source, share_epochs
 from onceflow.stages.state import TopicPartition
+from onceflow.stores.base import StateStore
 from onceflow.stores.cassandra_fence import WriteClock
 from onceflow.stores.fencing import Fenced, Taken, epoch_key, first_mismatch, write_timestamp
 
@@ -138,3 +140,49 @@ def test_the_worker_names_the_outbox_it_cannot_fence(tmp_path: Path) -> None:
     assert unfenced("redis", "cassandra") == ["the redis outbox"]
     assert unfenced("none", "cassandra", "redis") == []
     assert unfenced("auto") == []  # a stateless republisher takes no epochs
+
+
+class FakeStore:
+    """What epoch_source, share_epochs and Fencing use of a store: a counter here."""
+
+    def __init__(self, fenced: bool = True, atomic: bool = False, counter: int = 0) -> None:
+        self.fenced, self.atomic_fence, self.counter = fenced, atomic, counter
+        self.elsewhere = False
+        self.epochs: dict[TopicPartition, int] = {}
+
+    def epochs_elsewhere(self) -> None:
+        self.elsewhere = True
+
+    def raise_counter(self, epoch: int) -> int:
+        before, self.counter = self.counter, max(self.counter, epoch)
+        return before
+
+    def take_epochs(self, partitions: list[TopicPartition], floor: int = 0) -> Taken:
+        self.counter = max(self.counter, floor) + 1
+        previous = {tp: self.epochs.get(tp) for tp in partitions}
+        self.epochs.update(dict.fromkeys(partitions, self.counter))
+        return Taken(self.counter, previous)
+
+
+class OtherKind(FakeStore):
+    pass
+
+
+def test_one_store_keeps_the_epochs_redis_first_and_the_others_are_told() -> None:
+    plain, redis, cassandra = FakeStore(False), FakeStore(atomic=True), OtherKind()
+    stores = cast(list[StateStore], [plain, cassandra, redis])
+    assert epoch_source(stores) is redis  # atomic check preferred, whatever the order
+    assert epoch_source(cast(list[StateStore], [plain, cassandra])) is cassandra
+    assert epoch_source(cast(list[StateStore], [plain])) is None
+    assert share_epochs(cast(StateStore, redis), [*stores, None]) == (cassandra,)
+    assert cassandra.elsewhere and not redis.elsewhere and not plain.elsewhere
+    assert share_epochs(None, stores) == ()
+
+
+def test_a_take_starts_above_the_other_stores_counters_and_raises_them() -> None:
+    source, other = FakeStore(atomic=True), OtherKind(counter=41)
+    fencing = Fencing(cast(StateStore, source), others=(cast(StateStore, other),))
+    fencing.take([A])
+    assert fencing.fence.held() == {A: 42} and other.counter == 42
+    fencing.take([A])
+    assert fencing.fence.held() == {A: 43} and other.counter == 43
