@@ -147,6 +147,8 @@ class CassandraStore(StateStore):
         access: the login (PasswordAuthenticator) and TLS (client encryption).
     """
 
+    fenced = True
+
     def __init__(
         self,
         contact_points: Sequence[str],
@@ -199,8 +201,6 @@ class CassandraStore(StateStore):
         self._fence: CassandraFence | None = None
         self._epochs_here = True
         self._clock = WriteClock()
-
-    fenced = True
 
     # --- StateStore ---------------------------------------------------------
 
@@ -280,7 +280,6 @@ class CassandraStore(StateStore):
     def outbox_append(self, rows: Mapping[OutboxKey, bytes], *, guard: Guard | None = None) -> None:
         if rows:
             if guard:
-                self._ready()
                 self.check_epochs(guard)
             self._run_all(self._ready().outbox_insert,
                           [(self._pipeline, lane, seq, v) for (lane, seq), v in rows.items()])
