@@ -15,9 +15,10 @@ input's fan-out. Unset (the default) they cost one attribute check.
   are settled (acknowledged, or in the outbox); records after them are never sent.
 - ``ONCEFLOW_FAULT_PRODUCE_FAILS=<topic>``: every send to that topic fails as
   if its leader were unreachable, so its records go to the outbox and stay.
-- ``ONCEFLOW_FAULT_NO_FENCING=1``: snapshot writes carry no epochs (wrong on
-  purpose, to show what fencing prevents: a paused worker's stale states then
-  overwrite its successor's).
+- ``ONCEFLOW_FAULT_NO_FENCING=1``: snapshot writes carry no epochs, and
+  Cassandra orders rows by the clock, not by epoch (wrong on purpose, to show
+  what fencing prevents: a paused worker's stale states then overwrite its
+  successor's).
 - ``ONCEFLOW_FAULT_STAGE_RAISES_ON=<text>``: the pipeline actor raises on every
   batch holding a record whose bytes contain ``text``, as a bug in the
   runtime would: the supervisor restarts it until the budget is gone.

@@ -5,9 +5,9 @@ persistence actor (which guards a snapshot's writes with the epochs of the
 partitions the snapshot depends on) and the outbox writer (guarded with every
 held epoch). Pure bookkeeping under a lock; the store calls are the callers'.
 
-An epoch that jumped (the store answered more than the last one taken here,
-plus one) means another worker held the partition in between, so what this
-worker still holds of it in memory may be older than the store: the
+A partition whose previous epoch (the store answers it with the new one) is
+not the last one taken here was taken by another worker in between, so what
+this worker still holds of it in memory may be older than the store: the
 partition is *moved*. Its new epoch is kept back until the caller has
 forgotten that progress (``release``), so no write of the old progress can
 pass under the new epoch meanwhile.
@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from onceflow.actors.retry import retrying
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
-from onceflow.stores.fencing import Fenced, Guard
+from onceflow.stores.fencing import Fenced, Guard, Taken
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +35,16 @@ class EpochFence:
         self._kept_back: dict[TopicPartition, int] = {}  # moved: until released
         self._last: dict[TopicPartition, int] = {}  # the last epoch taken here, ever
 
-    def assign(self, epochs: Mapping[TopicPartition, int]) -> set[TopicPartition]:
+    def assign(self, taken: Taken) -> set[TopicPartition]:
         """A new assignment with the epochs just taken; answers the moved partitions.
 
-        Partitions not in ``epochs`` are no longer held: a write depending on
-        them is refused from now on.
+        Partitions not taken are no longer held: a write depending on them is
+        refused from now on.
         """
         with self._lock:
-            moved = {tp for tp, epoch in epochs.items()
-                     if tp in self._last and epoch != self._last[tp] + 1}
+            epochs = taken.guard
+            moved = {tp for tp, previous in taken.previous.items()
+                     if tp in self._last and previous != self._last[tp]}
             self._last.update(epochs)
             self._held = {tp: e for tp, e in epochs.items() if tp not in moved}
             self._kept_back = {tp: epochs[tp] for tp in moved}
@@ -79,24 +80,60 @@ class EpochFence:
 
 @dataclass(frozen=True)
 class Fencing:
-    """The fenced store that keeps the epochs, and the epochs this worker holds."""
+    """The fenced store that keeps the epochs, the epochs this worker holds, and the
+    pipeline's other fenced stores (their rows are ordered by these epochs too)."""
 
     store: StateStore
     fence: EpochFence = field(default_factory=EpochFence)
+    others: tuple[StateStore, ...] = ()
 
     def take(self, partitions: Iterable[TopicPartition]) -> set[TopicPartition]:
-        """Take the next epoch of each newly assigned partition; answers the moved ones.
+        """Take one new epoch for the assigned partitions; answers the moved ones.
 
         If the store cannot answer, nothing is held any more (every guarded
         write is refused) and the error goes on to fail the stream.
         """
         wanted = sorted(partitions)
         try:
-            epochs = retrying("take epochs", lambda: self.store.take_epochs(wanted))
+            epochs = retrying("take epochs", lambda: self._take(wanted))
         except Exception:
-            self.fence.assign({})
+            self.fence.assign(Taken(0, {}))
             raise
         moved = self.fence.assign(epochs)
-        log.info("epochs taken: %s%s", epochs, f"; moved meanwhile: {sorted(moved)}"
-                 if moved else "")
+        log.info("epoch %d taken for %s%s", epochs.epoch, sorted(epochs.previous),
+                 f"; moved meanwhile: {sorted(moved)}" if moved else "")
         return moved
+
+    def _take(self, wanted: list[TopicPartition]) -> Taken:
+        """Above every epoch the other stores' rows may carry (their counters), and those
+        counters raised to it: if the pipeline's stores change, its epochs still grow."""
+        if not wanted:
+            return Taken(0, {})
+        floor = max((other.raise_counter(0) for other in self.others), default=0)
+        taken = self.store.take_epochs(wanted, floor)
+        for other in self.others:
+            other.raise_counter(taken.epoch)
+        return taken
+
+
+def epoch_source(stores: Iterable[StateStore]) -> StateStore | None:
+    """The one store that keeps a pipeline's epochs: the first whose check is atomic with
+    its writes (Redis), else the first fenced one (Cassandra); None if none is fenced.
+
+    Every other fenced store is told ``epochs_elsewhere``: it orders writes by the
+    guards' epochs without checking them against epochs it does not hold.
+    """
+    fenced = [store for store in stores if store.fenced]
+    return next((store for store in fenced if store.atomic_fence),
+                fenced[0] if fenced else None)
+
+
+def share_epochs(source: StateStore | None, stores: Iterable[StateStore | None]
+                 ) -> tuple[StateStore, ...]:
+    """Tell every fenced store but those of the source's kind that the epochs are
+    elsewhere; answers them."""
+    told = tuple(store for store in stores if source is not None and store is not None
+                 and store.fenced and not store.atomic_fence and type(store) is not type(source))
+    for store in told:
+        store.epochs_elsewhere()
+    return told

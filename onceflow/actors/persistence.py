@@ -33,7 +33,7 @@ import pykka
 
 from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
-from onceflow.actors.fence import EpochFence
+from onceflow.actors.fence import EpochFence, epoch_source
 from onceflow.actors.ledger import LedgerError, SharedLedger
 from onceflow.actors.messages import (
     Barrier,
@@ -122,7 +122,7 @@ class PersistenceActor(ReportingActor):
             landed |= self._save(self._stores[rows.store], rows, checkpoint.offsets, guard)
             if rows.stage_id == faults.KILL_AFTER_SAVE:
                 faults.die()
-        fenced = next((store for store in self._stores.values() if store.fenced), None)
+        fenced = epoch_source(self._stores.values())
         if guard and not message.rows and fenced is not None:
             # Nothing to write, but its offsets become durable: only if still the owner.
             retrying("check epochs", lambda: fenced.check_epochs(guard))

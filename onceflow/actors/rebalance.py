@@ -3,7 +3,7 @@
 Revoke: flush and commit before another member takes them (the actor's
 ``on_revoked``), then count the time to the next assignment as join time.
 Assign: pause the new partitions first (before any await), learn where
-each resumes, take their next epochs in the store (fencing: from then on a
+each resumes, take a new epoch for them in the store (fencing: from then on a
 worker that held them before can no longer write for them), tell the
 checkpoint ledger (which finds stale cached progress), adopt the outbox, read
 what exclusive republish steps already wrote (``onceflow.actors.output_tail``),

@@ -132,11 +132,16 @@ def check_landing(settings: Settings, pipeline: Pipeline) -> None:
                           + f" (missing: {', '.join(absent)}), or leave the key unset")
 
 
-def unfenced_stores(pipeline: Pipeline) -> list[str]:
-    """The state stores of the pipeline whose writes are not fenced (Cassandra)."""
-    names = {spec.store for spec in pipeline.aggregates} | (
-        {pipeline.dedup_store} if pipeline.dedup_store else set())
-    return sorted(names - {"redis"})
+def unfenced_stores(settings: Settings, pipeline: Pipeline) -> list[str]:
+    """What of the pipeline's writes is not fenced: an outbox in a store other than the
+    one keeping the epochs (Redis if the pipeline's stages use it, else Cassandra).
+
+    Every state store is fenced; a stateless republisher takes no epochs.
+    """
+    names = _store_names(pipeline)
+    source = "redis" if "redis" in names else next(iter(names), None)
+    outbox = outbox_store(settings, pipeline)
+    return [f"the {outbox} outbox"] if source and outbox and outbox != source else []
 
 
 def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]:

@@ -36,7 +36,7 @@ from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor
 from onceflow.actors.continuity import GapCheck, PartitionRewound
 from onceflow.actors.delivery import OutboxTally
-from onceflow.actors.fence import Fencing
+from onceflow.actors.fence import Fencing, epoch_source, share_epochs
 from onceflow.actors.join_watch import JoinWatch
 from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.loop import EventLoopThread
@@ -135,18 +135,20 @@ class PipelineCore:
         stage_stores, write_stores = self._stores
         # Stats go to the first store the pipeline uses; a stateless republisher has none.
         stats_store = next(iter(write_stores.values()), None)
-        # Fencing: epochs in the first fenced (Redis) store; writes to it carry them.
-        fenced = next((store for store in stage_stores.values() if store.fenced), None)
-        self.fencing = None if fenced is None else Fencing(fenced)
+        # Fencing: ONE store keeps the epochs; guards carry them to every store.
+        source = epoch_source(stage_stores.values())
+        others = share_epochs(source, stage_stores.values())
+        self.fencing = None if source is None else Fencing(source, others=others)
         fence = None if self.fencing is None else self.fencing.fence
         outbox_kind = outbox_store(s, pipeline)
         self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
+        share_epochs(source, (*write_stores.values(), self._outbox))
         self.producer = ProducerActor.start(
             options=producer_options(s), delivery=delivery_settings(s),
             max_block=s.kafka.producer.max_block, outbox=self._outbox,
             tally=OutboxTally(self._count_outboxed),
             outbox_guard=fence.held if fence is not None and self._outbox is not None
-            and self._outbox.fenced else None,
+            and type(self._outbox) is type(source) else None,
             io=self.io, start_timeout=self.start_timeout,
             on_fatal=on_fatal,
         )
@@ -331,10 +333,10 @@ class Worker:
             self._http = HealthServer(m.host, m.port, self.status).start()
             log.info("metrics and health on http://%s:%d/", m.host, self._http.port)
         log.info("worker started: pipeline %r on %s", self.pipeline.id, self.pipeline.topics)
-        unfenced = unfenced_stores(self.pipeline)
+        unfenced = unfenced_stores(self.settings, self.pipeline)
         if unfenced:
             log.warning("writes to %s are not fenced: a worker paused past its session "
-                        "timeout could still overwrite its successor's states there "
+                        "timeout could still add rows there, sent again later as duplicates "
                         "(README, Fencing)", ", ".join(unfenced))
 
     def status(self) -> dict[str, Any]:

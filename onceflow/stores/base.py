@@ -14,7 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 
-from onceflow.stores.fencing import Guard
+from onceflow.stores.fencing import Guard, Taken
 
 # History rows live beside the states under "<stage>#history" ('#' never
 # appears in a stage id), so every store supports them through save/scan.
@@ -39,6 +39,9 @@ class StateStore(ABC):
     #: Whether writes given a ``guard`` check it (``onceflow.stores.fencing``); a store
     #: that does not ignores it.
     fenced: bool = False
+    #: Whether the check is atomic with the write (Redis): such a store is preferred
+    #: as the pipeline's one source of epochs (``onceflow.actors.fence.epoch_source``).
+    atomic_fence: bool = False
 
     @abstractmethod
     def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
@@ -78,13 +81,27 @@ class StateStore(ABC):
             start, _, key = name.partition("|")
             yield key, int(start), value
 
-    def take_epochs(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        """The next epoch of each input partition, atomically (a fenced store only)."""
+    def take_epochs(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
+        """One new epoch from the pipeline's counter (and above ``floor``) for all
+        ``partitions``, with each one's previous epoch, atomically (a fenced store only)."""
         raise NotImplementedError(f"{type(self).__name__} is not fenced")
 
     def check_epochs(self, guard: Guard) -> None:
         """Raise ``Fenced`` unless the store holds exactly these epochs (a fenced store only)."""
         raise NotImplementedError(f"{type(self).__name__} is not fenced")
+
+    def epochs_elsewhere(self) -> None:
+        """The pipeline's epochs are kept in another store: order writes by the guards'
+        epochs, without checking them here (a fenced store whose check is not atomic)."""
+        raise NotImplementedError(f"{type(self).__name__} checks the epochs it holds")
+
+    def raise_counter(self, epoch: int) -> int:
+        """Raise the pipeline's epoch counter here to at least ``epoch``; answer what it was.
+
+        For a store whose rows are ordered by epochs taken elsewhere: should it keep
+        the epochs one day (the pipeline's stores changed), its epochs start above.
+        """
+        raise NotImplementedError(f"{type(self).__name__} checks the epochs it holds")
 
     @abstractmethod
     def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""The Cassandra store's schema: keyspace and tables, created only where missing.
+"""The Cassandra store's schema: keyspace and tables, created only where missing, and
+the statements prepared on them.
 
 The layout and why it is so are in :mod:`onceflow.stores.cassandra_store`.
 """
@@ -12,11 +13,14 @@ from cassandra.cluster import Session
 
 log = logging.getLogger(__name__)
 
+_SCAN_PAGE = 1000  # rows per page of a scan or outbox load
+
 STATES_TABLE = "states"
 STATS_TABLE = "stats"
 OUTBOX_TABLE = "outbox"
 HOMES_TABLE = "homes"
-TABLES = (STATES_TABLE, STATS_TABLE, OUTBOX_TABLE, HOMES_TABLE)
+EPOCHS_TABLE = "epochs"
+TABLES = (STATES_TABLE, STATS_TABLE, OUTBOX_TABLE, HOMES_TABLE, EPOCHS_TABLE)
 
 
 def schema_statements(keyspace: str, replication: Mapping[str, str | int]) -> list[str]:
@@ -33,6 +37,8 @@ def schema_statements(keyspace: str, replication: Mapping[str, str | int]) -> li
         "WITH gc_grace_seconds = 3600",
         f'CREATE TABLE IF NOT EXISTS "{keyspace}".{HOMES_TABLE} (pipeline text, stage text, '
         "key text, home text, PRIMARY KEY ((pipeline, stage, key)))",
+        f'CREATE TABLE IF NOT EXISTS "{keyspace}".{EPOCHS_TABLE} (pipeline text, name text, '
+        "value bigint, PRIMARY KEY ((pipeline), name))",
     ]
 
 
@@ -52,3 +58,45 @@ def create_schema(session: Session, keyspace: str, replication: Mapping[str, str
 
 def _literal(value: str | int) -> str:
     return str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"
+
+
+class Statements:
+    """The prepared statements of one keyspace."""
+
+    def __init__(self, session: Session, keyspace: str) -> None:
+        states, stats = f'"{keyspace}".{STATES_TABLE}', f'"{keyspace}".{STATS_TABLE}'
+        self.insert = session.prepare(
+            f"INSERT INTO {states} (pipeline, stage, key, value) VALUES (?, ?, ?, ?) "
+            "USING TTL ? AND TIMESTAMP ?"
+        )
+        self.insert.is_idempotent = True  # the same value again: safe to retry
+        self.select = session.prepare(
+            f"SELECT value FROM {states} WHERE pipeline = ? AND stage = ? AND key = ?"
+        )
+        self.select.is_idempotent = True
+        self.scan = session.prepare(f"SELECT pipeline, stage, key, value FROM {states}")
+        self.scan.fetch_size = _SCAN_PAGE
+        self.increment = session.prepare(
+            f"UPDATE {stats} SET value = value + ? WHERE pipeline = ? AND name = ?"
+        )
+        self.stats = session.prepare(f"SELECT name, value FROM {stats} WHERE pipeline = ?")
+        outbox = f'"{keyspace}".{OUTBOX_TABLE}'
+        self.outbox_insert = session.prepare(
+            f"INSERT INTO {outbox} (pipeline, lane, seq, value) VALUES (?, ?, ?, ?)"
+        )
+        self.outbox_insert.is_idempotent = True
+        self.outbox_delete = session.prepare(
+            f"DELETE FROM {outbox} WHERE pipeline = ? AND lane = ? AND seq = ?"
+        )
+        self.outbox_delete.is_idempotent = True
+        self.outbox_select = session.prepare(
+            f"SELECT lane, seq, value FROM {outbox} WHERE pipeline = ?"
+        )
+        self.outbox_select.fetch_size = _SCAN_PAGE
+        self.outbox_select.is_idempotent = True
+        self.home_claim = session.prepare(
+            f'INSERT INTO "{keyspace}".{HOMES_TABLE} (pipeline, stage, key, home) '
+            "VALUES (?, ?, ?, ?) IF NOT EXISTS"
+        )
+        # A retry after a timeout that did apply finds our own claim: the same answer.
+        self.home_claim.is_idempotent = True

@@ -22,9 +22,15 @@ atomicity no caller needs). Only CQL that Cassandra 2.1 and 4/5 share is used::
     CREATE TABLE IF NOT EXISTS "<keyspace>".homes (
         pipeline text, stage text, key text, home text,
         PRIMARY KEY ((pipeline, stage, key)));
+    CREATE TABLE IF NOT EXISTS "<keyspace>".epochs (
+        pipeline text, name text, value bigint,
+        PRIMARY KEY ((pipeline), name));
 
 Rows are written ``USING TTL``: 0 (never) but for history rows under a retention.
-Not fenced: a write's guard is ignored (docs/architecture.md, "Fencing").
+
+Fenced: epochs live in the ``epochs`` table, and state rows are written
+``USING TIMESTAMP`` of their epoch, after a check of the guard's epochs
+(``onceflow.stores.cassandra_fence``).
 
 A key's home (the one input partition allowed to feed its state) is claimed
 with a lightweight transaction (``INSERT ... IF NOT EXISTS``), once per key
@@ -47,8 +53,7 @@ needs no CREATE permission.
 Reads see every acknowledged write if the consistency level makes reads and
 writes overlap (LOCAL_QUORUM, the default, does in one datacenter; the settings
 refuse levels that do not). Write order between saves of one key rests on the
-driver's client-side timestamps, monotonic within a process; across workers (a
-rebalance) on clocks closer than the rebalance takes.
+epoch timestamps above, not on clocks.
 """
 
 from __future__ import annotations
@@ -77,19 +82,13 @@ from cassandra.cluster import (
 from cassandra.concurrent import execute_concurrent_with_args
 from cassandra.connection import ConnectionException
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
-from cassandra.query import PreparedStatement, tuple_factory
+from cassandra.query import PreparedStatement, Statement, tuple_factory
 
 from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, cassandra_options
 from onceflow.stores.base import OutboxKey, StateStore
-from onceflow.stores.cassandra_schema import (
-    HOMES_TABLE,
-    OUTBOX_TABLE,
-    STATES_TABLE,
-    STATS_TABLE,
-    TABLES,
-    create_schema,
-)
-from onceflow.stores.fencing import Guard
+from onceflow.stores.cassandra_fence import CassandraFence, WriteClock
+from onceflow.stores.cassandra_schema import EPOCHS_TABLE, TABLES, Statements, create_schema
+from onceflow.stores.fencing import Guard, Taken
 
 __all__ = ["CONSISTENCY_LEVELS", "TABLES", "CassandraStore", "CassandraUnavailable"]
 
@@ -100,7 +99,6 @@ log = logging.getLogger(__name__)
 #: need 3.0+).
 CONSISTENCY_LEVELS = ("ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_ONE", "LOCAL_QUORUM")
 SIMPLE_STRATEGY: Mapping[str, str | int] = {"class": "SimpleStrategy", "replication_factor": 1}
-_SCAN_PAGE = 1000
 # What a busy or briefly unreachable cluster raises; retried by the caller.
 _TRANSIENT = (
     Timeout,  # ReadTimeout, WriteTimeout (coordinator waited for replicas)
@@ -126,7 +124,7 @@ class CassandraUnavailable(ConnectionError):
 
 
 class CassandraStore(StateStore):
-    """States of one pipeline in one Cassandra keyspace (shared by many pipelines).
+    """States of one pipeline in one Cassandra keyspace (shared by many pipelines); fenced.
 
     The constructor does no I/O: the first call connects, creates what is
     missing of the schema and prepares the statements, so a worker starts
@@ -148,6 +146,8 @@ class CassandraStore(StateStore):
         history_retention: seconds after which history rows expire; 0: never.
         access: the login (PasswordAuthenticator) and TLS (client encryption).
     """
+
+    fenced = True
 
     def __init__(
         self,
@@ -197,7 +197,10 @@ class CassandraStore(StateStore):
         self._cluster = new_cluster()
         self._lock = threading.Lock()
         self._session: Session | None = None
-        self._statements: _Statements | None = None
+        self._statements: Statements | None = None
+        self._fence: CassandraFence | None = None
+        self._epochs_here = True
+        self._clock = WriteClock()
 
     # --- StateStore ---------------------------------------------------------
 
@@ -214,14 +217,41 @@ class CassandraStore(StateStore):
         return rows
 
     def save(self, stage_id: str, rows: Mapping[str, bytes], ttl: float = 0, *,
-             guard: Guard | None = None) -> None:  # not fenced: the guard is ignored
-        if rows:  # TTL 0: the row never expires; else whole seconds, rounded up
-            self._run_all(self._ready().insert, [(self._pipeline, stage_id, k, v, math.ceil(ttl))
-                                                 for k, v in rows.items()])
+             guard: Guard | None = None) -> None:
+        if not rows:
+            return
+        st = self._ready()
+        if guard:
+            self.check_epochs(guard)
+        stamp = self._clock.next(guard)
+        # TTL 0: the row never expires; else whole seconds, rounded up
+        self._run_all(st.insert, [(self._pipeline, stage_id, k, v, math.ceil(ttl), stamp)
+                                  for k, v in rows.items()])
 
     def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float, *,
                       guard: Guard | None = None) -> None:
-        self.save(stage_id, rows, ttl)  # not fenced either
+        self.save(stage_id, rows, ttl, guard=guard)
+
+    def take_epochs(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
+        self._ready()
+        assert self._fence is not None
+        taken = self._fence.take(partitions, floor)
+        self._clock.saw(taken.epoch)
+        return taken
+
+    def check_epochs(self, guard: Guard) -> None:
+        if self._epochs_here:
+            self._ready()
+            assert self._fence is not None
+            self._fence.check(guard)
+
+    def epochs_elsewhere(self) -> None:
+        self._epochs_here = False
+
+    def raise_counter(self, epoch: int) -> int:
+        self._ready()
+        assert self._fence is not None
+        return self._fence.raise_counter(epoch)
 
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         """Every row of ``stage_id``, paging through the whole table.
@@ -249,6 +279,8 @@ class CassandraStore(StateStore):
 
     def outbox_append(self, rows: Mapping[OutboxKey, bytes], *, guard: Guard | None = None) -> None:
         if rows:
+            if guard:
+                self.check_epochs(guard)
             self._run_all(self._ready().outbox_insert,
                           [(self._pipeline, lane, seq, v) for (lane, seq), v in rows.items()])
 
@@ -295,7 +327,7 @@ class CassandraStore(StateStore):
 
     # --- connection, schema, statements -------------------------------------
 
-    def _ready(self) -> _Statements:
+    def _ready(self) -> Statements:
         """Connect, create what is missing of the schema, prepare the statements; once."""
         with self._lock:
             if self._statements is None:
@@ -303,7 +335,10 @@ class CassandraStore(StateStore):
                     if self._session is None:
                         self._session = self._cluster.connect()
                     create_schema(self._session, self._keyspace, self._replication)
-                    self._statements = _Statements(self._session, self._keyspace)
+                    self._statements = Statements(self._session, self._keyspace)
+                    self._fence = CassandraFence(
+                        self._session, f'"{self._keyspace}".{EPOCHS_TABLE}', self._pipeline,
+                        self._execute)
                 except (*_TRANSIENT, *_REFUSED) as error:
                     if self._session is None:
                         # The driver shuts a Cluster down when its first connect
@@ -335,7 +370,7 @@ class CassandraStore(StateStore):
             raise first
         return [result for _, result in results]
 
-    def _run(self, statement: PreparedStatement, params: tuple[Any, ...]
+    def _run(self, statement: Statement, params: tuple[Any, ...] | None
              ) -> Iterator[tuple[Any, ...]]:
         """Execute one statement, fetching further pages as the rows are consumed."""
         assert self._session is not None
@@ -344,43 +379,6 @@ class CassandraStore(StateStore):
         except _TRANSIENT as error:
             raise CassandraUnavailable(repr(error)) from error
 
-
-class _Statements:
-    """The prepared statements of one keyspace."""
-
-    def __init__(self, session: Session, keyspace: str) -> None:
-        states, stats = f'"{keyspace}".{STATES_TABLE}', f'"{keyspace}".{STATS_TABLE}'
-        self.insert = session.prepare(
-            f"INSERT INTO {states} (pipeline, stage, key, value) VALUES (?, ?, ?, ?) USING TTL ?"
-        )
-        self.insert.is_idempotent = True  # the same value again: safe to retry
-        self.select = session.prepare(
-            f"SELECT value FROM {states} WHERE pipeline = ? AND stage = ? AND key = ?"
-        )
-        self.select.is_idempotent = True
-        self.scan = session.prepare(f"SELECT pipeline, stage, key, value FROM {states}")
-        self.scan.fetch_size = _SCAN_PAGE
-        self.increment = session.prepare(
-            f"UPDATE {stats} SET value = value + ? WHERE pipeline = ? AND name = ?"
-        )
-        self.stats = session.prepare(f"SELECT name, value FROM {stats} WHERE pipeline = ?")
-        outbox = f'"{keyspace}".{OUTBOX_TABLE}'
-        self.outbox_insert = session.prepare(
-            f"INSERT INTO {outbox} (pipeline, lane, seq, value) VALUES (?, ?, ?, ?)"
-        )
-        self.outbox_insert.is_idempotent = True
-        self.outbox_delete = session.prepare(
-            f"DELETE FROM {outbox} WHERE pipeline = ? AND lane = ? AND seq = ?"
-        )
-        self.outbox_delete.is_idempotent = True
-        self.outbox_select = session.prepare(
-            f"SELECT lane, seq, value FROM {outbox} WHERE pipeline = ?"
-        )
-        self.outbox_select.fetch_size = _SCAN_PAGE
-        self.outbox_select.is_idempotent = True
-        self.home_claim = session.prepare(
-            f'INSERT INTO "{keyspace}".{HOMES_TABLE} (pipeline, stage, key, home) '
-            "VALUES (?, ?, ?, ?) IF NOT EXISTS"
-        )
-        # A retry after a timeout that did apply finds our own claim: the same answer.
-        self.home_claim.is_idempotent = True
+    def _execute(self, statement: Statement, params: tuple[Any, ...] | None
+                 ) -> list[tuple[Any, ...]]:
+        return list(self._run(statement, params))

@@ -1,25 +1,67 @@
 """Fencing: a write carries the epochs of the input partitions it depends on.
 
-Each assignment of an input partition takes the next *epoch* of that
-partition in the store (an atomic increment). A worker remembers the epochs it
-took, and a store write that depends on a partition (states and history rows
-folded from its records, outbox rows) passes them as a ``Guard``; the store
-checks every one against what it holds, atomically with the write, and
-refuses the whole write if any differs. A worker that lost a partition (its
-session expired while it was paused, and another member took the partition
-and its next epoch) can then no longer overwrite the new owner's rows: its
-write is refused as if it had crashed just before it (docs/architecture.md,
-"Fencing").
+Each assignment takes ONE new epoch from the pipeline's counter in the store
+and sets it as the epoch of every partition assigned, answering each one's
+previous epoch, all atomically. Epochs are therefore ordered across
+partitions: any successor's epoch is greater than every epoch a zombie holds,
+which lets Cassandra order writes by epoch (``write_timestamp``). A worker
+remembers the epochs it took, and a store write that depends on a partition
+(states and history rows folded from its records, outbox rows) passes them as
+a ``Guard``; the store checks every one against what it holds (atomically
+with the write on Redis; on Cassandra just before it, with the write
+timestamps ordering what slips between), and refuses the whole write if any
+differs. A worker that lost a partition (its session expired while it was
+paused, and another member took the partition under a new epoch) can then no
+longer overwrite the new owner's rows: its write is refused as if it had
+crashed just before it (docs/architecture.md, "Fencing").
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from onceflow.stages.state import TopicPartition
 
 #: The epochs a write depends on: input partition -> the epoch its writer holds.
 Guard = Mapping[TopicPartition, int]
+
+#: Every fenced write timestamp is above this (microseconds: year 2112), so
+#: above every row written before with the driver's clock (~1.7e15 today).
+TIMESTAMP_BASE = 2**52
+#: Writes per epoch and store client before ``write_timestamp`` would reach the next epoch.
+WRITES_PER_EPOCH = 2**32
+#: The counter's row and key name ('#' never appears in a Kafka topic name).
+COUNTER = "#counter"
+
+
+@dataclass(frozen=True)
+class Taken:
+    """One assignment's epoch, and the epoch each partition had before it."""
+
+    epoch: int
+    previous: Mapping[TopicPartition, int | None]
+
+    @property
+    def guard(self) -> Guard:
+        """The guard of a write depending on every partition taken."""
+        return {tp: self.epoch for tp in self.previous}
+
+
+def write_timestamp(epoch: int, sequence: int) -> int:
+    """The Cassandra write timestamp of a store client's ``sequence``-th write under ``epoch``.
+
+    Cassandra keeps the cell with the highest timestamp, so a write under a
+    lower epoch (a zombie's) never replaces one under a higher epoch,
+    whatever the order they arrive in; within an epoch one client's writes
+    keep their order.
+    """
+    if not 0 <= sequence < WRITES_PER_EPOCH:
+        raise ValueError(f"write sequence {sequence} out of range for one epoch")
+    stamp = TIMESTAMP_BASE + (epoch << 32) + sequence
+    if epoch < 0 or stamp >= 2**63:
+        raise ValueError(f"epoch {epoch} out of range for a write timestamp")
+    return stamp
 
 
 class Fenced(RuntimeError):

@@ -1,7 +1,9 @@
 """Guarded writes on Redis: check the epochs and write the rows in one Lua script.
 
-Redis runs a script atomically, so no INCR of an epoch by the partition's new
-owner can fall between the check and the write (``onceflow.stores.fencing``).
+Redis runs a script atomically, so no new owner's taking of a partition can
+fall between the check and the write (``onceflow.stores.fencing``). Taking is
+a script too: INCR the pipeline's counter, then GET and SET each partition's
+epoch, answering the old ones.
 The script takes the epoch keys first in KEYS with their expected values in
 ARGV, then the rows; it answers 0 when written, else ``[i, stored]`` for the
 first epoch that differs (nothing is written then). The rows go out as MSET
@@ -13,11 +15,11 @@ different slots, which a script cannot reach.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import redis
 
-from onceflow.stores.fencing import Fenced, Guard, epoch_key, first_mismatch
+from onceflow.stores.fencing import COUNTER, Fenced, Guard, Taken, epoch_key, first_mismatch
 
 Mode = Literal["mset", "px", "hset"]
 
@@ -69,6 +71,30 @@ return 0
 """
 
 
+# KEYS: the counter, then the partitions' epoch keys; ARGV[1]: the floor (the
+# counters of the pipeline's other stores). Epochs taken under the
+# per-partition scheme of earlier versions may exceed the counter: the new
+# epoch then skips above them, so a partition's epoch only ever grows.
+TAKE = """
+local epoch = redis.call('INCR', KEYS[1])
+if tonumber(ARGV[1]) >= epoch then
+  epoch = tonumber(ARGV[1]) + 1
+end
+local old = {}
+for i = 2, #KEYS do
+  old[i - 1] = redis.call('GET', KEYS[i]) or false
+  if old[i - 1] and tonumber(old[i - 1]) >= epoch then
+    epoch = tonumber(old[i - 1]) + 1
+  end
+end
+redis.call('SET', KEYS[1], epoch)
+for i = 2, #KEYS do
+  redis.call('SET', KEYS[i], epoch)
+end
+return {epoch, old}
+"""
+
+
 class RedisFence:
     """Epochs and guarded writes under ``<base>:epoch:<topic>|<partition>``."""
 
@@ -76,15 +102,17 @@ class RedisFence:
         self._client = client
         self._base = base
         self._script = client.register_script(GUARDED_WRITE)
+        self._take = client.register_script(TAKE)
 
-    def take(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        """The next epoch of each partition (INCR, pipelined: one round trip)."""
+    def take(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
+        """One new epoch above ``floor`` for every partition, and their previous epochs
+        (one script)."""
         if not partitions:
-            return {}
-        pipe = self._client.pipeline(transaction=False)
-        for tp in partitions:
-            pipe.incr(epoch_key(self._base, tp))
-        return {tp: int(epoch) for tp, epoch in zip(partitions, pipe.execute(), strict=True)}
+            return Taken(0, {})
+        keys = [f"{self._base}:{COUNTER}", *(epoch_key(self._base, tp) for tp in partitions)]
+        epoch, old = cast(list[Any], self._take(keys=keys, args=[floor]))
+        return Taken(int(epoch), {tp: None if value is None else int(value)
+                                  for tp, value in zip(partitions, old, strict=True)})
 
     def write(self, guard: Guard, mode: Mode, rows: Mapping[str, bytes], *, px: int = 0,
               hash_key: str = "") -> None:

@@ -13,7 +13,7 @@ and the outbox, one hash ``<prefix>:<pipeline>:outbox`` of field ``<lane>|<seq>`
 A write given a guard (the epochs of the input partitions it depends on) is
 one Lua script that checks them and writes, or refuses with ``Fenced``
 (``onceflow.stores.redis_fence``); the epochs are ``<prefix>:<pipeline>:epoch:
-<topic>|<partition>``.
+<topic>|<partition>``, taken from the counter ``<prefix>:<pipeline>:#counter``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import redis
 
 from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, redis_options
 from onceflow.stores.base import OutboxKey, StateStore
-from onceflow.stores.fencing import Guard
+from onceflow.stores.fencing import Guard, Taken
 from onceflow.stores.redis_fence import RedisFence
 
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
@@ -34,7 +34,7 @@ _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 class RedisStore(StateStore):
     """``access`` logs in (AUTH, an ACL user) and sets up TLS (a ``rediss://`` URL)."""
 
-    fenced = True
+    fenced = atomic_fence = True
 
     def __init__(self, url: str, key_prefix: str, pipeline_id: str, timeout: float = 5.0,
                  history_retention: float = 0.0, *, access: StoreAccess = NO_ACCESS):
@@ -55,8 +55,8 @@ class RedisStore(StateStore):
         values = cast(list[bytes | None], self._client.mget([self._key(stage_id, k) for k in keys]))
         return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
-    def take_epochs(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        return self.fence.take(partitions)
+    def take_epochs(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
+        return self.fence.take(partitions, floor)
 
     def check_epochs(self, guard: Guard) -> None:
         self.fence.write(guard, "mset", {})

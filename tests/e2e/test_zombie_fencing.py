@@ -8,9 +8,12 @@ epochs), folds both parts from the start, writes and commits them. Then A is
 thawed (SIGCONT) holding stale states of every robot: its first write (the
 flush of its revoke callback, or a persistence tick) must be refused
 (``write fenced`` in its log, the ``fenced_writes`` stat), A restarts from
-what is durable, rejoins, and the totals are exact. Without the check
-(``ONCEFLOW_FAULT_NO_FENCING=1``) A's flush writes its stale counts over B's
-and robots lose the second part.
+what is durable, rejoins, and the totals are exact. Without fencing
+(``ONCEFLOW_FAULT_NO_FENCING=1`` in both workers) A's flush writes its stale
+counts over B's and robots lose the second part. The same runs with the states in Cassandra
+(fewer rounds: slower), where the epochs and the check are Cassandra's and the
+rows are ordered by epoch; unfenced there, rows are ordered by the clock, as
+before fencing.
 """
 
 from __future__ import annotations
@@ -30,12 +33,15 @@ from onceflow.devtools import harness
 from onceflow.devtools.demo import redis_settings
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
+from onceflow.stores.base import StateStore
+from onceflow.stores.cassandra_store import CassandraStore
 from onceflow.stores.redis_store import RedisStore
 
 PARTITIONS = 4
 ROBOTS = 200
 FIRST, SECOND = 1500, 6000  # reports in each part
 ROUNDS = 5
+CASSANDRA_ROUNDS = 2
 STATS = re.compile(r"stats (\{.*\})")
 FENCED = "write fenced"
 ASSIGNED = "partitions assigned"
@@ -57,8 +63,10 @@ async def until(condition: Callable[[], bool], timeout: float, what: str) -> Non
 
 
 def zombie_round(kafka: ServiceInfo, redis: ServiceInfo, workdir: Path,
-                 unique_name: Callable[..., str], fenced: bool = True) -> tuple[dict, dict, str]:
-    """One round on fresh topic, group and key prefix: (stored totals, expected, A's log)."""
+                 unique_name: Callable[..., str], fenced: bool = True,
+                 cassandra: ServiceInfo | None = None) -> tuple[dict, dict, str]:
+    """One round on fresh topic, group and key prefix (or keyspace, with ``cassandra``):
+    (stored totals, expected, A's log)."""
     bootstrap = kafka.address
     topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
     redis_url = f"redis://{redis.address}/0"
@@ -73,6 +81,14 @@ def zombie_round(kafka: ServiceInfo, redis: ServiceInfo, workdir: Path,
               "onceflow.metrics.stats-interval": "300ms",
               "onceflow.supervision.backoff.initial": "200ms"}
     env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}
+    keyspace = unique_name("ks")
+    raw: list[str] = []  # --set values as HOCON, not strings
+    if cassandra is not None:
+        env["ONCEFLOW_ROBOTS_STORE"] = "cassandra"
+        raw = ["--set", f'onceflow.stores.cassandra.contact-points=["{cassandra.host}"]']
+        common |= {"onceflow.stores.cassandra.port": str(cassandra.port),
+                   "onceflow.stores.cassandra.keyspace": keyspace,
+                   "onceflow.stores.cassandra.protocol-version": "3"}
     config = harness.packaged_config("demo.conf")
     # A never writes on its own: every state it folds is unwritten when it is frozen. It
     # folds one record per batch, so once thawed it has folded only a little of the
@@ -80,10 +96,11 @@ def zombie_round(kafka: ServiceInfo, redis: ServiceInfo, workdir: Path,
     # writes stale counts; a faster A would catch up first and write the right ones).
     slow = {"onceflow.persistence.interval": "10m", "onceflow.kafka.max-poll-records": "1",
             "onceflow.consumer.max-in-flight-batches": "1"}
-    a = harness.WorkerProcess(
-        harness.worker_command(config, {**common, **slow}),
-        {**env, **({} if fenced else {"ONCEFLOW_FAULT_NO_FENCING": "1"})}, workdir, "a")
-    b = harness.WorkerProcess(harness.worker_command(config, common), env, workdir, "b")
+    if not fenced:  # both workers: on Cassandra, B's epoch timestamps alone would beat A's
+        env["ONCEFLOW_FAULT_NO_FENCING"] = "1"
+    a = harness.WorkerProcess(harness.worker_command(config, {**common, **slow}) + raw, env,
+                              workdir, "a")
+    b = harness.WorkerProcess(harness.worker_command(config, common) + raw, env, workdir, "b")
 
     async def scenario() -> None:
         await harness.produce(bootstrap, topic, first.messages)
@@ -111,7 +128,9 @@ def zombie_round(kafka: ServiceInfo, redis: ServiceInfo, workdir: Path,
 
     asyncio.run(scenario())
     assert a.terminate(20) == 0 and b.terminate(20) == 0, f"see {workdir}"
-    store = RedisStore(redis_url, prefix, "robots")
+    store: StateStore = RedisStore(redis_url, prefix, "robots") if cassandra is None else \
+        CassandraStore([cassandra.host], "robots", port=cassandra.port, keyspace=keyspace,
+                       protocol_version=3)
     try:
         stored = stored_states(store, "per_robot")
         stats = store.read_stats()
@@ -125,10 +144,25 @@ def test_a_thawed_zombie_is_fenced_and_every_total_stays_exact(
     kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
     unique_name: Callable[..., str],
 ) -> None:
-    for round_ in range(ROUNDS):
+    fenced_rounds(kafka_service, redis_service, tmp_path, unique_name, ROUNDS)
+
+
+def test_a_thawed_zombie_is_fenced_on_cassandra_and_every_total_stays_exact(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, cassandra_service: ServiceInfo,
+    tmp_path: Path, unique_name: Callable[..., str],
+) -> None:
+    fenced_rounds(kafka_service, redis_service, tmp_path, unique_name, CASSANDRA_ROUNDS,
+                  cassandra_service)
+
+
+def fenced_rounds(kafka: ServiceInfo, redis: ServiceInfo, tmp_path: Path,
+                  unique_name: Callable[..., str], rounds: int,
+                  cassandra: ServiceInfo | None = None) -> None:
+    for round_ in range(rounds):
         workdir = tmp_path / f"round-{round_}"
         workdir.mkdir()
-        stored, want, context = zombie_round(kafka_service, redis_service, workdir, unique_name)
+        stored, want, context = zombie_round(kafka, redis, workdir, unique_name,
+                                             cassandra=cassandra)
         a_log = (workdir / "a-0.log").read_text(errors="replace")
         assert FENCED in a_log, f"round {round_}: {context}"
         # B, which took the partitions over properly, is never fenced.
@@ -149,4 +183,16 @@ def test_without_fencing_the_thawed_zombie_overwrites_its_successor(
                                          fenced=False)
     wrong = [robot for robot in want if stored.get(robot) != want[robot]]
     print(f"unfenced zombie: {len(wrong)} of {len(want)} robots off; {context}")
+    assert wrong, f"the unfenced zombie changed nothing: {context}"
+
+
+def test_without_fencing_the_thawed_zombie_overwrites_its_successor_on_cassandra(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, cassandra_service: ServiceInfo,
+    tmp_path: Path, unique_name: Callable[..., str],
+) -> None:
+    """The Cassandra round with the check off: the Cassandra test above can fail."""
+    stored, want, context = zombie_round(kafka_service, redis_service, tmp_path, unique_name,
+                                         fenced=False, cassandra=cassandra_service)
+    wrong = [robot for robot in want if stored.get(robot) != want[robot]]
+    print(f"unfenced zombie on Cassandra: {len(wrong)} of {len(want)} robots off; {context}")
     assert wrong, f"the unfenced zombie changed nothing: {context}"

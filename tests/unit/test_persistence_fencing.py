@@ -20,7 +20,7 @@ from onceflow.actors.messages import Barrier, Snapshot, StageRows
 from onceflow.actors.persistence import PersistenceActor
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import OutboxKey, StateStore
-from onceflow.stores.fencing import Fenced, Guard, first_mismatch
+from onceflow.stores.fencing import Fenced, Guard, Taken, first_mismatch
 
 A: TopicPartition = ("t", 0)
 B: TopicPartition = ("t", 1)
@@ -114,7 +114,7 @@ def test_a_snapshot_of_a_partition_taken_over_is_refused_and_never_durable(
     producer: pykka.ActorRef[Any], rows: dict[str, bytes],
 ) -> None:
     store, ledger, fence, reported = MemoryFencedStore(), SharedLedger(), EpochFence(), []
-    fence.assign({A: 1, B: 1})
+    fence.assign(Taken(1, {A: None, B: None}))
     store.epochs = {A: 1, B: 2}  # another worker took B over
     before = metrics.FENCED._value.get()
     ref = persistence(store, ledger, fence, producer, reported)
@@ -135,7 +135,7 @@ def test_a_snapshot_of_partitions_still_held_is_written_and_durable(
     producer: pykka.ActorRef[Any],
 ) -> None:
     store, ledger, fence, reported = MemoryFencedStore(), SharedLedger(), EpochFence(), []
-    fence.assign({A: 1, B: 1})
+    fence.assign(Taken(1, {A: None, B: None}))
     store.epochs = {A: 1, B: 1}
     ref = persistence(store, ledger, fence, producer, reported)
     try:
