@@ -8,10 +8,12 @@ get. Columns:
 * windowed aggregates only: ``window_start``, ``window_end`` (epoch ms) and
   ``closed`` (a history row, final; or a window still open in its key's state);
 * ``value_json``: the value (the state, or the window's value) as JSON;
-* typed columns inferred from the values: one column per field when every
-  value is a flat JSON object of numbers, strings and booleans (a field named
-  like a column above gets a ``value_`` prefix), ``value`` when every value
-  is a number or string. Values that are neither get ``value_json`` only.
+* typed columns: of the type the aggregate declares (``schema=``, see
+  :mod:`onceflow.analytics.schemas`), else inferred from the values. One
+  column per field of a struct (a field named like a column above gets a
+  ``value_`` prefix), ``value`` for anything else. Inference only types a
+  flat JSON object of numbers, strings and booleans, or a number or string;
+  other values get ``value_json`` only.
 
 Inference is Spark's JSON schema inference over the values, run in the
 executors like the reads (:mod:`onceflow.analytics.readers`).
@@ -119,6 +121,7 @@ def read_frames(spark: Any, settings: Settings, pipeline: Pipeline,
     from pyspark.sql import functions as F
 
     sizes = stage_windows(pipeline)
+    schemas = {spec.id: spec.schema for spec in pipeline.aggregates}
     wanted = list(stages) if stages is not None else list(sizes)
     raw = raw_states(spark, settings, pipeline, wanted, source).persist()
     frames = {}
@@ -136,7 +139,7 @@ def read_frames(spark: Any, settings: Settings, pipeline: Pipeline,
             frame = rows.select(F.lit(pipeline.id).alias("pipeline"), "stage", "key",
                                 "window_start", (F.col("window_start") + size).alias("window_end"),
                                 "closed", F.col("value").alias("value_json"))
-        frames[stage] = typed(spark, frame)
+        frames[stage] = typed(spark, frame, schemas[stage])
     return frames
 
 
@@ -150,23 +153,31 @@ def states(spark: Any, settings: Settings, stage: str, *, pipeline: Pipeline | N
     return read_frames(spark, settings, pipeline, [stage], source=source)[stage]
 
 
-def typed(spark: Any, frame: Any) -> Any:
-    """``frame`` plus typed columns for its ``value_json`` (module docstring)."""
+def typed(spark: Any, frame: Any, declared: Any = None) -> Any:
+    """``frame`` plus typed columns for its ``value_json`` (module docstring): of the
+    ``declared`` type (``onceflow.analytics.schemas``) if any, else inferred."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import AtomicType, StructField, StructType
 
+    from onceflow.analytics.schemas import spark_type
+
     wrapped = F.concat(F.lit('{"value":'), F.col("value_json"), F.lit("}"))
-    texts = frame.select(wrapped.alias("j")).rdd.map(lambda row: row[0])
-    inferred = spark.read.json(texts).schema
-    if [f.name for f in inferred.fields] != ["value"]:  # empty, or _corrupt_record
-        return frame
-    kind = inferred["value"].dataType
+    if declared is not None:
+        kind = spark_type(declared)
+    else:
+        texts = frame.select(wrapped.alias("j")).rdd.map(lambda row: row[0])
+        inferred = spark.read.json(texts).schema
+        if [f.name for f in inferred.fields] != ["value"]:  # empty, or _corrupt_record
+            return frame
+        kind = inferred["value"].dataType
+        if isinstance(kind, StructType) and not all(
+                isinstance(f.dataType, AtomicType) for f in kind.fields):
+            return frame
+        if not isinstance(kind, AtomicType | StructType):
+            return frame
     parsed = F.from_json(wrapped, StructType([StructField("value", kind)]))["value"]
-    if isinstance(kind, AtomicType):
+    if not isinstance(kind, StructType):
         return frame.withColumn("value", parsed)
-    if not isinstance(kind, StructType) or not all(
-            isinstance(f.dataType, AtomicType) for f in kind.fields):
-        return frame
     taken = set(BASE_COLUMNS) | {"value"}
     return frame.select("*", *[parsed[f.name].alias(
         f"value_{f.name}" if f.name in taken else f.name) for f in kind.fields])

@@ -217,3 +217,8 @@ def _hint(value: bytes | None) -> str:
             return ""
         return "; the value is text: declare format='str' (or 'bytes', or a deserializer)"
     return "; the value parses as JSON: declare format='json' for this topic"
+
+
+def json_bytes(value: Any) -> bytes:
+    """Default encoding of values crossing a repartition topic (and of plain JSON outputs)."""
+    return json.dumps(value, separators=(",", ":")).encode()

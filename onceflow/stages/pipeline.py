@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from onceflow.stages.formats import Format, check_format
+from onceflow.stages.formats import json_bytes as json_bytes  # the default encode, kept here
 from onceflow.stages.formats import payload_bytes as payload_bytes  # the default decode, kept here
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, ProducerDedup
 from onceflow.stages.windows import Tumbling
@@ -73,11 +74,7 @@ class Aggregate:
     fold: Callable[[Any, Any], Any]
     store: str = "redis"
     window: Tumbling | None = None
-
-
-def json_bytes(value: Any) -> bytes:
-    """Default encoding of values crossing a repartition topic (and of plain JSON outputs)."""
-    return json.dumps(value, separators=(",", ":")).encode()
+    schema: Any = None  # the value's type for analytics (onceflow.analytics.schemas)
 
 
 #: An output partition as a function of the input record's (topic, partition).
@@ -263,6 +260,7 @@ class Pipeline:
         fold: Callable[[Any, Any], Any],
         store: str = "redis",
         window: Tumbling | None = None,
+        schema: Any = None,
     ) -> Pipeline:
         """Fold values into a state per ``key(value)``, exactly once per input event.
 
@@ -272,9 +270,11 @@ class Pipeline:
         that discard replays; with ``window`` it is kept per tumbling event-time
         window. Values it folds pass on to later steps; replays and late values
         go no further. Each key must be fed from one input partition when
-        several workers run the pipeline (see ``repartition``).
+        several workers run the pipeline (see ``repartition``). ``schema`` (a
+        dataclass, TypedDict, Spark type or int/float/str/bool) types the value
+        (per window, if windowed) in analytics instead of inferring it.
         """
-        return self._then(Aggregate(id, key, init, fold, store, window))
+        return self._then(Aggregate(id, key, init, fold, store, window, schema))
 
     def deduplicate(self, id: str, *, key: Callable[[Any], str], store: str = "redis"
                     ) -> Pipeline:
