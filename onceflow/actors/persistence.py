@@ -10,7 +10,8 @@ With a landing zone, each stage's closed windows are also written as one
 Parquet file, after its history rows and before its states (which no longer
 hold those windows), so a committed offset implies its files exist and a
 crash before the states replays the windows' closing
-(``onceflow.analytics.landing`` explains why that stays idempotent).
+(``onceflow.analytics.landing`` explains why that stays idempotent). A
+non-windowed stage's states go to a file too, just before the store.
 
 Fencing: every store write of a snapshot carries the epochs of the partitions
 the snapshot depends on (``Checkpoint.depends``), checked by the store
@@ -54,10 +55,14 @@ log = logging.getLogger(__name__)
 
 
 class WindowSink(Protocol):
-    """Where closed windows go besides the store (``onceflow.analytics.landing.LandingZone``)."""
+    """Where closed windows (and non-windowed stages' states) go besides the store
+    (``onceflow.analytics.landing.LandingZone``)."""
 
     def write(self, stage_id: str, windows: Mapping[tuple[str, int], bytes],
               offsets: Mapping[TopicPartition, int]) -> object: ...
+
+    def write_states(self, stage_id: str, states: Mapping[str, bytes],
+                     offsets: Mapping[TopicPartition, int]) -> object: ...
 
 
 class PersistenceActor(ReportingActor):
@@ -152,6 +157,9 @@ class PersistenceActor(ReportingActor):
             retrying(f"landing {rows.stage_id}",
                      lambda: landing.write(rows.stage_id, rows.closed_windows, offsets))
             landed = True
+        if rows.states and landing is not None:  # non-windowed stages' history
+            landed |= retrying(f"landing {rows.stage_id}", lambda: landing.write_states(
+                rows.stage_id, rows.states, offsets)) is not None
         with metrics.STORE_SECONDS.labels(type(store).__name__).time():
             retrying(f"save {rows.stage_id}",
                      lambda: store.save(rows.stage_id, rows.states, guard=guard))

@@ -22,6 +22,7 @@ executors like the reads (:mod:`onceflow.analytics.readers`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from onceflow.runtime.config import ConfigError, Settings
@@ -89,7 +90,8 @@ def store_windows(spark: Any, settings: Settings, pipeline: Pipeline, stages: Se
 
 def raw_states(spark: Any, settings: Settings, pipeline: Pipeline, stages: Sequence[str],
                source: str = "store") -> Any:
-    """The raw rows of ``stages`` from the stores or (windowed stages only) the landing zone."""
+    """The raw rows of ``stages`` from the stores or the landing zone (closed windows, and
+    the latest state of each key of a non-windowed stage)."""
     from onceflow.analytics import readers
 
     sizes = stage_windows(pipeline)
@@ -105,11 +107,15 @@ def raw_states(spark: Any, settings: Settings, pipeline: Pipeline, stages: Seque
     if settings.landing.dir is None:
         raise ConfigError(settings.source, "onceflow.landing.dir",
                           "expected a directory: --source landing reads the landing zone")
-    if plain:
+    root = settings.landing.dir
+    missing = [s for s in plain if not (Path(root) / f"stage={s}").is_dir()]
+    if missing:
         raise ConfigError(settings.source, "onceflow.landing.dir",
-                          f"stage {plain[0]!r} is not windowed: the landing zone holds closed "
-                          "windows only; read it with --source store")
-    return readers.landing_windows(spark, settings.landing.dir, windowed)
+                          f"no landing files of stage {missing[0]!r} in {root}: the landing zone "
+                          "holds what workers wrote with it on; read it with --source store")
+    frames = ([readers.landing_windows(spark, root, windowed)] if windowed else []) + (
+        [readers.landing_states(spark, root, plain)] if plain else [])
+    return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
 
 
 def read_frames(spark: Any, settings: Settings, pipeline: Pipeline,

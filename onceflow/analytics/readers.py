@@ -297,6 +297,21 @@ def landing_windows(spark: Any, root: str, stages: Sequence[str]) -> Any:
     return rows.dropDuplicates(["stage", "key", "window_start"])
 
 
+def landing_states(spark: Any, root: str, stages: Sequence[str]) -> Any:
+    """Non-windowed stages from the landing zone: each key's latest state (the highest
+    progress, then the latest write; ``onceflow.analytics.landing``)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    frame = spark.read.option("basePath", root).option("mergeSchema", "true").parquet(
+        *[f"{root}/stage={s}" for s in stages])
+    latest = Window.partitionBy("stage", "key").orderBy(F.col("progress").desc(),
+                                                        F.col("written_ms").desc())
+    return (frame.withColumn("_n", F.row_number().over(latest)).where(F.col("_n") == 1)
+            .select(F.col("stage").cast("string"), "key", F.col("window_start"),
+                    F.lit(False).alias("closed"), "value"))
+
+
 def _prefer_history(frame: Any) -> Any:
     """Keep one row per window: the history row where a crash left both (equal) copies."""
     from pyspark.sql import Window

@@ -157,7 +157,8 @@ class PipelineCore:
         if s.landing.dir is not None and write_stores:  # Parquet handoff of closed windows
             from onceflow.analytics.landing import LandingZone
 
-            landing = LandingZone(s.landing.dir, pipeline.id)
+            landing = LandingZone(s.landing.dir, pipeline.id,
+                                  [a.id for a in pipeline.aggregates if a.window is None])
         self._persistence = PersistenceActor.start(
             stores=write_stores,
             producer=self.producer,

@@ -113,3 +113,24 @@ def test_parse_time() -> None:
     assert parse_time("2026-01-01T00:00:00Z") == 1_767_225_600_000
     assert parse_time("2026-01-01T00:00:00") == 1_767_225_600_000
     assert parse_time("2026-01-01T01:00:00+01:00") == 1_767_225_600_000
+
+
+def test_a_plain_stage_flush_lands_its_states_with_their_progress(tmp_path: Path) -> None:
+    zone = LandingZone(tmp_path, "robots", plain=["per_robot"])
+    states = {
+        "robot-1": encode_state(AggregateState({"ok": 3}, {("in", 0): (41,), ("in", 2): (7, 1)})),
+        "robot-2": encode_state(AggregateState({"ok": 1}, {("in", 1): (5,)})),
+    }
+    path = zone.write_states("per_robot", states, OFFSETS)
+    assert path is not None and path.parent == tmp_path / "stage=per_robot"
+    rows = pq.read_table(path).to_pylist()
+    assert [(r["key"], json.loads(r["value"]), r["window_start"], r["progress"])
+            for r in rows] == [("robot-1", {"ok": 3}, None, 48), ("robot-2", {"ok": 1}, None, 5)]
+    assert all(r["written_ms"] > 0 for r in rows)
+    assert zone.write_states("per_robot", states, OFFSETS) == path  # same states: same file
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    changed = {**states, "robot-2": encode_state(AggregateState({"ok": 2}, {("in", 1): (9,)}))}
+    assert zone.write_states("per_robot", changed, OFFSETS) != path
+    # Windowed stages (and the producer sequences) land closed windows only.
+    assert zone.write_states("per_robot_minute", states, OFFSETS) is None
+    assert zone.write_states("__producer_seq__", states, OFFSETS) is None

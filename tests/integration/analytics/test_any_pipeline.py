@@ -20,6 +20,7 @@ import pytest
 
 import onceflow.analytics
 from onceflow.analytics.cli import cli as analytics_cli
+from onceflow.analytics.landing import read_landing
 from onceflow.analytics.overview import QUANTILES
 from onceflow.devtools import harness
 from onceflow.devtools.robot_stream import generate
@@ -110,12 +111,29 @@ def test_readme_pipeline_generic_report_equals_stored_states_after_sigkills(
                 "onceflow.kafka.bootstrap-servers": bootstrap,
                 "onceflow.kafka.group-id": unique_name("g"),
                 "onceflow.stores.redis.url": redis_url,
-                "onceflow.stores.redis.key-prefix": prefix}
+                "onceflow.stores.redis.key-prefix": prefix,
+                "onceflow.landing.dir": str(tmp_path / "landing")}
     run_worker(bootstrap, settings, {"ONCEFLOW_ROBOTS_TOPIC": topic}, tmp_path, topic, ends,
                kills=2)
     states = stored(redis_url, prefix, "robots", "per_robot")
     truth = {robot: {"ok": c["ok"], "failed": c["failed"]} for robot, c in stream.truth.items()}
     assert states == truth  # the pipeline itself is exact
+
+    # The landing zone's history of the non-windowed stage: each key's latest row (highest
+    # progress) is its stored state, and earlier rows are earlier states (never ahead).
+    history = read_landing(tmp_path / "landing")
+    assert {r["stage"] for r in history} == {"per_robot"}
+    assert {r["key"] for r in history} == set(truth)
+    landed = onceflow.analytics.states(
+        spark, load_settings(spark_conf(tmp_path, "onceflow.examples.robots:pipeline",
+                                        redis_url, prefix),
+                             {"onceflow.landing.dir": str(tmp_path / "landing")}),
+        "per_robot", source="landing")
+    assert {r["key"]: {"ok": r["ok"], "failed": r["failed"]} for r in landed.collect()} == truth
+    for row in history:
+        value = json.loads(row["value"])
+        assert value["ok"] <= truth[row["key"]]["ok"]
+        assert value["failed"] <= truth[row["key"]]["failed"]
 
     conf = spark_conf(tmp_path, "onceflow.examples.robots:pipeline", redis_url, prefix)
     out = tmp_path / "report"
