@@ -137,7 +137,7 @@ def cli(argv: list[str]) -> int:
 
 def _follow(settings: Settings, pipeline: Pipeline, master: str | None, out: Path, once: bool,
             console: Console) -> int:
-    from onceflow.analytics.follow import follow_fleet
+    from onceflow.analytics.follow import follow_stages
 
     if settings.landing.dir is None:
         print(f"onceflow: config error: {settings.source}: onceflow.landing.dir: expected a "
@@ -148,8 +148,10 @@ def _follow(settings: Settings, pipeline: Pipeline, master: str | None, out: Pat
     def show(batch: int, counters: dict[str, dict[str, Any]]) -> None:
         console.print(f"batch {batch}: " + json.dumps(counters, sort_keys=True), soft_wrap=True)
 
-    query = follow_fleet(spark, settings.landing.dir, windowed_stages(pipeline),
-                         out / "follow-checkpoint", show, once=once)
+    windowed = windowed_stages(pipeline)
+    plain = [spec.id for spec in pipeline.aggregates if spec.window is None]
+    query = follow_stages(spark, settings.landing.dir, windowed, plain,
+                          out / "follow-checkpoint", show, once=once)
     if not once:
         console.print(f"following {settings.landing.dir} (Ctrl-C to stop)")
         try:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.analytics.cli import cli as analytics_cli
-from onceflow.analytics.follow import follow_fleet
+from onceflow.analytics.follow import follow_stages
 from onceflow.analytics.landing import read_landing
 from onceflow.devtools import harness
 from onceflow.devtools.chaos import expected_windows, stored_windows
@@ -26,6 +26,10 @@ from onceflow.stores.redis_store import RedisStore
 
 STAGES = (MINUTE_STAGE, DAY_STAGE)
 
+
+
+def counted(counters: dict[str, dict[str, Any]]) -> dict[str, tuple[int, int, int]]:
+    return {s: (c["rows"], c["sums"]["ok"], c["sums"]["failed"]) for s, c in counters.items()}
 
 
 def wait_killed(worker: harness.WorkerProcess, timeout: float = 60) -> None:
@@ -100,16 +104,18 @@ def test_kill_between_landing_and_commit_leaves_no_duplicate_rows(
     # not change them.
     updates: list[dict[str, dict[str, Any]]] = []
     checkpoint = tmp_path / "follow-checkpoint"
-    follow_fleet(spark, landing, STAGES, checkpoint, lambda _, c: updates.append(c), once=True)
+    follow_stages(spark, landing, STAGES, (), checkpoint, lambda _, c: updates.append(c),
+                  once=True)
     want = {}
     for stage in STAGES:
         values = [json.loads(r["value"]) for r in rows if r["stage"] == stage]
         want[stage] = (len(values), sum(v["ok"] for v in values), sum(v["failed"] for v in values))
-    assert {s: (c["windows"], c["ok"], c["failed"]) for s, c in updates[-1].items()} == want
+    assert counted(updates[-1]) == want
     some = next(iter((landing / f"stage={MINUTE_STAGE}").glob("*.parquet")))
     shutil.copy(some, some.with_name("copy-" + some.name))
-    follow_fleet(spark, landing, STAGES, checkpoint, lambda _, c: updates.append(c), once=True)
-    assert {s: (c["windows"], c["ok"], c["failed"]) for s, c in updates[-1].items()} == want
+    follow_stages(spark, landing, STAGES, (), checkpoint, lambda _, c: updates.append(c),
+                  once=True)
+    assert counted(updates[-1]) == want
     assert len(updates) >= 2
 
     # `onceflow analytics --source landing` and `--follow --once` from the command line.
