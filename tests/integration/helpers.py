@@ -139,3 +139,20 @@ def raw_header_names() -> Iterator[None]:
     finally:
         for module, builder in zip(modules, saved, strict=True):
             module.DefaultRecordBatchBuilder = builder
+
+
+def assert_history_and_outbox_fenced(old: StateStore, held: Mapping[tuple[str, int], int]
+                                     ) -> None:
+    """A store client holding stale epochs (``held``) writes no history or outbox row."""
+    import pytest
+
+    from onceflow.stores.fencing import Fenced
+
+    for retention in (0.0, 60.0):  # history rows, plain and expiring
+        old.history_retention = retention
+        with pytest.raises(Fenced):
+            old.save_history("s", {("k", 0): b"w"}, guard=held)
+        assert list(old.scan_history("s")) == []
+    with pytest.raises(Fenced):
+        old.outbox_append({("out|0", 7): b"r"}, guard=held)
+    assert old.outbox_load() == {}

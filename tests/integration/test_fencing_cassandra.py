@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from cassandra.cluster import Cluster
+from helpers import assert_history_and_outbox_fenced
 
 from onceflow.actors.fence import Fencing
 from onceflow.devtools.services import ServiceInfo
@@ -89,14 +90,7 @@ def test_a_zombie_write_after_the_takeover_is_refused_and_the_row_is_the_new_one
         old.save("s", {"k1": b"stale", "k2": b"stale"}, guard=held)
     assert (refused.value.partition, refused.value.held, refused.value.stored) == (B, 1, 2)
     assert old.load("s", ["k1", "k2"]) == {"k1": b"new-1"}  # nothing of it written
-    for retention in (0.0, 60.0):  # history rows, plain and expiring
-        old.history_retention = retention
-        with pytest.raises(Fenced):
-            old.save_history("s", {("k", 0): b"w"}, guard=held)
-    assert list(old.scan_history("s")) == []
-    with pytest.raises(Fenced):
-        old.outbox_append({("out|0", 7): b"r"}, guard=held)
-    assert old.outbox_load() == {}
+    assert_history_and_outbox_fenced(old, held)
     with pytest.raises(Fenced):
         old.check_epochs(held)
     old.save("s", {"k3": b"a-only"}, guard={A: held[A]})  # A did not move: passes

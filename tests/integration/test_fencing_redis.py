@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
+from helpers import assert_history_and_outbox_fenced
 
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.fencing import Fenced, Taken, epoch_key
@@ -81,14 +82,7 @@ def test_history_rows_and_outbox_rows_are_fenced_too(pair: tuple[RedisStore, Red
     old, new = pair
     held = old.take_epochs([A]).guard
     new.take_epochs([A])
-    for retention in (0.0, 60.0):  # plain MSET and SET PX
-        old.history_retention = retention
-        with pytest.raises(Fenced):
-            old.save_history("s", {("k", 0): b"w"}, guard=held)
-        assert list(old.scan_history("s")) == []
-    with pytest.raises(Fenced):
-        old.outbox_append({("out|0", 7): b"r"}, guard=held)
-    assert old.outbox_load() == {}
+    assert_history_and_outbox_fenced(old, held)
     mine = new.take_epochs([A]).guard
     new.history_retention = 60.0
     new.save_history("s", {("k", 0): b"w"}, guard=mine)
