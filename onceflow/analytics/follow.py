@@ -45,9 +45,9 @@ def landing_stream_schema() -> Any:
     ])
 
 
-def numeric_pairs(frame: Any) -> Any:
-    """(stage, key, field, number) for every numeric top-level field of each row's value,
-    plus one (stage, key, ``#rows``, 1.0) per row."""
+def numeric_pairs(frame: Any, keep: Sequence[str] = ()) -> Any:
+    """(stage, key, *keep, field, number) for every numeric top-level field of each row's
+    value, plus one (stage, key, *keep, ``#rows``, 1.0) per row."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import MapType, StringType
 
@@ -58,8 +58,9 @@ def numeric_pairs(frame: Any) -> Any:
         F.transform(F.map_entries(F.coalesce(fields, F.create_map())), lambda e: F.struct(
             e["key"].alias("field"), e["value"].try_cast("double").alias("number"))))
     marker = F.array(F.struct(F.lit(ROWS).alias("field"), F.lit(1.0).alias("number")))
-    exploded = frame.select("stage", "key", F.explode(F.concat(marker, pairs)).alias("p"))
-    return (exploded.select("stage", "key", F.col("p.field").alias("field"),
+    exploded = frame.select("stage", "key", *keep,
+                            F.explode(F.concat(marker, pairs)).alias("p"))
+    return (exploded.select("stage", "key", *keep, F.col("p.field").alias("field"),
                             F.col("p.number").alias("number"))
             .where(F.col("number").isNotNull()))
 

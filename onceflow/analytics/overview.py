@@ -10,8 +10,9 @@ key, or per key and window), it computes in Spark and writes under ``out``:
   accuracy 10,000) of the field over the rows.
 * ``tables/top_keys``: per stage and numeric field, the ``top-n`` keys by
   the field's total (summed over a key's windows; ties by key).
-* ``tables/over_time`` (windowed stages): per window start, the keys seen
-  and each numeric field's total.
+* ``tables/over_time``: per window start, the keys seen and each numeric
+  field's total; for a non-windowed stage with a landing zone, the same per
+  time bucket of its landed states (:mod:`onceflow.analytics.history`).
 * charts and ``report.html`` (:mod:`onceflow.analytics.overview_report`),
   ``summary.json``.
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.analytics.frames import numeric_fields
+from onceflow.analytics.history import states_over_time
 from onceflow.runtime.settings import Settings
 
 __all__ = ["QUANTILES", "OverviewResult", "overview"]
@@ -70,6 +72,8 @@ def overview(spark: Any, frames: Mapping[str, Any], out: Path, settings: Setting
         tables["top_keys"] += _top_keys(frame, stage, fields, settings.analytics.top_n)
         if windowed:
             tables["over_time"] += _over_time(frame, stage, fields)
+        elif settings.landing.dir is not None:  # the states its flushes landed
+            tables["over_time"] += states_over_time(spark, settings.landing.dir, stage, fields)
         frame.unpersist()
     step("writing tables")
     for name, rows in tables.items():

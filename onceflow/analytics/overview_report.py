@@ -86,8 +86,9 @@ def draw_charts(tables: Mapping[str, Rows], folder: Path) -> dict[str, Path]:
             last = axes[-1][0]
             last.xaxis.set_major_locator(locator)
             last.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, tz=UTC))
-            last.set_xlabel("window start (UTC)")
-            fig.suptitle(f"Per window ({stage})")
+            windowed = _windowed(tables, stage)
+            last.set_xlabel("window start (UTC)" if windowed else "time of the landed states (UTC)")
+            fig.suptitle(f"Per window ({stage})" if windowed else f"Over time ({stage})")
             fig.tight_layout()
             charts[f"{stage}-over-time"] = _save(fig, folder / f"{name}-over-time.png")
     return charts

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.analytics.follow import follow_stages
+from onceflow.analytics.history import states_over_time
 from onceflow.analytics.landing import LandingZone
 from onceflow.analytics.readers import landing_states
 from onceflow.stages.state import AggregateState, encode_state
@@ -63,3 +64,16 @@ def test_follow_counts_any_stage_windowed_once_and_plain_by_latest_state(
         "per_minute": {"rows": 4, "keys_approx": 3, "sums": {"value": 17}},
         "totals": {"rows": 2, "keys_approx": 2, "sums": {"amount": 42.5, "n": 5}},
     }
+
+
+def test_a_plain_stage_over_time_from_its_landed_states(spark: Any, tmp_path: Path) -> None:
+    zone = LandingZone(tmp_path, "p", plain=["totals"])
+    zone.write_states("totals", {"a": state(3, 5), "b": state(1, 2)}, {})
+    time.sleep(1.2)  # the next flush lands in a later bucket (buckets are >= 1 s)
+    zone.write_states("totals", {"a": state(10, 9), "c": state(4, 1, 1)}, {})
+    zone.write_states("totals", {"a": state(3, 5)}, {})  # a replay's older state, written late
+    rows = states_over_time(spark, tmp_path, "totals", ["n"])
+    assert [(r["keys"], r["field"], r["total"]) for r in rows] == [(2, "n", 4.0), (3, "n", 15.0)]
+    assert rows[0]["window_end"] == rows[1]["window_start"] or (
+        rows[0]["window_end"] < rows[1]["window_start"])
+    assert states_over_time(spark, tmp_path, "absent", ["n"]) == []
