@@ -34,7 +34,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rest = argv[1:] if verbose else argv
     # These subcommands own their argument parsing (and --help).
     if rest and rest[0] == "status":
-        return _status(rest[1:])
+        from onceflow.runtime import status
+
+        return status.cli(rest[1:])
+    if rest and rest[0] == "states":
+        from onceflow.runtime import states
+
+        return states.cli(rest[1:])
     if rest and rest[0] in TOOLS:
         return _tool(rest[0], rest[1:])
     args = _parser().parse_args(argv)
@@ -83,7 +89,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("services", help="up|down|status of a local broker, Redis, Cassandra")
     sub.add_parser("demo", help="the robot demo: SIGKILLs and restarts, then checks totals")
-    sub.add_parser("status", help="ask a running worker's /health and /metrics")
+    sub.add_parser("status", help="lag per input partition (--wait: until caught up), and "
+                   "a running worker's /health and /metrics")
+    sub.add_parser("states", help="print an aggregate stage's persisted states as JSON lines")
     sub.add_parser("chaos", help="republisher + windowed aggregator under SIGKILL, verified")
     sub.add_parser("analytics", help="Spark over the persisted aggregates: a generic report "
                    "(keys, distributions, top keys, windows; charts, HTML), or --job "
@@ -152,46 +160,6 @@ def _run(config: str, assignments: list[str]) -> int:
     worker = Worker(settings, pipeline)
     worker.start()
     return worker.run(signals.stopping)
-
-
-def _status(argv: list[str]) -> int:
-    """``onceflow status [--url http://127.0.0.1:PORT] | -c app.conf``: health, then metrics."""
-    import json
-    import urllib.error
-    import urllib.request
-
-    parser = argparse.ArgumentParser(prog="onceflow status")
-    parser.add_argument("--url", help="the worker's endpoint, e.g. http://127.0.0.1:9464")
-    parser.add_argument("-c", "--config", help="read host and port from this HOCON file")
-    args = parser.parse_args(argv)
-    url = args.url
-    if url is None:
-        if args.config is None:
-            parser.error("give --url or -c")
-        try:
-            m = load_settings(args.config).metrics
-        except ConfigError as error:
-            print(f"onceflow: config error: {error}", file=sys.stderr)
-            return EXIT_CONFIG
-        if not m.port:
-            print(f"onceflow: {args.config}: onceflow.metrics.port is 0 (endpoint off)",
-                  file=sys.stderr)
-            return EXIT_CONFIG
-        url = f"http://{m.host}:{m.port}"
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
-            health, code = json.load(response), response.status
-    except urllib.error.HTTPError as error:
-        health, code = json.load(error), error.code
-    except OSError as error:
-        print(f"onceflow: no worker answers at {url}: {error}", file=sys.stderr)
-        return 1
-    print(json.dumps(health, indent=2))
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
-        lines = response.read().decode().splitlines()
-    print("\n".join(line for line in lines if line.startswith("onceflow_")
-                    and "_created" not in line))
-    return 0 if code == 200 else 1
 
 
 def _split(assignment: str) -> tuple[str, str]:
