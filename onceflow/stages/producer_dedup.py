@@ -239,6 +239,8 @@ def _extract(record: ConsumedRecord, value: Any, extract: Extract, what: str) ->
 
 def _integer(record: ConsumedRecord, value: Any, extract: Extract, what: str) -> int:
     found = _extract(record, value, extract, what)
+    if type(found) is int and -(2**63) <= found < 2**63:  # the usual case, checked first
+        return found
     try:
         if isinstance(found, (bool, float)):
             raise ValueError(found)
