@@ -55,6 +55,27 @@ def key_partition(key: bytes, partitions: Sequence[int]) -> int:
     return partitions[key_hash(key) % len(partitions)]
 
 
+async def _all_settled(lanes: list[list[asyncio.Future[None]]]) -> None:
+    """Wait until every record is settled; raise a failure if one failed.
+
+    A lane settles its records in order, and fails every unsettled one
+    together, so waiting for each lane's last record covers the rest:
+    one wake-up per lane instead of a gather callback per record. The
+    others are then checked (waited for, should one still be open).
+    """
+    try:
+        await asyncio.gather(*(futures[-1] for futures in lanes if futures))
+        for futures in lanes:
+            for future in futures:
+                await future
+    except BaseException:
+        for futures in lanes:  # their failures are this one: do not log them as unretrieved
+            for future in futures:
+                if future.done() and not future.cancelled():
+                    future.exception()
+        raise
+
+
 async def _now(read: Callable[[], dict[TopicPartition, list[Output]]]
                ) -> dict[TopicPartition, list[Output]]:
     """Run ``read`` on the loop that owns the lanes."""
@@ -157,10 +178,10 @@ class ProducerActor(ReportingActor):
                     raise ValueError(f"partition {o.partition} of {o.topic!r} does not exist "
                                      f"(it has {len(partitions[o.topic])})")
                 by_lane.setdefault((o.topic, partition), []).append(o)
-            settled = [f for (topic, partition), outs in by_lane.items()
-                       for f in self._lanes.lane(topic, partition).add(outs)]
+            settled = [self._lanes.lane(topic, partition).add(outs)
+                       for (topic, partition), outs in by_lane.items()]
             self._sent += len(outputs)
-        await asyncio.gather(*settled)
+        await _all_settled(settled)
         if dying:
             faults.die()
 
