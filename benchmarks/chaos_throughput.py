@@ -39,6 +39,7 @@ import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 from throughput import PARTITIONS, measure_raw
 
 from onceflow.devtools import harness, services
@@ -62,10 +63,28 @@ class Probe(threading.Thread):
         self.ports, self.interval = ports, interval
         self.samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ports}
         self.done = threading.Event()
+        self.cpu: dict[str, float] = {}  # CPU seconds (user + system) of the first incarnation
+        self._procs: dict[str, psutil.Process] = {}
+
+    def _cpu(self, name: str, port: int) -> None:
+        proc = self._procs.get(name)
+        if proc is None:
+            mark = f"onceflow.metrics.port={port}"
+            found = [p for p in psutil.Process().children(recursive=True)
+                     if mark in " ".join(p.cmdline())]
+            if not found:
+                return
+            proc = self._procs[name] = found[0]
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            return  # exited: the last reading stays
+        self.cpu[name] = times.user + times.system
 
     def run(self) -> None:
         while not self.done.is_set():
             for name, port in self.ports.items():
+                self._cpu(name, port)
                 try:
                     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
                                                 timeout=1) as answer:
@@ -183,6 +202,11 @@ def main() -> None:
         f"| whole chaos run ({kills} SIGKILLs), generation to checked (earlier sections' "
         f"figure) / raw steady | {raw_rate:,.0f} | {whole:,.0f} ({report.elapsed:.1f} s) "
         f"| {whole / raw_rate:.3f} |",
+        "",
+        "CPU time of each worker process (user + system, until its last reading before "
+        "it stopped; start-up included): "
+        + ", ".join(f"{name} {probe.cpu[name]:.2f} s ({probe.cpu[name] / args.messages * 1e6:.1f}"
+                    " us per input record)" for name in NAMES) + ".",
         "",
         "Timeline of the chain, seconds after both worker processes were started:",
         "",
