@@ -86,7 +86,7 @@ class ChaosReport:
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     elapsed: float = 0.0  # from the start (stream generation) to the end of the check
     # Wall-clock moments (time.time()) of the run's phases, for benchmarks:
-    # workers started, input produced, republisher / aggregator committed the end.
+    # workers started, input produced (and kills done), republisher / aggregator committed.
     timeline: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -195,7 +195,7 @@ class _Chaos:
         await asyncio.gather(*(self._kill_loop(name, shares[name], rng.random())
                                for name in self.workers))
         await producing
-        self.report.timeline["input produced"] = time.time()
+        self.report.timeline["input produced, kills done"] = time.time()
         self.report.caught_up = await self._drain(raw_ends)
         for name, worker in self.workers.items():
             await worker.assigned()
