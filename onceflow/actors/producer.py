@@ -55,7 +55,7 @@ def key_partition(key: bytes, partitions: Sequence[int]) -> int:
     return partitions[key_hash(key) % len(partitions)]
 
 
-async def _all_settled(lanes: list[list[asyncio.Future[None]]]) -> None:
+async def all_settled(lanes: list[list[asyncio.Future[None]]]) -> None:
     """Wait until every record is settled; raise a failure if one failed.
 
     A lane settles its records in order, and fails every unsettled one
@@ -181,7 +181,7 @@ class ProducerActor(ReportingActor):
             settled = [self._lanes.lane(topic, partition).add(outs)
                        for (topic, partition), outs in by_lane.items()]
             self._sent += len(outputs)
-        await _all_settled(settled)
+        await all_settled(settled)
         if dying:
             faults.die()
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from onceflow.actors.delivery import SeqClock
-from onceflow.actors.producer import _all_settled, key_hash, key_partition
+from onceflow.actors.producer import all_settled, key_hash, key_partition
 
 KAFKA = DefaultPartitioner()
 
@@ -41,7 +41,7 @@ def test_a_send_waits_for_every_record_and_raises_a_failure() -> None:
     async def scenario(fail: bool, in_order: bool) -> str:
         loop = asyncio.get_running_loop()
         lanes = [[loop.create_future() for _ in range(3)] for _ in range(2)]
-        waiting = asyncio.create_task(_all_settled(lanes))
+        waiting = asyncio.create_task(all_settled(lanes))
         order = [f for lane in lanes for f in lane]
         for future in order if in_order else order[::-1][:-1]:  # the first left open
             await asyncio.sleep(0)
@@ -72,6 +72,6 @@ def test_a_failed_lane_fails_the_send_at_once() -> None:
         for future in lanes[0]:  # a lane that failed fails all its records together
             future.set_exception(RuntimeError("lane failed"))
         with pytest.raises(RuntimeError, match="lane failed"):
-            await asyncio.wait_for(_all_settled(lanes), 1)  # the other lane still open
+            await asyncio.wait_for(all_settled(lanes), 1)  # the other lane still open
 
     asyncio.run(scenario())
