@@ -1,13 +1,29 @@
 """Throughput of the two-process chaos run beside the raw consume ceiling, same run.
 
 The raw ceiling: a plain aiokafka getmany + decode loop over the same input
-(``throughput.raw_child``). The chaos run: ``onceflow chaos`` with all input
-produced up front (``--duration 0``), the republisher and the windowed
-aggregator SIGKILLed ``--kills`` times in all; records/s is input records
-over the run's wall time, restarts and group rejoins included, until every
-window is durable and committed.
+(``throughput.raw_child``), in its own process. The chaos run: ``onceflow
+chaos`` (republisher flat-mapping reports 1 -> ~3 into a topic, windowed
+aggregator with two tumbling stages) with all input produced up front
+(``--duration 0``), the two processes SIGKILLed ``--kills`` times in all.
+
+Three ratios, each on one footing for both sides:
+
+- **steady state**: input records over the time from the aggregator's first
+  processed record to its last (the chain's first and last output; both
+  workers' record counters are read from their ``/metrics`` every 100 ms),
+  beside the raw loop's records/s from its first record to its last;
+- **end to end**: input records over the time from the start of both
+  worker processes until the aggregator's last commit (seen in its
+  ``/metrics``; process starts, group joins, the persistence and commit
+  intervals included, the harness's detection of the end not), beside the
+  raw child process's whole life (start, group join, consume, stop); with
+  kills, until the harness saw the aggregator's commits reach the end;
+- **whole run** (the figure of earlier sections): input records over the
+  chaos run's wall time, from generating the stream to the end of the
+  check, shutdown included.
 
     python benchmarks/chaos_throughput.py [--messages 30000] [--kills 10] [--store redis]
+        [--persistence-interval 500ms] [--commit-interval 2s] [--out RESULTS.md]
 """
 
 from __future__ import annotations
@@ -16,17 +32,106 @@ import argparse
 import asyncio
 import os
 import platform
+import re
 import tempfile
+import threading
+import time
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 from throughput import PARTITIONS, measure_raw
 
 from onceflow.devtools import harness, services
-from onceflow.devtools.chaos import ChaosOptions, run_chaos, start_store
+from onceflow.devtools.chaos import ChaosOptions, ChaosReport, run_chaos, start_store
 from onceflow.devtools.robot_stream import generate
 
 HERE = Path(__file__).resolve().parent
+NAMES = ("republisher", "aggregator")
+RECORDS = re.compile(rb"^onceflow_records_total (\S+)$", re.MULTILINE)
+COMMITTED = re.compile(rb"^onceflow_committed_offset\{[^}]*\} (\S+)$", re.MULTILINE)
+ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow\.actors\.rebalance: partitions assigned",
+                      re.MULTILINE)
+
+
+class Probe(threading.Thread):
+    """Reads each worker's records counter and committed offsets every ``interval`` s:
+    (wall time, records processed, sum of committed offsets) samples."""
+
+    def __init__(self, ports: dict[str, int], interval: float = 0.1):
+        super().__init__(daemon=True)
+        self.ports, self.interval = ports, interval
+        self.samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ports}
+        self.done = threading.Event()
+        self.cpu: dict[str, float] = {}  # CPU seconds (user + system) of the first incarnation
+        self._procs: dict[str, psutil.Process] = {}
+
+    def _cpu(self, name: str, port: int) -> None:
+        proc = self._procs.get(name)
+        if proc is None:
+            mark = f"onceflow.metrics.port={port}"
+            found = [p for p in psutil.Process().children(recursive=True)
+                     if mark in " ".join(p.cmdline())]
+            if not found:
+                return
+            proc = self._procs[name] = found[0]
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            return  # exited: the last reading stays
+        self.cpu[name] = times.user + times.system
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            for name, port in self.ports.items():
+                self._cpu(name, port)
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                                timeout=1) as answer:
+                        text = answer.read()
+                except OSError:
+                    continue  # not up yet, or stopping
+                found = RECORDS.search(text)
+                committed = sum(float(n) for n in COMMITTED.findall(text))
+                if found:
+                    self.samples[name].append((time.time(), float(found[1]), committed))
+            self.done.wait(self.interval)
+
+    def first_and_last(self, name: str) -> tuple[float, float, float]:
+        """When the worker had processed its first record, when its last; how many."""
+        samples = self.samples[name]
+        final = max((n for _, n, _ in samples), default=0.0)
+        first = next(t for t, n, _ in samples if n > 0)
+        last = next(t for t, n, _ in samples if n >= final)
+        return first, last, final
+
+    def committed_at(self, name: str) -> float:
+        """When the worker's committed offsets reached their final values (its last commit)."""
+        samples = self.samples[name]
+        final = max(c for _, _, c in samples)
+        return next(t for t, _, c in samples if c >= final)
+
+
+def assigned_at(log: Path) -> float:
+    """Wall time of the worker's first "partitions assigned" log line."""
+    found = ASSIGNED.search(log.read_text(errors="replace"))
+    assert found, f"no assignment in {log}"
+    return datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def timeline_rows(report: ChaosReport, probe: Probe, workdir: Path) -> list[str]:
+    """The harness's moments, and without kills each worker's (one incarnation each)."""
+    t0 = report.timeline["workers started"]
+    moments: list[tuple[str, float]] = []
+    for name in NAMES if not any(report.kills.values()) else ():
+        first, last, final = probe.first_and_last(name)
+        moments += [(f"{name}: partitions assigned", assigned_at(workdir / f"{name}-0.log")),
+                    (f"{name}: first record processed", first),
+                    (f"{name}: last record processed ({final:,.0f} records)", last),
+                    (f"{name}: last commit", probe.committed_at(name))]
+    moments += [(f"harness: {k}", v) for k, v in report.timeline.items() if k != "workers started"]
+    return [f"| {label} | {at - t0:.2f} |" for label, at in sorted(moments, key=lambda m: m[1])]
 
 
 def main() -> None:
@@ -35,46 +140,85 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--store", choices=("redis", "cassandra"), default="redis")
+    parser.add_argument("--persistence-interval", default="500ms",
+                        help="both workers' onceflow.persistence.interval (demo.conf: 500ms)")
+    parser.add_argument("--commit-interval", default="2s",
+                        help="both workers' onceflow.commit.interval (demo.conf: 2s)")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-chaos-bench-"))
     kafka = services.start_tansu(state / "kafka")
     db, settings = start_store(args.store, state, "bench")
+    ports = dict(zip(NAMES, (services.free_port() for _ in NAMES), strict=True))
+    worker_settings = {name: {"onceflow.metrics.port": str(port),
+                              "onceflow.persistence.interval": args.persistence_interval,
+                              "onceflow.commit.interval": args.commit_interval}
+                       for name, port in ports.items()}
+    probe = Probe(ports)
     try:
         stream = generate(args.messages, seed=args.seed, disorder=0.05)
         baseline = "baseline"
         asyncio.run(harness.create_topic(kafka.address, baseline, PARTITIONS))
         asyncio.run(harness.produce(kafka.address, baseline, stream.messages))
+        spawned = time.monotonic()
         raw = measure_raw(kafka.address, baseline, args.messages)
+        raw_life = time.monotonic() - spawned
         options = ChaosOptions(messages=args.messages, duration=0, kills=args.kills,
                                seed=args.seed, store=args.store)
+        probe.start()
         report = run_chaos(options, bootstrap=kafka.address, store_settings=settings,
-                           workdir=state)
+                           workdir=state, worker_settings=worker_settings)
+        probe.done.set()
     finally:
         services.stop(kafka)
         services.stop(db)
     raw_rate = raw["records"] / raw["seconds"]
-    chaos_rate = args.messages / report.elapsed
+    first, last, _ = probe.first_and_last("aggregator")  # with kills: the first incarnation's
+    steady = args.messages / (last - first)
+    t0 = report.timeline["workers started"]
+    kills = sum(report.kills.values())
+    # With kills each incarnation's gauges start over: the harness's view of the end instead.
+    done = report.timeline["aggregator committed"] if kills else probe.committed_at("aggregator")
+    end_to_end = done - t0
+    chain_e2e, raw_e2e = args.messages / end_to_end, raw["records"] / raw_life
+    whole = args.messages / report.elapsed
     text = "\n".join([
         f"## chaos_throughput.py --store {args.store}, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         "",
         f"Command: `.venv/bin/python benchmarks/chaos_throughput.py --messages {args.messages} "
-        f"--kills {args.kills} --seed {args.seed} --store {args.store}`  ",
+        f"--kills {args.kills} --seed {args.seed} --store {args.store} "
+        f"--persistence-interval {args.persistence_interval} "
+        f"--commit-interval {args.commit_interval}`  ",
         f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"{args.messages:,} records ({report.events:,} events), {PARTITIONS} partitions; "
         f"kills {report.kills}; verdict: {'exact' if report.exact else 'DRIFT'} "
         f"(lost {report.lost}, double {report.double}).",
         "",
-        "| path | records/s | seconds |",
-        "|---|---:|---:|",
-        f"| raw aiokafka getmany + decode | {raw_rate:,.0f} | {raw['seconds']:.2f} |",
-        f"| chaos run: republisher + windowed aggregator, {sum(report.kills.values())} SIGKILLs "
-        f"| {chaos_rate:,.0f} | {report.elapsed:.1f} |",
+        "| footing | raw aiokafka getmany + decode, records/s | chain, records/s | ratio |",
+        "|---|---:|---:|---:|",
+        f"| steady state: first to last record (chain: the aggregator's) | {raw_rate:,.0f} "
+        f"({raw['seconds']:.2f} s) | {steady:,.0f} ({last - first:.2f} s) "
+        f"| **{steady / raw_rate:.3f}** |" if not kills else
+        "| steady state | n/a with kills (each restart resets the counters) | | |",
+        f"| end to end: process start to done (chain: to the aggregator's last commit"
+        f"{', as the harness saw it' if kills else ''}) "
+        f"| {raw_e2e:,.0f} ({raw_life:.2f} s) | {chain_e2e:,.0f} ({end_to_end:.2f} s) "
+        f"| **{chain_e2e / raw_e2e:.3f}** |",
+        f"| whole chaos run ({kills} SIGKILLs), generation to checked (earlier sections' "
+        f"figure) / raw steady | {raw_rate:,.0f} | {whole:,.0f} ({report.elapsed:.1f} s) "
+        f"| {whole / raw_rate:.3f} |",
         "",
-        f"**Ratio chaos run / raw: {chaos_rate / raw_rate:.3f}** (the run's wall time "
-        "includes both group joins, a 2 s quiet period to find the republished topic's end, "
-        "and with kills every restart: a SIGKILLed member holds its partitions until its "
-        "session times out)",
+        "CPU time of each worker process (user + system, until its last reading before "
+        "it stopped; start-up included): "
+        + (", ".join(f"{name} {probe.cpu[name]:.2f} s ("
+                     f"{probe.cpu[name] / args.messages * 1e6:.1f} us per input record)"
+                     for name in NAMES) if not kills else "n/a with kills") + ".",
+        "",
+        "Timeline of the chain, seconds after both worker processes were started:",
+        "",
+        "| moment | s |",
+        "|---|---:|",
+        *timeline_rows(report, probe, state),
         "",
     ])
     print(text)

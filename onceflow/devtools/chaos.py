@@ -84,7 +84,10 @@ class ChaosReport:
     double: int = 0
     caught_up: bool = False
     exit_codes: dict[str, int | None] = field(default_factory=dict)
-    elapsed: float = 0.0
+    elapsed: float = 0.0  # from the start (stream generation) to the end of the check
+    # Wall-clock moments (time.time()) of the run's phases, for benchmarks:
+    # workers started, input produced (and kills done), republisher / aggregator committed.
+    timeline: dict[str, float] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -140,7 +143,8 @@ def stored_windows(store: StateStore, stage: str) -> tuple[Windows, int]:
 
 class _Chaos:
     def __init__(self, o: ChaosOptions, bootstrap: str, store_settings: Mapping[str, str],
-                 open_store: StoreOpener, workdir: Path, console: Console):
+                 open_store: StoreOpener, workdir: Path, console: Console,
+                 worker_settings: Mapping[str, Mapping[str, str]]):
         self.o = o
         self.bootstrap = bootstrap
         self.console = console
@@ -162,6 +166,7 @@ class _Chaos:
                     "onceflow.kafka.group-id": self.groups[name],
                     "onceflow.kafka.dead-letter-topic": f"chaos-dlq-{run_id}",
                     "onceflow.kafka.producer.outbox-store": o.store,  # the one store started
+                    **worker_settings.get(name, {}),
                 }),
                 env, workdir, name)
             for name in pipelines
@@ -177,6 +182,7 @@ class _Chaos:
             await create_topic(self.bootstrap, topic, self.o.partitions)
         for worker in self.workers.values():
             worker.start()
+        self.report.timeline["workers started"] = time.time()
         raw_ends: dict[int, int] = {}
         producing = asyncio.create_task(
             produce(self.bootstrap, self.raw, stream.messages, self.o.duration, raw_ends))
@@ -189,6 +195,7 @@ class _Chaos:
         await asyncio.gather(*(self._kill_loop(name, shares[name], rng.random())
                                for name in self.workers))
         await producing
+        self.report.timeline["input produced, kills done"] = time.time()
         self.report.caught_up = await self._drain(raw_ends)
         for name, worker in self.workers.items():
             await worker.assigned()
@@ -215,10 +222,13 @@ class _Chaos:
             if not await rep.wait_for(self.raw, raw_ends, self.o.timeout,
                                       self.workers["republisher"]):
                 return False
+        self.report.timeline["republisher committed"] = time.time()
         normalized_ends = await read_ends(self.bootstrap, self.normalized, self.o.partitions)
         async with CommittedOffsets(self.bootstrap, self.groups["aggregator"]) as agg:
-            return await agg.wait_for(self.normalized, normalized_ends, self.o.timeout,
+            done = await agg.wait_for(self.normalized, normalized_ends, self.o.timeout,
                                       self.workers["aggregator"])
+        self.report.timeline["aggregator committed"] = time.time()
+        return done
 
     def _check(self, stream: RobotStream) -> None:
         truth, _ = expected_windows(stream)
@@ -272,10 +282,14 @@ class StoreOpener:
 
 
 def run_chaos(options: ChaosOptions, *, bootstrap: str, store_settings: Mapping[str, str],
-              workdir: Path, console: Console | None = None) -> ChaosReport:
+              workdir: Path, console: Console | None = None,
+              worker_settings: Mapping[str, Mapping[str, str]] | None = None) -> ChaosReport:
+    """``worker_settings``: extra ``--set`` overrides per process ("republisher",
+    "aggregator"), e.g. a benchmark's metrics ports."""
     console = console or Console(file=open(os.devnull, "w"))  # noqa: SIM115
     opener = StoreOpener(options.store, store_settings)
-    chaos = _Chaos(options, bootstrap, store_settings, opener, workdir, console)
+    chaos = _Chaos(options, bootstrap, store_settings, opener, workdir, console,
+                   worker_settings or {})
     return asyncio.run(chaos.run())
 
 

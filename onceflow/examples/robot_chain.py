@@ -14,9 +14,10 @@ before republishing. Topics and store come from the environment
 
 from __future__ import annotations
 
-import json
 import os
 from operator import attrgetter
+
+import orjson
 
 from onceflow.examples.robots import Fastening, count, fastenings, new_counts, report_dedup
 from onceflow.protos.envelope_pb2 import Envelope
@@ -31,11 +32,12 @@ SEEN_STAGE = "per_robot_seen"
 
 
 def encode_fastening(fastening: Fastening) -> bytes:
-    return json.dumps(list(fastening)).encode()
+    """Compact JSON ``[robot, ok, ts]``; orjson: ~10x cheaper than json.dumps per event."""
+    return orjson.dumps(tuple(fastening))
 
 
 def decode_fastening(envelope: Envelope) -> Fastening:
-    robot, ok, ts = json.loads(envelope.payload)
+    robot, ok, ts = orjson.loads(envelope.payload)
     return Fastening(robot, ok, ts)
 
 

@@ -54,6 +54,11 @@ def origin_of(envelope: Envelope | None, topic: str, partition: int, offset: int
     """``root_of`` and ``route_of`` in one call (the runner's per-record path)."""
     if envelope is None or not envelope.source_chain:
         return (topic, partition), (topic, partition), (offset,)
+    chain = envelope.source_chain
+    if len(chain) == 1:  # one hop (a republisher's output): its root is its route
+        ref = chain[0]
+        root = (ref.topic, ref.partition)
+        return root, root, (ref.offset, ref.index)
     root, position = root_of(envelope, topic, partition, offset)
     return root, route_of(envelope, topic, partition), position
 

@@ -206,8 +206,11 @@ def test_an_aggregate_feeding_a_republish_is_killed_right_after_writing_its_stat
     raw_ends = asyncio.run(harness.produce(s.bootstrap, raw, stream.messages))
     pipeline = "onceflow.examples.robot_chain:counting_normalize"
     rep_group, agg_group = unique_name("rep"), unique_name("agg")
+    # Its first save (and the kill) comes 100 ms in, well before the 20,000 reports are
+    # all republished (at demo.conf's 500 ms a fast republisher has sent them all).
     wait_killed(s.worker("dying", pipeline, rep_group,
-                         {"ONCEFLOW_FAULT_KILL_AFTER_SAVE": "per_robot_seen"}))
+                         {"ONCEFLOW_FAULT_KILL_AFTER_SAVE": "per_robot_seen"},
+                         {"onceflow.persistence.interval": "100ms"}))
     killed_at = asyncio.run(harness.read_ends(s.bootstrap, normalized, 2))
     assert 0 < sum(killed_at.values()) < stream.events  # killed part-way, outputs out
     republisher = s.worker("republisher", pipeline, rep_group)
