@@ -81,9 +81,20 @@ class WorkerProcess:
             if ASSIGNED.search(self.logs[-1].read_text(errors="replace")):
                 return
             if self.exited() is not None:
-                raise RuntimeError(f"{self._name} exited with {self.exited()}; see {self.logs[-1]}")
+                raise RuntimeError(f"{self._name} exited with {self.exited()}; see "
+                                   f"{self.logs[-1]}{self.log_tail()}")
             await asyncio.sleep(0.05)
-        raise RuntimeError(f"{self._name} got no partitions in {timeout:.0f}s; see {self.logs[-1]}")
+        raise RuntimeError(f"{self._name} got no partitions in {timeout:.0f}s; see "
+                           f"{self.logs[-1]}{self.log_tail()}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The current log's last lines, for a failure message: pytest's temporary
+        directories (and the log) may be gone by the time someone reads it."""
+        try:
+            tail = self.logs[-1].read_text(errors="replace").splitlines()[-lines:]
+        except OSError as error:
+            return f" (log unreadable: {error})"
+        return "\n--- last lines of the log ---\n" + "\n".join(tail)
 
 
 async def kill_repeatedly(worker: WorkerProcess, times: int, rng: random.Random,
