@@ -100,6 +100,8 @@ class ResumeOutputs:
     written: dict[TopicPartition, tuple[int, ...]]
     scanned: frozenset[TopicPartition]
     partitions: int | None = None
+    #: A side output's late events past the committed offsets (``side_outputs.LateMarks``).
+    late: dict[TopicPartition, dict[int, dict[tuple[str, tuple[int, ...]], int]]] | None = None
 
 
 @dataclass(frozen=True)
