@@ -173,6 +173,7 @@ class TestRun:
         self.crashes += 1
         self._processed = {}
         self.runner = self._new_runner()
+        self.runner.assigned(self._ends)  # the worker's assignment: every partition
         self.replay()
 
     def persist(self) -> None:

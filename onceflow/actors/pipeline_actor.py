@@ -22,6 +22,7 @@ from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.dead_letter_log import DeadLetterWarnings
 from onceflow.actors.ledger import LedgerError, SharedLedger
 from onceflow.actors.messages import (
+    Assigned,
     Batch,
     BatchDone,
     Flush,
@@ -143,6 +144,8 @@ class PipelineActor(ReportingActor):
                 except LedgerError as error:  # an ask's error reaches only the asker
                     self._on_fatal(type(self).__name__, error)
                     raise
+            case Assigned():
+                self._runner.assigned(message.partitions)
             case ResumeOutputs():
                 self._runner.written.resume(message.topic, message.written, message.scanned)
                 if message.partitions is not None:

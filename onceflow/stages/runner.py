@@ -21,6 +21,7 @@ reason that says to repartition.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -93,9 +94,8 @@ class PipelineRunner:
             pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
         self.written = WrittenOutputs()  # what exclusive republish steps find written
         self.side = SideOutputs(self.written)  # dead letters and late events: the same
-        self.clocks = {table: WindowClock(table, idle_timeout, load_rows,
-                                          *(() if clock is None else (clock,)))
-                       for table in self.tables if table.spec.window is not None}
+        self.clocks = {t: WindowClock(t, idle_timeout, load_rows, clock or time.monotonic)
+                       for t in self.tables if t.spec.window is not None}
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.
@@ -158,14 +158,18 @@ class PipelineRunner:
         self.advance()
         return outcome
 
+    def assigned(self, partitions: Iterable[TopicPartition]) -> None:
+        """Windowed stages read back the rows of the partitions feeding them (window_clock)."""
+        for table, clock in self.clocks.items():
+            for tp in partitions:
+                if any(t is table for *_, t, _ in self._segments.get(tp[0], ())):
+                    clock.meet(tp)
+
     def advance(self) -> None:
         """Close the windows of every key the stages' watermarks passed (``window_clock``):
         after each batch, and on each persistence tick (an idle timeout may expire)."""
-        for clock in self.clocks.values():
-            try:
-                clock.sweep(self._load)
-            except Exception as error:  # a user function (init) or the store: fail the actor
-                raise StageFailure(clock.table.spec.id, error) from error
+        for clock in self.clocks.values():  # a store failure fails the actor, as a load does
+            clock.sweep(self._load)
 
     def _reject(self, outcome: BatchOutcome, record: ConsumedRecord, failure: Exception,
                 held: list[Plan | tuple[ConsumedRecord, Exception]]) -> None:
