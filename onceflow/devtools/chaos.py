@@ -8,6 +8,10 @@ stages (closed ones from the history rows, open ones from the current
 states) is compared with the ground truth recomputed from the input alone.
 The robots re-send a share of their reports (plain JSON, as after a lost
 acknowledgement); the republisher must drop exactly those, by ``(serial, seq)``.
+
+Which events are late depends on how the partitions interleave (windows close
+on the stage's watermark), so the check reads the late-events topic: every
+event of the input is in its window or there, once.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from onceflow.devtools.harness import (
     create_topic,
     packaged_config,
     produce,
+    read_all,
     read_ends,
     worker_command,
 )
@@ -48,6 +53,7 @@ from onceflow.examples.robot_chain import (
     MINUTE_MS,
     MINUTE_STAGE,
 )
+from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, dropped_duplicates
 from onceflow.stages.state import decode_state
 from onceflow.stores.base import StateStore
@@ -65,8 +71,15 @@ class ChaosOptions:
     store: str = "redis"
     partitions: int = 4
     disorder: float = 0.05  # share of results arriving out of order (some too late)
+    max_delay_ms: int = 120_000  # how far out of order
     resend: float = 0.02  # share of reports a robot sends twice (dropped by the republisher)
     timeout: float = 300.0
+    #: Reports keyed by robot (one raw partition per robot); False: spread over the raw
+    #: partitions, so each robot's events reach the aggregator from every root partition.
+    keyed: bool = True
+    republishers: int = 1  # republisher processes (one consumer group)
+    down: float = 0.0  # seconds a killed process stays down before its restart
+    start_ms: int = 0  # event times start that long after midnight
 
 
 @dataclass
@@ -77,7 +90,8 @@ class ChaosReport:
     resends: int = 0  # reports the robots sent twice
     producer_duplicates: int = 0  # re-sends the republisher dropped (its dedup tables)
     duplicates: dict[str, int] = field(default_factory=dict)
-    late: dict[str, int] = field(default_factory=dict)
+    late: dict[str, int] = field(default_factory=dict)  # events in the late-events topic
+    late_twice: int = 0  # late events written twice, or matching no input event
     windows: dict[str, int] = field(default_factory=dict)  # windows checked per stage
     mismatched: dict[str, int] = field(default_factory=dict)
     lost: int = 0
@@ -88,23 +102,30 @@ class ChaosReport:
 
     @property
     def exact(self) -> bool:
-        return (self.caught_up and self.lost == 0 and self.double == 0
+        return (self.caught_up and self.lost == 0 and self.double == 0 and not self.late_twice
                 and self.producer_duplicates == self.resends and not any(self.mismatched.values())
                 and all(code == 0 for code in self.exit_codes.values()))
 
 
-def expected_windows(stream: RobotStream) -> tuple[dict[str, Windows], dict[str, int]]:
-    """Every window of both stages, and late counts, from the input alone.
+#: Per stage, the late events found: (robot, event time, outcome) -> how many.
+LateEvents = dict[str, Counter[tuple[str, int, str]]]
 
-    Written independently of ``onceflow.stages.windows`` on purpose: a robot's
-    events in produce order; a window closes once the robot's highest event
-    time reaches its end plus the allowed lateness; later events for it are
-    late and go no further (the daily stage never sees them). A re-sent
-    report (a ``(serial, seq)`` seen before) goes nowhere.
+
+def expected_windows(stream: RobotStream, late: LateEvents | None = None
+                     ) -> tuple[dict[str, Windows], dict[str, int]]:
+    """Every window of both stages from the input, less the events found ``late``; and
+    per stage how many of those matched an event of the input.
+
+    Written independently of ``onceflow.stages.windows`` on purpose: every event
+    of the input is in its window unless it is among the late events of that
+    stage, and then it goes no further (the daily stage never sees it). A
+    re-sent report (a ``(serial, seq)`` seen before) goes nowhere. Whether an
+    event is late depends on how the partitions interleaved, so it is read from
+    the late-events topic (``read_late``), not recomputed.
     """
     windows: dict[str, Windows] = {stage: {} for stage in STAGES}
-    late: Counter[str] = Counter()
-    max_ts: dict[tuple[str, str], int] = {}
+    found: Counter[str] = Counter()
+    left = {stage: Counter(events) for stage, events in (late or {}).items()}
     reports: set[tuple[str, int]] = set()
     for _, value in stream.messages:
         report = parse_report(value)
@@ -114,15 +135,34 @@ def expected_windows(stream: RobotStream) -> tuple[dict[str, Windows], dict[str,
         reports.add((robot, report["seq"]))
         for result in report["results"]:
             outcome, ts = ("ok" if result["ok"] else "failed"), result["ts"]
-            for stage, (size, lateness) in STAGES.items():
-                start = ts - ts % size
-                seen = max_ts.get((stage, robot))
-                if seen is not None and start + size + lateness <= seen:
-                    late[stage] += 1
+            for stage, (size, _) in STAGES.items():
+                events = left.get(stage)
+                if events and events[(robot, ts, outcome)] > 0:
+                    events[(robot, ts, outcome)] -= 1
+                    found[stage] += 1
                     break  # a late event reaches no later stage
-                windows[stage].setdefault((robot, start), Counter())[outcome] += 1
-                max_ts[(stage, robot)] = ts if seen is None else max(seen, ts)
-    return windows, dict(late)
+                windows[stage].setdefault((robot, ts - ts % size), Counter())[outcome] += 1
+    return windows, dict(found)
+
+
+async def read_late(bootstrap: str, topic: str, partitions: int
+                    ) -> tuple[LateEvents, int]:
+    """The late events of the windows pipeline, per stage, and how many were written
+    twice (same stage, root partition and position)."""
+    late: LateEvents = {}
+    seen: set[tuple[bytes, ...]] = set()
+    twice = 0
+    for record in await read_all(bootstrap, topic, partitions):
+        headers = dict(record.headers)
+        slot = tuple(headers[f"onceflow.{name}"] for name in ("stage", "root", "position"))
+        if slot in seen:
+            twice += 1
+            continue
+        seen.add(slot)
+        robot, ok, ts = json.loads(Envelope.FromString(record.value or b"").payload)
+        stage = headers["onceflow.stage"].decode()
+        late.setdefault(stage, Counter())[(robot, ts, "ok" if ok else "failed")] += 1
+    return late, twice
 
 
 def stored_windows(store: StateStore, stage: str) -> tuple[Windows, int]:
@@ -151,41 +191,49 @@ class _Chaos:
         env = {**os.environ, "ONCEFLOW_CHAIN_RAW_TOPIC": self.raw,
                "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": self.normalized,
                "ONCEFLOW_ROBOTS_STORE": o.store}
+        self.late_topic = f"chaos-late-{run_id}"
         pipelines = {"republisher": "onceflow.examples.robot_chain:normalize",
                      "aggregator": "onceflow.examples.robot_chain:windows"}
+        names = {"aggregator": "aggregator", "republisher": "republisher",
+                 **{f"republisher-{n}": "republisher" for n in range(2, o.republishers + 1)}}
         self.workers = {
             name: WorkerProcess(
                 worker_command(packaged_config("demo.conf"), {
                     **store_settings,
-                    "onceflow.pipeline": pipelines[name],
+                    "onceflow.pipeline": pipelines[role],
                     "onceflow.kafka.bootstrap-servers": bootstrap,
-                    "onceflow.kafka.group-id": self.groups[name],
+                    "onceflow.kafka.group-id": self.groups[role],
                     "onceflow.kafka.dead-letter-topic": f"chaos-dlq-{run_id}",
+                    "onceflow.kafka.late-events-topic": self.late_topic,
                     "onceflow.kafka.producer.outbox-store": o.store,  # the one store started
                 }),
                 env, workdir, name)
-            for name in pipelines
+            for name, role in names.items()
         }
         self.report = ChaosReport(messages=o.messages)
 
     async def run(self) -> ChaosReport:
         started = time.monotonic()
-        stream = generate(self.o.messages, seed=self.o.seed, disorder=self.o.disorder,
-                          resend=self.o.resend)
+        o = self.o
+        stream = generate(o.messages, seed=o.seed, disorder=o.disorder,
+                          max_delay_ms=o.max_delay_ms, resend=o.resend, start_ms=o.start_ms)
         self.report.events, self.report.resends = stream.events, stream.resends
-        for topic in (self.raw, self.normalized):
-            await create_topic(self.bootstrap, topic, self.o.partitions)
+        for topic in (self.raw, self.normalized, self.late_topic):
+            await create_topic(self.bootstrap, topic, o.partitions)
         for worker in self.workers.values():
             worker.start()
         raw_ends: dict[int, int] = {}
+        messages = stream.messages if o.keyed else [  # each report on a partition of its own
+            (f"{i}".encode(), value) for i, (_, value) in enumerate(stream.messages)]
         producing = asyncio.create_task(
-            produce(self.bootstrap, self.raw, stream.messages, self.o.duration, raw_ends))
-        rng = random.Random(self.o.seed)
-        # Each process gets half the kills (one more for a random one if odd),
-        # struck at its own random moments.
+            produce(self.bootstrap, self.raw, messages, o.duration, raw_ends))
+        rng = random.Random(o.seed)
+        # The kills are shared out over the processes (one more for some if uneven),
+        # each struck at its own random moments.
         names = sorted(self.workers)
         rng.shuffle(names)
-        shares = {name: self.o.kills // 2 + (i < self.o.kills % 2) for i, name in enumerate(names)}
+        n = len(names)
+        shares = {name: o.kills // n + (i < o.kills % n) for i, name in enumerate(names)}
         await asyncio.gather(*(self._kill_loop(name, shares[name], rng.random())
                                for name in self.workers))
         await producing
@@ -194,7 +242,7 @@ class _Chaos:
             await worker.assigned()
             self.report.exit_codes[name] = worker.terminate(timeout=10)
             self.report.kills[name] = worker.kills
-        self._check(stream)
+        await self._check(stream)
         self.report.elapsed = time.monotonic() - started
         return self.report
 
@@ -206,11 +254,12 @@ class _Chaos:
             if worker.exited() is not None:
                 raise RuntimeError(f"{name} exited by itself; see {worker.logs[-1]}")
             worker.kill()
+            await asyncio.sleep(self.o.down)
             worker.start()
             self.console.print(f"  SIGKILL {name} ({n + 1}/{kills})")
 
     async def _drain(self, raw_ends: dict[int, int]) -> bool:
-        """Republisher done with the input, then aggregator done with all it produced."""
+        """Republishers done with the input, then aggregator done with all they produced."""
         async with CommittedOffsets(self.bootstrap, self.groups["republisher"]) as rep:
             if not await rep.wait_for(self.raw, raw_ends, self.o.timeout,
                                       self.workers["republisher"]):
@@ -220,8 +269,11 @@ class _Chaos:
             return await agg.wait_for(self.normalized, normalized_ends, self.o.timeout,
                                       self.workers["aggregator"])
 
-    def _check(self, stream: RobotStream) -> None:
-        truth, _ = expected_windows(stream)
+    async def _check(self, stream: RobotStream) -> None:
+        late, twice = await read_late(self.bootstrap, self.late_topic, self.o.partitions)
+        truth, matched = expected_windows(stream, late)
+        self.report.late = {stage: sum(late.get(stage, Counter()).values()) for stage in STAGES}
+        self.report.late_twice = twice + sum(self.report.late.values()) - sum(matched.values())
         republisher = self.open_store("robots-normalize")
         try:
             self.report.producer_duplicates = dropped_duplicates(
@@ -244,7 +296,6 @@ class _Chaos:
                     mismatched += want != got
                 self.report.mismatched[stage] = mismatched
                 self.report.duplicates[stage] = stats.get(f"{stage}.duplicates", 0)
-                self.report.late[stage] = stats.get(f"{stage}.late", 0)
         finally:
             store.close()
 
@@ -288,6 +339,7 @@ def report_table(report: ChaosReport) -> Table:
         *[(f"SIGKILLs: {name}", str(n)) for name, n in report.kills.items()],
         *[(f"duplicates discarded: {s}", f"{n:,}") for s, n in report.duplicates.items()],
         *[(f"late events routed: {s}", f"{n:,}") for s, n in report.late.items()],
+        ("late events twice or unmatched", str(report.late_twice)),
         *[(f"windows checked: {s}", f"{n:,}") for s, n in report.windows.items()],
         *[(f"windows wrong: {s}", str(n)) for s, n in report.mismatched.items()],
         ("lost", f"{report.lost:,}"),
