@@ -79,7 +79,8 @@ class PipelineActor(ReportingActor):
                                       claim=None if single_worker else self._claim_homes,
                                       load_sequences=self._load_sequences, max_states=max_states,
                                       dead_letter_max_value=dead_letter_max_value,
-                                      load_rows=self._load_rows, idle_timeout=idle_timeout)
+                                      load_rows=self._load_rows, idle_timeout=idle_timeout,
+                                      hold_new=True)
         self._sequence_store = pipeline.dedup_store
         self._warned_misaligned: set[str] = set()
         self._dead_letter_warnings = DeadLetterWarnings(log)

@@ -80,6 +80,7 @@ class ChaosOptions:
     republishers: int = 1  # republisher processes (one consumer group)
     down: float = 0.0  # seconds a killed process stays down before its restart
     start_ms: int = 0  # event times start that long after midnight
+    settings: tuple[tuple[str, str], ...] = ()  # more worker settings (key, value)
 
 
 @dataclass
@@ -206,6 +207,7 @@ class _Chaos:
                     "onceflow.kafka.dead-letter-topic": f"chaos-dlq-{run_id}",
                     "onceflow.kafka.late-events-topic": self.late_topic,
                     "onceflow.kafka.producer.outbox-store": o.store,  # the one store started
+                    **dict(o.settings),
                 }),
                 env, workdir, name)
             for name, role in names.items()

@@ -76,6 +76,7 @@ class PipelineRunner:
         load_rows: RowLoader | None = None,  # watermark and open-window rows (window_clock)
         idle_timeout: float = IDLE_TIMEOUT,
         clock: Callable[[], float] | None = None,
+        hold_new: bool = False,  # a first start waits idle_timeout for unmet roots (watermark)
     ):
         self.pipeline = pipeline
         self.tables = [StateTable(spec, max_states) for spec in pipeline.aggregates]
@@ -94,8 +95,8 @@ class PipelineRunner:
             pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
         self.written = WrittenOutputs()  # what exclusive republish steps find written
         self.side = SideOutputs(self.written)  # dead letters and late events: the same
-        self.clocks = {t: WindowClock(t, idle_timeout, load_rows, clock or time.monotonic)
-                       for t in self.tables if t.spec.window is not None}
+        self.clocks = {t: WindowClock(t, idle_timeout, load_rows, clock or time.monotonic,
+                                      hold_new) for t in self.tables if t.spec.window is not None}
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.

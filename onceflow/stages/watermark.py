@@ -17,6 +17,12 @@ the others closed, and are late. With every partition idle the watermark
 stays where it is. It never goes down on a worker (an idle partition that
 resumes behind it does not reopen anything).
 
+A root partition the stage has never met cannot hold the watermark: nothing
+says it exists. So an input partition met with no row written yet (the
+stage's first start) holds the watermark for ``idle_timeout`` (``hold_new``),
+as if every root partition feeding it were met and idle since then: a root
+partition whose first events arrive within that time is waited for.
+
 The maxima are written per input partition (a row of the reserved stage
 ``__windows__``, key ``<stage>|wm|<topic>|<partition>``) after the states of
 each snapshot, and read back when a worker first meets that partition: a
@@ -47,9 +53,11 @@ def row_key(stage_id: str, kind: str, tp: TopicPartition) -> str:
 class StageWatermark:
     """The watermark of one windowed stage on this worker (see the module docstring)."""
 
-    def __init__(self, stage_id: str, idle_timeout: float):
+    def __init__(self, stage_id: str, idle_timeout: float, hold_new: bool = False):
         self.stage_id = stage_id
         self.idle_timeout = idle_timeout
+        self.hold_new = hold_new
+        self._held_until = float("-inf")
         self.now = 0.0  # the batch's wall-clock time (set by the runner once per batch)
         self.maxes: dict[TopicPartition, dict[RootPartition, int]] = {}
         self._risen: dict[tuple[TopicPartition, RootPartition], float] = {}
@@ -59,6 +67,8 @@ class StageWatermark:
     def install(self, tp: TopicPartition, row: bytes | None) -> None:
         """The maxima read back for an input partition (None: nothing written yet)."""
         roots: dict[RootPartition, int] = {}
+        if row is None and self.hold_new:
+            self._held_until = max(self._held_until, self.now + self.idle_timeout)
         if row is not None:
             roots = {(topic, partition): ts for topic, partition, ts in json.loads(row)}
         self.maxes[tp] = roots
@@ -76,6 +86,8 @@ class StageWatermark:
 
     def advance(self) -> int | None:
         """Recompute the watermark (idle roots left out); answers it (None: unknown yet)."""
+        if self.now < self._held_until:
+            return self.value
         deadline = self.now - self.idle_timeout
         risen = self._risen
         live = [ts for tp, roots in self.maxes.items() for root, ts in roots.items()
@@ -100,6 +112,7 @@ class StageWatermark:
         self._risen.clear()
         self.dirty.clear()
         self.value = None
+        self._held_until = float("-inf")
 
 
 class OpenWindows:

@@ -42,12 +42,12 @@ class WindowClock:
 
     def __init__(self, table: StateTable, idle_timeout: float = IDLE_TIMEOUT,
                  load_rows: RowLoader | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, hold_new: bool = False):
         window = table.spec.window
         assert window is not None
         self.table = table
         self.window = window
-        self.watermark = StageWatermark(table.spec.id, idle_timeout)
+        self.watermark = StageWatermark(table.spec.id, idle_timeout, hold_new)
         self.open = OpenWindows(table.spec.id)
         self.value: int | None = None  # what this batch's values are decided against
         self._met: set[TopicPartition] = set()

@@ -29,7 +29,10 @@ def test_lagging_republishers_make_no_event_late(kafka_service: ServiceInfo,
                 "onceflow.stores.redis.key-prefix": f"lag-{time.time_ns()}"}
     options = ChaosOptions(messages=20_000, duration=40.0, kills=9, seed=seed, keyed=False,
                            republishers=2, disorder=0.3, max_delay_ms=DISORDER_MS, resend=0.0,
-                           down=4.0, start_ms=3_600_000)  # the day windows: not at midnight
+                           down=4.0, start_ms=3_600_000,  # the day windows: not at midnight
+                           # Above the longest a partition stalls (down, rejoin); a first
+                           # start waits this long before closing windows (unmet roots).
+                           settings=(("onceflow.windows.idle-timeout", "20s"),))
     report = run_chaos(options, bootstrap=kafka_service.address, store_settings=settings,
                        workdir=tmp_path)
     context = f"seed={seed}, logs in {tmp_path}: {report}"

@@ -56,6 +56,21 @@ def test_the_watermark_is_the_lowest_root_and_an_idle_root_stops_holding_it() ->
     assert mark.advance() == 900
 
 
+def test_a_first_start_waits_the_idle_timeout_for_root_partitions_it_has_not_met() -> None:
+    mark = StageWatermark("s", idle_timeout=10, hold_new=True)
+    mark.install(("in", 0), None)  # nothing written for it: the stage's first start
+    mark.observe(("in", 0), ("raw", 0), 500)
+    mark.now = 9
+    assert mark.advance() is None  # raw/1 may still come
+    mark.observe(("in", 0), ("raw", 1), 200)
+    mark.now = 10
+    assert mark.advance() == 200
+    rows = mark.take_rows()
+    back = StageWatermark("s", idle_timeout=10, hold_new=True)
+    back.install(("in", 0), rows["s|wm|in|0"])  # a restart: the roots are known
+    assert back.advance() == 200
+
+
 def test_watermark_rows_read_back_hold_the_watermark_with_a_fresh_timeout() -> None:
     mark = StageWatermark("s", idle_timeout=10)
     mark.install(("in", 0), None)
