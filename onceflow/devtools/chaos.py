@@ -94,6 +94,7 @@ class ChaosReport:
     late: dict[str, int] = field(default_factory=dict)  # events in the late-events topic
     late_twice: int = 0  # late events written twice, or matching no input event
     windows: dict[str, int] = field(default_factory=dict)  # windows checked per stage
+    closed: dict[str, int] = field(default_factory=dict)  # of them closed (history rows)
     mismatched: dict[str, int] = field(default_factory=dict)
     lost: int = 0
     double: int = 0
@@ -288,6 +289,7 @@ class _Chaos:
             for stage in STAGES:
                 found, overlaps = stored_windows(store, stage)
                 self.report.windows[stage] = len(truth[stage])
+                self.report.closed[stage] = sum(1 for _ in store.scan_history(stage))
                 mismatched = overlaps
                 for slot in set(truth[stage]) | set(found):
                     want, got = truth[stage].get(slot, Counter()), found.get(slot, Counter())

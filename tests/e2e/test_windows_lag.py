@@ -43,4 +43,5 @@ def test_lagging_republishers_make_no_event_late(kafka_service: ServiceInfo,
     assert report.lost == 0 and report.double == 0, context
     assert report.mismatched == {"per_robot_minute": 0, "per_robot_day": 0}, context
     assert report.windows["per_robot_minute"] > 10_000, context
+    assert report.closed["per_robot_minute"] > 5_000, context  # closed under the lag
     assert set(report.exit_codes.values()) == {0}, context
