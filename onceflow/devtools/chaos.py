@@ -62,6 +62,10 @@ Windows = dict[tuple[str, int], Counter[str]]  # (robot, window start) -> ok/fai
 STAGES = {MINUTE_STAGE: (MINUTE_MS, LATENESS_MS), DAY_STAGE: (DAY_MS, 0)}
 
 
+#: Per stage, the late events found: (robot, event time, outcome) -> how many.
+LateEvents = dict[str, Counter[tuple[str, int, str]]]
+
+
 @dataclass(frozen=True)
 class ChaosOptions:
     messages: int = 30_000
@@ -93,6 +97,7 @@ class ChaosReport:
     duplicates: dict[str, int] = field(default_factory=dict)
     late: dict[str, int] = field(default_factory=dict)  # events in the late-events topic
     late_twice: int = 0  # late events written twice, or matching no input event
+    late_events: LateEvents = field(default_factory=dict, repr=False)  # for expected_windows
     windows: dict[str, int] = field(default_factory=dict)  # windows checked per stage
     closed: dict[str, int] = field(default_factory=dict)  # of them closed (history rows)
     mismatched: dict[str, int] = field(default_factory=dict)
@@ -107,10 +112,6 @@ class ChaosReport:
         return (self.caught_up and self.lost == 0 and self.double == 0 and not self.late_twice
                 and self.producer_duplicates == self.resends and not any(self.mismatched.values())
                 and all(code == 0 for code in self.exit_codes.values()))
-
-
-#: Per stage, the late events found: (robot, event time, outcome) -> how many.
-LateEvents = dict[str, Counter[tuple[str, int, str]]]
 
 
 def expected_windows(stream: RobotStream, late: LateEvents | None = None
@@ -275,6 +276,7 @@ class _Chaos:
     async def _check(self, stream: RobotStream) -> None:
         late, twice = await read_late(self.bootstrap, self.late_topic, self.o.partitions)
         truth, matched = expected_windows(stream, late)
+        self.report.late_events = late
         self.report.late = {stage: sum(late.get(stage, Counter()).values()) for stage in STAGES}
         self.report.late_twice = twice + sum(self.report.late.values()) - sum(matched.values())
         republisher = self.open_store("robots-normalize")
