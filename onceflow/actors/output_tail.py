@@ -256,8 +256,9 @@ class ExclusiveResume:
                 pending = await self._ask(Pending(frozenset(plan)), self._producer)
                 found = await self._reader.written(out, plan, pending)
                 for out_tp, (written, late) in found.items():
+                    marks = late if late or out.step_id == "late-events" else None
                     await self._ask(ResumeOutputs(out.topic, written, frozenset(plan[out_tp]),
-                                                  counts.get(out.topic), late))
+                                                  counts.get(out.topic), marks))
         except Exception as error:
             log.error("cannot resume exclusive republish outputs: %r", error)
             self._on_fatal("ConsumerActor.exclusive_resume", error)

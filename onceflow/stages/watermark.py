@@ -34,6 +34,7 @@ durable.
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Callable, Iterable, Mapping
 
@@ -67,8 +68,10 @@ class StageWatermark:
     def install(self, tp: TopicPartition, row: bytes | None) -> None:
         """The maxima read back for an input partition (None: nothing written yet)."""
         roots: dict[RootPartition, int] = {}
-        if row is None and self.hold_new:
-            self._held_until = max(self._held_until, self.now + self.idle_timeout)
+        if row is None:  # written at the next snapshot, even empty: a restart holds nothing
+            self.dirty.add(tp)
+            if self.hold_new:
+                self._held_until = max(self._held_until, self.now + self.idle_timeout)
         if row is not None:
             roots = {(topic, partition): ts for topic, partition, ts in json.loads(row)}
         self.maxes[tp] = roots
@@ -136,6 +139,8 @@ class OpenWindows:
         self._written: dict[TopicPartition, set[str]] = {}  # the rows as last written
         self._changed: set[TopicPartition] = set()
         self._shrinking: set[TopicPartition] = set()
+        self._heap: list[tuple[int, str]] = []  # (close, key), stale entries skipped
+        self._unknown: set[str] = set()  # read back, close not known yet
 
     def install(self, tp: TopicPartition, row: bytes | None) -> None:
         """The keys read back for an input partition; their close times are unknown."""
@@ -163,14 +168,25 @@ class OpenWindows:
             self._changed.add(old[0])
             old = None
         self.keys[key] = (tp, closes_at)
+        if closes_at is None:
+            self._unknown.add(key)
+        elif old is None or old[1] != closes_at:
+            heapq.heappush(self._heap, (closes_at, key))
         if old is None:
             self._by_tp.setdefault(tp, set()).add(key)
             self._changed.add(tp)
 
     def due(self, watermark: int) -> list[str]:
-        """Keys whose earliest window closes at or before ``watermark``, or is unknown."""
-        return sorted(key for key, (_, closes_at) in self.keys.items()
-                      if closes_at is None or closes_at <= watermark)
+        """Keys whose earliest window closes at or before ``watermark``, or is unknown
+        (taken: the caller notes each again)."""
+        due, self._unknown = self._unknown & self.keys.keys(), set()
+        heap, keys = self._heap, self.keys
+        while heap and heap[0][0] <= watermark:
+            closes_at, key = heapq.heappop(heap)
+            entry = keys.get(key)
+            if entry is not None and entry[1] == closes_at:
+                due.add(key)
+        return sorted(due)
 
     def take_rows(self) -> dict[str, bytes]:
         """The rows that changed, to be written before the snapshot's states."""
@@ -196,6 +212,8 @@ class OpenWindows:
         self._written.clear()
         self._changed.clear()
         self._shrinking.clear()
+        self._heap.clear()
+        self._unknown.clear()
 
 
 def earliest_close(opened: Mapping[str, object], size_ms: int, lateness_ms: int) -> int | None:
