@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from aiokafka.partitioner import murmur2
@@ -94,10 +94,9 @@ class TestRun:
     def __init__(self, pipeline: Pipeline, *, single_worker: bool = True, partitions: int = 1,
                  batch_size: int | None = None, persist_every: int | None = None,
                  commit_every: int | None = None, dead_letter_topic: str = DEAD_LETTER_TOPIC,
-                 late_events_topic: str = LATE_EVENTS_TOPIC, idle_timeout: float = IDLE_TIMEOUT,
-                 clock: Callable[[], float] | None = None):
+                 late_events_topic: str = LATE_EVENTS_TOPIC, idle_timeout: float = IDLE_TIMEOUT):
         self.pipeline = pipeline
-        self.idle_timeout, self.clock = idle_timeout, clock  # window watermarks
+        self.idle_timeout = idle_timeout  # window watermarks, seconds of event time
         self.single_worker = single_worker
         self.dead_letter_topic, self.late_events_topic = dead_letter_topic, late_events_topic
         self._hops = {step.topic: step.partitions or partitions for step in pipeline.repartitions}
@@ -275,7 +274,7 @@ class TestRun:
                               self.late_events_topic,
                               claim=None if self.single_worker else self._claim,
                               load_sequences=self._load_sequences, load_rows=self._load_rows,
-                              idle_timeout=self.idle_timeout, clock=self.clock)
+                              idle_timeout=self.idle_timeout)
 
     def _load_rows(self, store: str, keys: Iterable[str]) -> dict[str, bytes]:
         found = ((key, self._stored.get((WINDOWS_STAGE, key))) for key in keys)

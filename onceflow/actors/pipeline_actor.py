@@ -128,7 +128,6 @@ class PipelineActor(ReportingActor):
                     with contextlib.suppress(pykka.ActorDeadError):  # a stream being re-created
                         message.done_to.tell(BatchDone())
             case PersistTick():
-                self._runner.advance()  # an idle timeout may have let a watermark rise
                 snapshot = self._snapshot(force=False)
                 if snapshot is not None:
                     self._persist(snapshot)

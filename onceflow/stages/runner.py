@@ -21,7 +21,6 @@ reason that says to repartition.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -75,7 +74,6 @@ class PipelineRunner:
         dead_letter_max_value: int = DEAD_LETTER_MAX_VALUE,  # value bytes a dead letter keeps
         load_rows: RowLoader | None = None,  # watermark and open-window rows (window_clock)
         idle_timeout: float = IDLE_TIMEOUT,
-        clock: Callable[[], float] | None = None,
         hold_new: bool = False,  # a first start waits idle_timeout for unmet roots (watermark)
     ):
         self.pipeline = pipeline
@@ -95,8 +93,8 @@ class PipelineRunner:
             pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
         self.written = WrittenOutputs()  # what exclusive republish steps find written
         self.side = SideOutputs(self.written)  # dead letters and late events: the same
-        self.clocks = {t: WindowClock(t, idle_timeout, load_rows, clock or time.monotonic,
-                                      hold_new) for t in self.tables if t.spec.window is not None}
+        self.clocks = {t: WindowClock(t, idle_timeout, load_rows, hold_new)
+                       for t in self.tables if t.spec.window is not None}
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.
@@ -115,8 +113,6 @@ class PipelineRunner:
         if sequences is not None:
             records = list(records)
             sequences.prepare(records)
-        for clock in self.clocks.values():
-            clock.tick()
         for record in records:
             next_offsets[(record.topic, record.partition)] = record.offset + 1
             if sequences is not None and sequences.replayed(record):
@@ -167,8 +163,7 @@ class PipelineRunner:
                     clock.meet(tp)
 
     def advance(self) -> None:
-        """Close the windows of every key the stages' watermarks passed (``window_clock``):
-        after each batch, and on each persistence tick (an idle timeout may expire)."""
+        """Close the windows of every key the watermarks passed (``window_clock``)."""
         for clock in self.clocks.values():  # a store failure fails the actor, as a load does
             clock.sweep(self._load)
 
@@ -316,7 +311,7 @@ class PipelineRunner:
                     continue
                 if clock is not None:  # replays too: they are real progress
                     try:
-                        clock.observe(fed_from, root, value)
+                        watermark = clock.observe(fed_from, root, value)
                     except Exception as error:
                         raise StageFailure(spec.id, error) from error
                 current = new.get(key)
@@ -343,7 +338,7 @@ class PipelineRunner:
                         folded += 1
                         continue
                     assert window is not None
-                    result = fold_windowed(window, spec.init, fold, current[0], value, clock.value)
+                    result = fold_windowed(window, spec.init, fold, current[0], value, watermark)
                 except Exception as error:
                     raise StageFailure(spec.id, error) from error
                 current[0] = result.state

@@ -3,33 +3,33 @@
 Per input partition the stage is consumed from, and per root partition
 (``stages.lineage``) of the records that reach it through there, the highest
 event time seen (replays and duplicates included: they are real progress).
-The stage's *watermark* is the minimum over those root partitions, as
+The partition's *watermark* is the minimum over those root partitions, as
 Flink's is: after a re-keying hop a key's events come from many root
-partitions, and a window closes only once every one of them has passed its
-end plus the allowed lateness, so a lagging upstream (a republisher killed
-and catching up) holds windows open instead of making its events late.
+partitions through its one input partition (its home), and a window closes
+only once every one of them has passed its end plus the allowed lateness,
+so a lagging upstream (a republisher killed and catching up) holds windows
+open instead of making its events late.
 
-A root partition whose highest event time has not risen for ``idle_timeout``
-(wall-clock seconds on this worker) no longer holds the watermark back: a
-silent partition would otherwise stop every window. The cost: events of a
-root partition that was silent longer than that can arrive after windows
-the others closed, and are late. With every partition idle the watermark
-stays where it is. It never goes down on a worker (an idle partition that
-resumes behind it does not reopen anything).
+Idle roots: a root partition more than ``idle_ms`` of event time behind the
+most advanced one of the same input partition stops holding the watermark
+(``max(lowest, highest - idle_ms)``), so a root partition that went silent
+does not stop every window. Event time, not the wall clock, on purpose: the
+watermark at each record is then a function of the input partition's
+records up to it, which a replay meets in the same order, so a replay
+decides every value as the first run did (``side_outputs`` keeps a second
+line of defence). The watermark never goes down.
 
 A root partition the stage has never met cannot hold the watermark: nothing
 says it exists. So an input partition met with no row written yet (the
-stage's first start) holds the watermark for ``idle_timeout`` (``hold_new``),
-as if every root partition feeding it were met and idle since then: a root
-partition whose first events arrive within that time is waited for.
+stage's first start) holds its watermark until its event time has advanced
+``idle_ms`` past the first event met there (``hold_new``): a root partition
+whose first events are less than that behind is waited for.
 
 The maxima are written per input partition (a row of the reserved stage
 ``__windows__``, key ``<stage>|wm|<topic>|<partition>``) after the states of
-each snapshot, and read back when a worker first meets that partition: a
-restarted worker waits for the same root partitions (each gets a fresh idle
-timeout) instead of closing windows on the first partitions that deliver.
-Written after the states, a row never claims progress whose folds are not
-durable.
+each snapshot, and read back on assignment, before any record: never ahead
+of what the states hold, and a restarted worker continues from exactly the
+watermark its states were written with.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from onceflow.stages.lineage import RootPartition
 from onceflow.stages.state import TopicPartition
@@ -51,71 +52,98 @@ def row_key(stage_id: str, kind: str, tp: TopicPartition) -> str:
     return f"{stage_id}|{kind}|{tp[0]}|{tp[1]}"
 
 
-class StageWatermark:
-    """The watermark of one windowed stage on this worker (see the module docstring)."""
+class PartitionWatermark:
+    """The watermark of one input partition of a windowed stage."""
 
-    def __init__(self, stage_id: str, idle_timeout: float, hold_new: bool = False):
+    __slots__ = ("held_until", "idle_ms", "low", "roots", "top", "value")
+
+    def __init__(self, idle_ms: int, roots: dict[RootPartition, int] | None = None,
+                 held_until: int | None = None, value: int | None = None):
+        self.idle_ms = idle_ms
+        self.roots = roots or {}
+        self.held_until = held_until  # no watermark before the top reaches it (hold_new)
+        self.value = value
+        self.top = max(self.roots.values(), default=None)
+        self.low = min(self.roots.values(), default=None)
+
+    def observe(self, root: RootPartition, ts: int) -> bool:
+        """An event of ``root``; True when the partition's maxima changed."""
+        roots = self.roots
+        seen = roots.get(root)
+        if seen is not None and ts <= seen:
+            return False
+        roots[root] = ts
+        if self.top is None or ts > self.top:
+            self.top = ts
+        if seen is None or seen == self.low:
+            self.low = min(roots.values())
+        top, low = self.top, self.low
+        assert top is not None and low is not None
+        if self.held_until is not None:
+            if top < self.held_until:
+                return True
+            self.held_until = None
+        mark = max(low, top - self.idle_ms)
+        if self.value is None or mark > self.value:
+            self.value = mark
+        return True
+
+    def encode(self) -> bytes:
+        doc: dict[str, Any] = {"r": [[t, p, ts] for (t, p), ts in sorted(self.roots.items())],
+                               "v": self.value}
+        if self.held_until is not None:
+            doc["h"] = self.held_until
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, row: bytes, idle_ms: int) -> PartitionWatermark:
+        doc = json.loads(row)
+        return cls(idle_ms, {(t, p): ts for t, p, ts in doc["r"]}, doc.get("h"), doc["v"])
+
+
+class StageWatermark:
+    """The watermarks of one windowed stage's input partitions on this worker."""
+
+    def __init__(self, stage_id: str, idle_ms: int, hold_new: bool = False):
         self.stage_id = stage_id
-        self.idle_timeout = idle_timeout
+        self.idle_ms = idle_ms
         self.hold_new = hold_new
-        self._held_until = float("-inf")
-        self.now = 0.0  # the batch's wall-clock time (set by the runner once per batch)
-        self.maxes: dict[TopicPartition, dict[RootPartition, int]] = {}
-        self._risen: dict[tuple[TopicPartition, RootPartition], float] = {}
-        self.value: int | None = None
+        self.partitions: dict[TopicPartition, PartitionWatermark] = {}
         self.dirty: set[TopicPartition] = set()
 
     def install(self, tp: TopicPartition, row: bytes | None) -> None:
-        """The maxima read back for an input partition (None: nothing written yet)."""
-        roots: dict[RootPartition, int] = {}
-        if row is None:  # written at the next snapshot, even empty: a restart holds nothing
-            self.dirty.add(tp)
-            if self.hold_new:
-                self._held_until = max(self._held_until, self.now + self.idle_timeout)
+        """The row read back for an input partition (None: nothing written yet; it is
+        written at the next snapshot, even empty, so a restart holds nothing)."""
         if row is not None:
-            roots = {(topic, partition): ts for topic, partition, ts in json.loads(row)}
-        self.maxes[tp] = roots
-        for root in roots:
-            self._risen[(tp, root)] = self.now  # a fresh idle timeout for each
+            self.partitions[tp] = PartitionWatermark.decode(row, self.idle_ms)
+            return
+        self.partitions[tp] = PartitionWatermark(self.idle_ms)
+        self.dirty.add(tp)
+        if self.hold_new:
+            self.partitions[tp].held_until = -1  # set at the first event
 
     def observe(self, tp: TopicPartition, root: RootPartition, ts: int) -> None:
         """An event of ``root`` consumed from ``tp`` (``install`` came first)."""
-        roots = self.maxes[tp]
-        seen = roots.get(root)
-        if seen is None or ts > seen:
-            roots[root] = ts
-            self._risen[(tp, root)] = self.now
+        mark = self.partitions[tp]
+        if mark.held_until == -1:
+            mark.held_until = ts + self.idle_ms
+        if mark.observe(root, ts):
             self.dirty.add(tp)
 
-    def advance(self) -> int | None:
-        """Recompute the watermark (idle roots left out); answers it (None: unknown yet)."""
-        if self.now < self._held_until:
-            return self.value
-        deadline = self.now - self.idle_timeout
-        risen = self._risen
-        live = [ts for tp, roots in self.maxes.items() for root, ts in roots.items()
-                if risen[(tp, root)] >= deadline]
-        if live:
-            low = min(live)
-            if self.value is None or low > self.value:
-                self.value = low
-        return self.value
+    def value(self, tp: TopicPartition) -> int | None:
+        return self.partitions[tp].value
 
     def take_rows(self) -> dict[str, bytes]:
         """The changed partitions' rows, to be written after the snapshot's states."""
-        rows = {row_key(self.stage_id, "wm", tp): json.dumps(
-            [[topic, partition, ts] for (topic, partition), ts in sorted(self.maxes[tp].items())],
-            separators=(",", ":")).encode() for tp in sorted(self.dirty)}
+        rows = {row_key(self.stage_id, "wm", tp): self.partitions[tp].encode()
+                for tp in sorted(self.dirty) if tp in self.partitions}
         self.dirty = set()
         return rows
 
     def forget(self) -> None:
         """Drop everything (a rebalance): partitions are read back when met again."""
-        self.maxes.clear()
-        self._risen.clear()
+        self.partitions.clear()
         self.dirty.clear()
-        self.value = None
-        self._held_until = float("-inf")
 
 
 class OpenWindows:
@@ -139,8 +167,8 @@ class OpenWindows:
         self._written: dict[TopicPartition, set[str]] = {}  # the rows as last written
         self._changed: set[TopicPartition] = set()
         self._shrinking: set[TopicPartition] = set()
-        self._heap: list[tuple[int, str]] = []  # (close, key), stale entries skipped
-        self._unknown: set[str] = set()  # read back, close not known yet
+        self._heaps: dict[TopicPartition, list[tuple[int, str]]] = {}  # stale entries skipped
+        self._unknown: dict[TopicPartition, set[str]] = {}  # read back, close not known yet
 
     def install(self, tp: TopicPartition, row: bytes | None) -> None:
         """The keys read back for an input partition; their close times are unknown."""
@@ -169,22 +197,23 @@ class OpenWindows:
             old = None
         self.keys[key] = (tp, closes_at)
         if closes_at is None:
-            self._unknown.add(key)
+            self._unknown.setdefault(tp, set()).add(key)
         elif old is None or old[1] != closes_at:
-            heapq.heappush(self._heap, (closes_at, key))
+            heapq.heappush(self._heaps.setdefault(tp, []), (closes_at, key))
         if old is None:
             self._by_tp.setdefault(tp, set()).add(key)
             self._changed.add(tp)
 
-    def due(self, watermark: int) -> list[str]:
-        """Keys whose earliest window closes at or before ``watermark``, or is unknown
-        (taken: the caller notes each again)."""
-        due, self._unknown = self._unknown & self.keys.keys(), set()
-        heap, keys = self._heap, self.keys
+    def due(self, tp: TopicPartition, watermark: int) -> list[str]:
+        """Keys fed from ``tp`` whose earliest window closes at or before ``watermark``, or
+        is unknown (taken: the caller notes each again)."""
+        keys = self.keys
+        due = {key for key in self._unknown.pop(tp, ()) if key in keys}
+        heap = self._heaps.get(tp, [])
         while heap and heap[0][0] <= watermark:
             closes_at, key = heapq.heappop(heap)
             entry = keys.get(key)
-            if entry is not None and entry[1] == closes_at:
+            if entry is not None and entry == (tp, closes_at):
                 due.add(key)
         return sorted(due)
 
@@ -212,7 +241,7 @@ class OpenWindows:
         self._written.clear()
         self._changed.clear()
         self._shrinking.clear()
-        self._heap.clear()
+        self._heaps.clear()
         self._unknown.clear()
 
 

@@ -10,82 +10,71 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runner import Rec
+from test_runner import envelope as renvelope
 
 from onceflow.stages import Pipeline, Tumbling
 from onceflow.stages.output_tail import TailScan
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.side_outputs import SideOrigin, late_value
 from onceflow.stages.watermark import OpenWindows, StageWatermark
-from onceflow.testing import Record, TestRun
+from onceflow.testing import Record, TestRun, envelope
 
 SIZE, LATENESS, DISORDER = 100, 60, 20
 
 
 def counting(size: int = SIZE, lateness: int = LATENESS) -> Pipeline:
-    """{"k": key, "ts": ms}: events per key per window."""
-    return (Pipeline("w", topics=("in",), format="json")
+    """{"k": key, "ts": ms} envelopes: events per key per window."""
+    return (Pipeline("w", topics=("in",), decode=lambda e: json.loads(e.payload))
             .aggregate("per_window", key=lambda e: e["k"], init=lambda: 0,
                        fold=lambda n, _: n + 1,
                        window=Tumbling(size, lambda e: e["ts"], allowed_lateness_ms=lateness)))
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_the_watermark_is_the_lowest_root_and_an_idle_root_stops_holding_it() -> None:
-    mark = StageWatermark("s", idle_timeout=10)
+def test_the_watermark_is_the_lowest_root_and_a_root_far_behind_stops_holding_it() -> None:
+    mark = StageWatermark("s", idle_ms=1_000)
     mark.install(("in", 0), None)
-    mark.observe(("in", 0), ("raw", 0), 500)
     mark.observe(("in", 0), ("raw", 1), 200)
+    mark.observe(("in", 0), ("raw", 0), 500)
     mark.observe(("in", 0), ("raw", 0), 400)  # out of order: no step back
-    assert mark.advance() == 200
-    mark.now = 5
+    assert mark.value(("in", 0)) == 200
     mark.observe(("in", 0), ("raw", 0), 900)
-    assert mark.advance() == 200  # raw/1 lags: it holds the watermark
-    mark.now = 11  # raw/1 has not risen for 11 s, raw/0 for 6
-    assert mark.advance() == 900
+    assert mark.value(("in", 0)) == 200  # raw/1 lags: it holds the watermark
+    mark.observe(("in", 0), ("raw", 0), 1_500)  # raw/1 is more than 1 s behind
+    assert mark.value(("in", 0)) == 500
     mark.observe(("in", 0), ("raw", 1), 300)  # back, behind: the watermark stays
-    mark.now = 12
-    assert mark.advance() == 900
-    mark.now = 30  # everything idle: it stays too
-    assert mark.advance() == 900
+    assert mark.value(("in", 0)) == 500
+    mark.install(("in", 1), None)  # another input partition has its own
+    mark.observe(("in", 1), ("raw", 1), 50)
+    assert mark.value(("in", 1)) == 50 and mark.value(("in", 0)) == 500
 
 
-def test_a_first_start_waits_the_idle_timeout_for_root_partitions_it_has_not_met() -> None:
-    mark = StageWatermark("s", idle_timeout=10, hold_new=True)
+def test_a_first_start_waits_for_root_partitions_it_has_not_met() -> None:
+    mark = StageWatermark("s", idle_ms=1_000, hold_new=True)
     mark.install(("in", 0), None)  # nothing written for it: the stage's first start
     mark.observe(("in", 0), ("raw", 0), 500)
-    mark.now = 9
-    assert mark.advance() is None  # raw/1 may still come
-    mark.observe(("in", 0), ("raw", 1), 200)
-    mark.now = 10
-    assert mark.advance() == 200
+    mark.observe(("in", 0), ("raw", 0), 1_400)
+    assert mark.value(("in", 0)) is None  # raw/1 may still come
+    mark.observe(("in", 0), ("raw", 1), 600)
+    mark.observe(("in", 0), ("raw", 0), 1_500)  # 1 s past the first event met
+    assert mark.value(("in", 0)) == 600
     rows = mark.take_rows()
-    back = StageWatermark("s", idle_timeout=10, hold_new=True)
+    back = StageWatermark("s", idle_ms=1_000, hold_new=True)
     back.install(("in", 0), rows["s|wm|in|0"])  # a restart: the roots are known
-    assert back.advance() == 200
+    assert back.value(("in", 0)) == 600
+    back.observe(("in", 0), ("raw", 1), 700)
+    assert back.value(("in", 0)) == 700
 
 
-def test_watermark_rows_read_back_hold_the_watermark_with_a_fresh_timeout() -> None:
-    mark = StageWatermark("s", idle_timeout=10)
+def test_an_empty_partition_row_is_written_and_holds_nothing_after_a_restart() -> None:
+    mark = StageWatermark("s", idle_ms=1_000, hold_new=True)
     mark.install(("in", 0), None)
-    mark.observe(("in", 0), ("raw", 0), 500)
-    mark.observe(("in", 0), ("raw", 1), 200)
     rows = mark.take_rows()
-    assert list(rows) == ["s|wm|in|0"] and mark.take_rows() == {}
-    back = StageWatermark("s", idle_timeout=10)
-    back.now = 100.0  # a restart, much later
+    back = StageWatermark("s", idle_ms=1_000, hold_new=True)
     back.install(("in", 0), rows["s|wm|in|0"])
-    back.observe(("in", 0), ("raw", 0), 800)  # the first partition to deliver again
-    assert back.advance() == 200  # raw/1 still holds it
-    back.now = 111.0  # raw/1 has not risen since the restart
-    back.observe(("in", 0), ("raw", 0), 900)
-    assert back.advance() == 900
+    back.observe(("in", 0), ("raw", 0), 100)
+    assert back.value(("in", 0)) is None  # still its first event: the hold starts here
+    back.observe(("in", 0), ("raw", 0), 1_100)
+    assert back.value(("in", 0)) == 1_100
 
 
 def test_the_open_window_index_drops_a_key_one_snapshot_after_it_closed() -> None:
@@ -98,29 +87,36 @@ def test_the_open_window_index_drops_a_key_one_snapshot_after_it_closed() -> Non
     assert index.take_rows() == {}  # so the row keeps it for one more snapshot
     assert json.loads(index.take_rows()["s|open|in|0"]) == ["b"]  # now it is
     assert index.take_rows() == {}
-    assert index.due(150) == [] and index.due(200) == ["b"]
+    assert index.due(("in", 0), 150) == [] and index.due(("in", 0), 200) == ["b"]
+
+
+def rekeyed(events: list[tuple[int, int, str, int]]) -> list[Record]:
+    """(root partition, root offset, key, ts) -> records of one input partition, as a
+    re-keying republisher writes them: each keyed event carries its root in its chain."""
+    return [Record(envelope({"k": key, "ts": ts}, chain=[("raw", root, offset, 0)]))
+            for root, offset, key, ts in events]
 
 
 def interleave(streams: list[list[tuple[str, int]]], picks: list[int]
-               ) -> list[tuple[int, str, int]]:
-    """The partitions' events merged in the order ``picks`` draws partitions (long runs of
-    one partition: the others lag), then whatever is left. Each partition's first event
-    comes first: a root partition the stage never met cannot hold its watermark."""
+               ) -> list[tuple[int, int, str, int]]:
+    """The root partitions' events merged in the order ``picks`` draws them (long runs of
+    one root: the others lag), then whatever is left. Each root's first event comes
+    first: a root partition the stage never met cannot hold its watermark."""
     at = [1] * len(streams)
-    merged = [(p, *stream[0]) for p, stream in enumerate(streams)]
+    merged = [(p, 0, *stream[0]) for p, stream in enumerate(streams)]
     for pick in picks:
         p = pick % len(streams)
         if at[p] < len(streams[p]):
-            merged.append((p, *streams[p][at[p]]))
+            merged.append((p, at[p], *streams[p][at[p]]))
             at[p] += 1
     for p, stream in enumerate(streams):
-        merged += [(p, *event) for event in stream[at[p]:]]
+        merged += [(p, i, *event) for i, event in enumerate(stream) if i >= at[p]]
     return merged
 
 
 @st.composite
-def partition_streams(draw: Any) -> list[list[tuple[str, int]]]:
-    """3 partitions, each a stream of keyed events whose times rise by 0..30 and are
+def root_streams(draw: Any) -> list[list[tuple[str, int]]]:
+    """3 root partitions, each a stream of keyed events whose times rise by 0..30 and are
     shifted back by up to DISORDER: bounded disorder, well within the lateness."""
     streams = []
     for _ in range(3):
@@ -134,27 +130,49 @@ def partition_streams(draw: Any) -> list[list[tuple[str, int]]]:
 
 
 @settings(max_examples=150, deadline=None)
-@given(streams=partition_streams(),
+@given(streams=root_streams(),
        picks=st.lists(st.integers(0, 2), max_size=200).map(
-           lambda ps: [p for p in ps for _ in range(5)]),  # runs of 5: one partition at a time
+           lambda ps: [p for p in ps for _ in range(5)]),  # runs of 5: one root at a time
        batch=st.integers(1, 7), crash_at=st.sets(st.integers(0, 120), max_size=3))
 def test_bounded_disorder_within_lateness_is_never_late_whatever_the_lag(
         streams: list[list[tuple[str, int]]], picks: list[int], batch: int,
         crash_at: set[int]) -> None:
-    # Each key's events come from every partition (a key re-keyed from many roots), the
-    # partitions interleave with long lags, and the worker crashes: nothing is late and
-    # every window holds exactly its events.
-    run = TestRun(counting(), partitions=3, batch_size=batch)
+    # Each key's events come from every root partition through one input partition (a
+    # re-keying hop), the roots interleave with long lags, and the worker crashes:
+    # nothing is late and every window holds exactly its events.
+    run = TestRun(counting(), batch_size=batch, idle_timeout=10)
     merged = interleave(streams, picks)
-    for i, (p, key, ts) in enumerate(merged):
-        run.feed([Record({"k": key, "ts": ts}, partition=p)])
+    for i, record in enumerate(rekeyed(merged)):
+        run.feed([record])
         if i % 4 == 3:
             run.commit()
         if i in crash_at:
             run.crash()
-    truth = Counter((key, ts - ts % SIZE) for _, key, ts in merged)
+    truth = Counter((key, ts - ts % SIZE) for _, _, key, ts in merged)
     assert run.late == [] and "per_window.late" not in run.counters
     assert run.windows("per_window") == dict(sorted(truth.items()))
+
+
+def test_a_replay_decides_as_the_first_run_whatever_the_batches() -> None:
+    # Beyond the lateness some values are late; which ones is a function of the input
+    # partition's records, so a run cut into other batches, with crashes, decides the same.
+    events = [(r, o, "k", ts) for r, o, ts in
+              [(0, 0, 0), (1, 0, 10), (0, 1, 400), (1, 1, 20), (1, 2, 450), (0, 2, 30),
+               (1, 3, 40), (0, 3, 700), (1, 4, 120), (0, 4, 800), (1, 5, 900)]]
+
+    def decided(batch: int, crash_at: set[int]) -> tuple[dict[Any, Any], list[str]]:
+        run = TestRun(counting(), batch_size=batch, idle_timeout=10)
+        for i, record in enumerate(rekeyed(events)):
+            run.feed([record])
+            if i % 3 == 2:
+                run.commit()
+            if i in crash_at:
+                run.crash()
+        return run.windows("per_window"), sorted(late.position for late in run.late)
+
+    first = decided(1, set())
+    assert first[1]  # some values really are late
+    assert decided(4, {4, 8}) == first == decided(2, {2, 5, 9})
 
 
 def test_a_silent_key_still_closes_its_last_window_once_across_a_crash() -> None:
@@ -181,44 +199,35 @@ def test_an_evicted_silent_key_is_read_back_and_closed() -> None:
     runner = PipelineRunner(counting(), lambda spec, keys: {k: store[k] for k in keys
                                                             if k in store},
                             "dlq", max_states=1)
-    runner.process([Rec("in", 0, 0, b'{"k": "silent", "ts": 10}')])
+    runner.process([Rec("in", 0, 0, renvelope({"k": "silent", "ts": 10}))])
     table = runner.tables[0]
     table.take_dirty(1)
     store.update(table.states)  # written ...
     table.written(1)
-    runner.process([Rec("in", 0, 1, b'{"k": "busy", "ts": 20}')])
+    runner.process([Rec("in", 0, 1, renvelope({"k": "busy", "ts": 20}))])
     assert table.evict() == 1 and "silent" not in table.states  # ... and evicted
-    runner.process([Rec("in", 0, 2, b'{"k": "busy", "ts": 300}')])
+    runner.process([Rec("in", 0, 2, renvelope({"k": "busy", "ts": 300}))])
     assert table.closed == {("busy", 0): 1, ("silent", 0): 1}
 
 
-def two_partitions(offset: int, partition: int, ts: int) -> Rec:
-    return Rec("in", partition, offset, json.dumps({"k": "a", "ts": ts}).encode())
+def rooted(offset: int, root: int, ts: int) -> Rec:
+    """A record of input partition 0 whose event came from root partition ``raw/root``."""
+    return Rec("in", 0, offset, renvelope({"k": "a", "ts": ts}, [("raw", root, offset, 0)]))
 
 
 def test_a_replay_routes_late_again_what_a_run_before_it_wrote_late() -> None:
-    # First run: partition 1 is there from the start, so partition 0's event at 55, after
-    # one at 450, is late (the watermark passed its window). The late event is written,
-    # then the worker dies before any state is. The replay meets partition 0 first and
-    # alone, where the event is in time: folded, it would also be in the late-events
-    # topic (counted twice). The scan's marks keep it late.
+    # The marks from the late-events topic (a second line of defence: decisions replay
+    # the same anyway): a value the scan found late stays late, and is not produced again.
     first = PipelineRunner(counting(), lambda spec, keys: {}, "dlq", "late")
-    first.process([two_partitions(0, 0, 10)])
-    first.process([two_partitions(0, 1, 500)])
-    first.process([two_partitions(1, 0, 450)])  # the watermark: 450, window [0, 100) closes
-    (late,) = first.process([two_partitions(2, 0, 55)]).outputs
+    first.process([rooted(0, 0, 10), rooted(1, 1, 500), rooted(2, 0, 450)])
+    (late,) = first.process([rooted(3, 0, 55)]).outputs  # window [0, 100) closed at 450
     assert first.tables[0].closed == {("a", 0): 1}
     tail = TailScan({("in", 0): 0}, SideOrigin("w"), late_of=late_value)
     tail.feed([(late.value, late.headers)])
-    assert tail.late == {("in", 0): {2: {("per_window", (2,)): 0}}}
-
-    def replay(marks: bool) -> PipelineRunner:
-        runner = PipelineRunner(counting(), lambda spec, keys: {}, "dlq", "late")
-        if marks:
-            runner.side.late.resume(tail.late, [("in", 0)])
-        outcome = runner.process([two_partitions(o, 0, ts) for o, ts in enumerate((10, 450, 55))])
-        assert outcome.outputs == []  # nothing produced again
-        return runner
-
-    assert replay(marks=False).tables[0].closed == {("a", 0): 2}  # and once more as late
-    assert replay(marks=True).tables[0].closed == {("a", 0): 1}
+    assert tail.late == {("in", 0): {3: {("per_window", (3, 0)): 0}}}
+    replay = PipelineRunner(counting(), lambda spec, keys: {}, "dlq", "late")
+    replay.side.late.resume(tail.late, [("in", 0)])
+    outcome = replay.process([rooted(o, r, ts) for o, r, ts in
+                              ((0, 0, 10), (1, 1, 500), (2, 0, 450), (3, 0, 55))])
+    assert outcome.outputs == [] and outcome.late["per_window"] == 1
+    assert replay.tables[0].closed == {("a", 0): 1}
