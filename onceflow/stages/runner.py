@@ -307,13 +307,13 @@ class PipelineRunner:
             late: set[Position] = set()
             folded = 0
             for key, pos, value in zip(step.keys, step.positions, step.values, strict=True):
-                if stopped and is_stopped(pos, stopped):
-                    continue
-                if clock is not None:  # replays too: they are real progress
-                    try:
+                if clock is not None:  # replays, and values an upstream aggregate stopped, too:
+                    try:  # the watermark is a function of the partition's records alone
                         watermark = clock.observe(fed_from, root, value)
                     except Exception as error:
                         raise StageFailure(spec.id, error) from error
+                if stopped and is_stopped(pos, stopped):
+                    continue
                 current = new.get(key)
                 if current is None:
                     state = states[key]

@@ -30,9 +30,10 @@ def test_lagging_republishers_make_no_event_late(kafka_service: ServiceInfo,
     options = ChaosOptions(messages=20_000, duration=40.0, kills=9, seed=seed, keyed=False,
                            republishers=2, disorder=0.3, max_delay_ms=DISORDER_MS, resend=0.0,
                            down=4.0, start_ms=3_600_000,  # the day windows: not at midnight
-                           # Above the longest a partition stalls (down, rejoin); a first
-                           # start waits this long before closing windows (unmet roots).
-                           settings=(("onceflow.windows.idle-timeout", "20s"),))
+                           # Event time: 8 minutes are 19 s of this input. Above how far a
+                           # stalled root falls behind (down, rejoin); a first start closes
+                           # nothing before the input's event time has advanced this far.
+                           settings=(("onceflow.windows.idle-timeout", "8m"),))
     report = run_chaos(options, bootstrap=kafka_service.address, store_settings=settings,
                        workdir=tmp_path)
     context = f"seed={seed}, logs in {tmp_path}: {report}"

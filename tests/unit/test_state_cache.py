@@ -180,8 +180,8 @@ def test_an_evicted_key_reloads_its_written_state_and_watermarks() -> None:
     assert outcome.duplicates["sum"] == 2 and not outcome.folded
     assert table.states["a"].value == 12
     assert table.states["a"].watermarks == {("in", 0): (1,)}
-    # Nothing closed yet (the watermark, 300, is below minute 0's close at 1000).
-    assert runner.tables[1].states["a"].value == {"open": {"0": 2}, "max_ts": None}
+    # Nothing closed yet: the watermark (200) is below the second's close at 1000.
+    assert runner.tables[1].states["a"].value == {"open": {"0": 2}, "max_ts": 200}
     runner.process([record(3, "a", 1, ts=1500)])  # a new one folds onto the stored value
     assert table.states["a"].value == 13
     assert runner.tables[1].states["a"].value == {"open": {"1000": 1}, "max_ts": 1500}
