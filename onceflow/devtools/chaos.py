@@ -97,7 +97,7 @@ class ChaosReport:
     duplicates: dict[str, int] = field(default_factory=dict)
     late: dict[str, int] = field(default_factory=dict)  # events in the late-events topic
     late_twice: int = 0  # late events written twice, or matching no input event
-    late_events: LateEvents = field(default_factory=dict, repr=False)  # for expected_windows
+    late_events: LateEvents = field(default_factory=dict, repr=False)
     windows: dict[str, int] = field(default_factory=dict)  # windows checked per stage
     closed: dict[str, int] = field(default_factory=dict)  # of them closed (history rows)
     mismatched: dict[str, int] = field(default_factory=dict)
@@ -234,9 +234,8 @@ class _Chaos:
         rng = random.Random(o.seed)
         # The kills are shared out over the processes (one more for some if uneven),
         # each struck at its own random moments.
-        names = sorted(self.workers)
+        names, n = sorted(self.workers), len(self.workers)
         rng.shuffle(names)
-        n = len(names)
         shares = {name: o.kills // n + (i < o.kills % n) for i, name in enumerate(names)}
         await asyncio.gather(*(self._kill_loop(name, shares[name], rng.random())
                                for name in self.workers))
@@ -276,7 +275,7 @@ class _Chaos:
     async def _check(self, stream: RobotStream) -> None:
         late, twice = await read_late(self.bootstrap, self.late_topic, self.o.partitions)
         truth, matched = expected_windows(stream, late)
-        self.report.late_events = late
+        self.report.late_events = late  # for a caller's own ground truth
         self.report.late = {stage: sum(late.get(stage, Counter()).values()) for stage in STAGES}
         self.report.late_twice = twice + sum(self.report.late.values()) - sum(matched.values())
         republisher = self.open_store("robots-normalize")
