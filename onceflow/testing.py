@@ -51,6 +51,8 @@ from onceflow.stages.state import (
     decode_state,
     encode_state,
 )
+from onceflow.stages.watermark import WINDOWS_STAGE
+from onceflow.stages.window_clock import IDLE_TIMEOUT
 from onceflow.testing_records import (
     Consumed,
     DeadLetter,
@@ -92,8 +94,9 @@ class TestRun:
     def __init__(self, pipeline: Pipeline, *, single_worker: bool = True, partitions: int = 1,
                  batch_size: int | None = None, persist_every: int | None = None,
                  commit_every: int | None = None, dead_letter_topic: str = DEAD_LETTER_TOPIC,
-                 late_events_topic: str = LATE_EVENTS_TOPIC):
+                 late_events_topic: str = LATE_EVENTS_TOPIC, idle_timeout: float = IDLE_TIMEOUT):
         self.pipeline = pipeline
+        self.idle_timeout = idle_timeout  # window watermarks, seconds of event time
         self.single_worker = single_worker
         self.dead_letter_topic, self.late_events_topic = dead_letter_topic, late_events_topic
         self._hops = {step.topic: step.partitions or partitions for step in pipeline.repartitions}
@@ -169,6 +172,7 @@ class TestRun:
         self.crashes += 1
         self._processed = {}
         self.runner = self._new_runner()
+        self.runner.assigned(self._ends)  # the worker's assignment: every partition
         self.replay()
 
     def persist(self) -> None:
@@ -180,6 +184,10 @@ class TestRun:
                 self._stored[(SEQUENCE_STAGE, key)] = row
 
     def _persist_states(self) -> None:
+        clocks = list(self.runner.clocks.values())
+        for clock in clocks:  # the open-window index before the states
+            rows = clock.rows_before_states()
+            self._stored.update(((WINDOWS_STAGE, key), row) for key, row in rows.items())
         for table in self.runner.tables:
             stage = table.spec.id
             for (key, start), value in table.take_closed().items():
@@ -187,6 +195,9 @@ class TestRun:
             for key, data in table.take_dirty(self._snapshots).items():
                 self._stored[(stage, key)] = data
             table.written(self._snapshots)  # in memory, written at once
+        for clock in clocks:  # the watermarks after them
+            rows = clock.rows_after_states()
+            self._stored.update(((WINDOWS_STAGE, key), row) for key, row in rows.items())
         self._snapshots += 1
 
     def commit(self) -> None:
@@ -262,7 +273,12 @@ class TestRun:
         return PipelineRunner(self.pipeline, self._load, self.dead_letter_topic,
                               self.late_events_topic,
                               claim=None if self.single_worker else self._claim,
-                              load_sequences=self._load_sequences)
+                              load_sequences=self._load_sequences, load_rows=self._load_rows,
+                              idle_timeout=self.idle_timeout)
+
+    def _load_rows(self, store: str, keys: Iterable[str]) -> dict[str, bytes]:
+        found = ((key, self._stored.get((WINDOWS_STAGE, key))) for key in keys)
+        return {key: value for key, value in found if value is not None}
 
     def _load_sequences(self, keys: Sequence[str]) -> dict[str, bytes]:
         found = ((key, self._stored.get((SEQUENCE_STAGE, key))) for key in keys)

@@ -35,6 +35,7 @@ from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     Adopt,
+    Assigned,
     Batch,
     BatchDone,
     Commit,
@@ -291,6 +292,7 @@ class ConsumerActor(ReportingActor):
             lost = frozenset(stale)
             await asyncio.get_running_loop().run_in_executor(
                 None, lambda: self._pipeline.ask(Forget(lost)))
+        self._pipeline.tell(Assigned(frozenset(positions)))  # before any record of them
 
     async def adopt(self) -> None:
         """Queue the outbox rows of lanes that left other workers, before anything new."""

@@ -57,6 +57,14 @@ class Flush:
 
 
 @dataclass(frozen=True)
+class Assigned:
+    """(tell) The partitions this worker was just assigned: windowed stages read back their
+    watermarks and open-window index before any record of them (``stages.window_clock``)."""
+
+    partitions: frozenset[TopicPartition]
+
+
+@dataclass(frozen=True)
 class Forget:
     """(ask) Drop cached states and the progress of partitions this worker lost
     (revoked after their final commit, or found stale on a new assignment)."""
@@ -100,6 +108,8 @@ class ResumeOutputs:
     written: dict[TopicPartition, tuple[int, ...]]
     scanned: frozenset[TopicPartition]
     partitions: int | None = None
+    #: A side output's late events past the committed offsets (``side_outputs.LateMarks``).
+    late: dict[TopicPartition, dict[int, dict[tuple[str, tuple[int, ...]], int]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,7 +149,7 @@ class Commit:
     offsets: dict[TopicPartition, int]
 
 
-PipelineMessage = Batch | PersistTick | LogStats | Flush | Forget | ResumeOutputs
+PipelineMessage = Batch | PersistTick | LogStats | Flush | Forget | Assigned | ResumeOutputs
 PersistenceMessage = Snapshot
 CommitMessage = CommitTick | CommitNow
 ProducerMessage = Send | Barrier | Adopt | Pending

@@ -35,7 +35,7 @@ from onceflow.stages.origin import Header
 from onceflow.stages.outcome import Output
 from onceflow.stages.output_tail import Origin, TailScan, Written, windows, written_origin
 from onceflow.stages.pipeline import Pipeline
-from onceflow.stages.side_outputs import SideOrigin, side_partition
+from onceflow.stages.side_outputs import LateFound, SideOrigin, late_value, side_partition
 from onceflow.stages.state import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -135,8 +135,9 @@ class TailReader:
     async def written(self, out: ExclusiveOutput,
                       plan: Mapping[TopicPartition, Mapping[TopicPartition, int]],
                       pending: Mapping[TopicPartition, Sequence[Output]]
-                      ) -> dict[TopicPartition, Written]:
-        """Per output partition of ``plan``: what its input partitions already have there."""
+                      ) -> dict[TopicPartition, tuple[Written, LateFound]]:
+        """Per output partition of ``plan``: what its input partitions already have there,
+        and for a side output the late events past their committed offsets."""
         consumer = AIOKafkaConsumer(**self._options)
         await consumer.start()
         try:
@@ -152,14 +153,17 @@ class TailReader:
             highs = await self._high_watermarks([KafkaPartition(*tp) for tp in plan])
             found = {}
             for (topic, partition), committed in plan.items():
-                scan = TailScan(committed, out.origin)
+                scan = TailScan(committed, out.origin,
+                                late_of=late_value if out.side else None)
                 scan.feed((o.value, o.headers) for o in pending.get((topic, partition), ()))
                 tp = KafkaPartition(topic, partition)
                 read = await self._scan(consumer, tp, highs[tp], scan)
-                found[(topic, partition)] = scan.written
+                found[(topic, partition)] = scan.written, scan.late
                 log.info("%s output %s[%d]: read %d records back; replays from %s skip up to "
-                         "%s", "side" if out.side else "exclusive", topic, partition, read,
-                         dict(committed), scan.written)
+                         "%s%s", "side" if out.side else "exclusive", topic, partition, read,
+                         dict(committed), scan.written,
+                         f" and route late again the values of {sum(map(len, scan.late.values()))}"
+                         " records" if scan.late else "")
             return found
         finally:
             await consumer.stop()
@@ -250,9 +254,11 @@ class ExclusiveResume:
                 await self._ask(Flush())
             for out, plan in plans:
                 pending = await self._ask(Pending(frozenset(plan)), self._producer)
-                for out_tp, written in (await self._reader.written(out, plan, pending)).items():
+                found = await self._reader.written(out, plan, pending)
+                for out_tp, (written, late) in found.items():
+                    marks = late if late or out.step_id == "late-events" else None
                     await self._ask(ResumeOutputs(out.topic, written, frozenset(plan[out_tp]),
-                                                  counts.get(out.topic)))
+                                                  counts.get(out.topic), marks))
         except Exception as error:
             log.error("cannot resume exclusive republish outputs: %r", error)
             self._on_fatal("ConsumerActor.exclusive_resume", error)

@@ -12,7 +12,7 @@ import contextlib
 import json
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -22,6 +22,7 @@ from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.dead_letter_log import DeadLetterWarnings
 from onceflow.actors.ledger import LedgerError, SharedLedger
 from onceflow.actors.messages import (
+    Assigned,
     Batch,
     BatchDone,
     Flush,
@@ -41,6 +42,8 @@ from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state
+from onceflow.stages.watermark import WINDOWS_STAGE
+from onceflow.stages.window_clock import IDLE_TIMEOUT
 from onceflow.stores.base import StateStore
 
 if TYPE_CHECKING:
@@ -68,13 +71,16 @@ class PipelineActor(ReportingActor):
         single_worker: bool = False,
         max_states: int | None = None,
         dead_letter_max_value: int = DEAD_LETTER_MAX_VALUE,
+        idle_timeout: float = IDLE_TIMEOUT,
     ):
         super().__init__(on_fatal)
         self._stores = stores
         self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic, late_events_topic,
                                       claim=None if single_worker else self._claim_homes,
                                       load_sequences=self._load_sequences, max_states=max_states,
-                                      dead_letter_max_value=dead_letter_max_value)
+                                      dead_letter_max_value=dead_letter_max_value,
+                                      load_rows=self._load_rows, idle_timeout=idle_timeout,
+                                      hold_new=True)
         self._sequence_store = pipeline.dedup_store
         self._warned_misaligned: set[str] = set()
         self._dead_letter_warnings = DeadLetterWarnings(log)
@@ -95,6 +101,12 @@ class PipelineActor(ReportingActor):
             metrics.STATE_RELOADS.labels(spec.id).inc(len(rows))
             self._cache_totals[f"{spec.id}.reloaded"] += len(rows)
         return {key: decode_state(value) for key, value in rows.items()}
+
+    def _load_rows(self, store: str, keys: Iterable[str]) -> Mapping[str, bytes]:
+        """Watermark and open-window rows (``stages.window_clock``)."""
+        keys = list(keys)
+        return retrying("load window rows",
+                        lambda: self._stores[store].load(WINDOWS_STAGE, keys))
 
     def _load_sequences(self, keys: Sequence[str]) -> Mapping[str, bytes]:
         assert self._sequence_store is not None
@@ -132,10 +144,14 @@ class PipelineActor(ReportingActor):
                 except LedgerError as error:  # an ask's error reaches only the asker
                     self._on_fatal(type(self).__name__, error)
                     raise
+            case Assigned():
+                self._runner.assigned(message.partitions)
             case ResumeOutputs():
                 self._runner.written.resume(message.topic, message.written, message.scanned)
                 if message.partitions is not None:
                     self._runner.side.partitions[message.topic] = message.partitions
+                if message.late is not None:
+                    self._runner.side.late.resume(message.late, message.scanned)
             case _:
                 unexpected("PipelineActor", message)
         return None
@@ -282,6 +298,12 @@ def snapshot_rows(runner: PipelineRunner, sequence_store: str | None,
                 dirty,
                 {slot: json.dumps(value).encode() for slot, value in closed.items()},
             ))
+    for clock in runner.clocks.values():  # the open-window index first, watermarks last
+        store = clock.table.spec.store
+        if before := clock.rows_before_states():
+            rows.append(StageRows(WINDOWS_STAGE, store, before, {}))
+        if after := clock.rows_after_states():
+            rows.insert(0, StageRows(WINDOWS_STAGE, store, after, {}))
     sequences = runner.sequences
     if sequences is not None and sequences.dirty:
         assert sequence_store is not None

@@ -8,13 +8,16 @@ stages (closed ones from the history rows, open ones from the current
 states) is compared with the ground truth recomputed from the input alone.
 The robots re-send a share of their reports (plain JSON, as after a lost
 acknowledgement); the republisher must drop exactly those, by ``(serial, seq)``.
+
+Which events are late depends on how the partitions interleave (windows close
+on the stage's watermark), so the check reads the late-events topic: every
+event of the input is in its window or there, once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import tempfile
@@ -29,6 +32,13 @@ from rich.console import Console
 from rich.table import Table
 
 from onceflow.devtools import services
+from onceflow.devtools.chaos_truth import (  # the run's ground truth, kept apart
+    STAGES,
+    LateEvents,
+    expected_windows,
+    read_late,
+    stored_windows,
+)
 from onceflow.devtools.harness import (
     CommittedOffsets,
     WorkerProcess,
@@ -38,22 +48,11 @@ from onceflow.devtools.harness import (
     read_ends,
     worker_command,
 )
-from onceflow.devtools.robot_stream import RobotStream, generate, parse_report
+from onceflow.devtools.robot_stream import RobotStream, generate
 from onceflow.devtools.services import ServiceInfo
 from onceflow.devtools.tables import measures
-from onceflow.examples.robot_chain import (
-    DAY_MS,
-    DAY_STAGE,
-    LATENESS_MS,
-    MINUTE_MS,
-    MINUTE_STAGE,
-)
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, dropped_duplicates
-from onceflow.stages.state import decode_state
 from onceflow.stores.base import StateStore
-
-Windows = dict[tuple[str, int], Counter[str]]  # (robot, window start) -> ok/failed
-STAGES = {MINUTE_STAGE: (MINUTE_MS, LATENESS_MS), DAY_STAGE: (DAY_MS, 0)}
 
 
 @dataclass(frozen=True)
@@ -65,8 +64,16 @@ class ChaosOptions:
     store: str = "redis"
     partitions: int = 4
     disorder: float = 0.05  # share of results arriving out of order (some too late)
+    max_delay_ms: int = 120_000  # how far out of order
     resend: float = 0.02  # share of reports a robot sends twice (dropped by the republisher)
     timeout: float = 300.0
+    #: Reports keyed by robot (one raw partition per robot); False: spread over the raw
+    #: partitions, so each robot's events reach the aggregator from every root partition.
+    keyed: bool = True
+    republishers: int = 1  # republisher processes (one consumer group)
+    down: float = 0.0  # seconds a killed process stays down before its restart
+    start_ms: int = 0  # event times start that long after midnight
+    settings: tuple[tuple[str, str], ...] = ()  # more worker settings (key, value)
 
 
 @dataclass
@@ -77,8 +84,11 @@ class ChaosReport:
     resends: int = 0  # reports the robots sent twice
     producer_duplicates: int = 0  # re-sends the republisher dropped (its dedup tables)
     duplicates: dict[str, int] = field(default_factory=dict)
-    late: dict[str, int] = field(default_factory=dict)
+    late: dict[str, int] = field(default_factory=dict)  # events in the late-events topic
+    late_twice: int = 0  # late events written twice, or matching no input event
+    late_events: LateEvents = field(default_factory=dict, repr=False)
     windows: dict[str, int] = field(default_factory=dict)  # windows checked per stage
+    closed: dict[str, int] = field(default_factory=dict)  # of them closed (history rows)
     mismatched: dict[str, int] = field(default_factory=dict)
     lost: int = 0
     double: int = 0
@@ -91,54 +101,9 @@ class ChaosReport:
 
     @property
     def exact(self) -> bool:
-        return (self.caught_up and self.lost == 0 and self.double == 0
+        return (self.caught_up and self.lost == 0 and self.double == 0 and not self.late_twice
                 and self.producer_duplicates == self.resends and not any(self.mismatched.values())
                 and all(code == 0 for code in self.exit_codes.values()))
-
-
-def expected_windows(stream: RobotStream) -> tuple[dict[str, Windows], dict[str, int]]:
-    """Every window of both stages, and late counts, from the input alone.
-
-    Written independently of ``onceflow.stages.windows`` on purpose: a robot's
-    events in produce order; a window closes once the robot's highest event
-    time reaches its end plus the allowed lateness; later events for it are
-    late and go no further (the daily stage never sees them). A re-sent
-    report (a ``(serial, seq)`` seen before) goes nowhere.
-    """
-    windows: dict[str, Windows] = {stage: {} for stage in STAGES}
-    late: Counter[str] = Counter()
-    max_ts: dict[tuple[str, str], int] = {}
-    reports: set[tuple[str, int]] = set()
-    for _, value in stream.messages:
-        report = parse_report(value)
-        robot = report["serial"]
-        if (robot, report["seq"]) in reports:
-            continue
-        reports.add((robot, report["seq"]))
-        for result in report["results"]:
-            outcome, ts = ("ok" if result["ok"] else "failed"), result["ts"]
-            for stage, (size, lateness) in STAGES.items():
-                start = ts - ts % size
-                seen = max_ts.get((stage, robot))
-                if seen is not None and start + size + lateness <= seen:
-                    late[stage] += 1
-                    break  # a late event reaches no later stage
-                windows[stage].setdefault((robot, start), Counter())[outcome] += 1
-                max_ts[(stage, robot)] = ts if seen is None else max(seen, ts)
-    return windows, dict(late)
-
-
-def stored_windows(store: StateStore, stage: str) -> tuple[Windows, int]:
-    """Closed windows from history plus open ones from current states; and overlaps."""
-    found: Windows = {}
-    overlaps = 0
-    for robot, start, value in store.scan_history(stage):
-        found[(robot, start)] = Counter(json.loads(value))
-    for robot, encoded in store.scan(stage):
-        for start, counts in decode_state(encoded).value["open"].items():
-            overlaps += (robot, int(start)) in found
-            found[(robot, int(start))] = Counter(counts)
-    return found, overlaps
 
 
 class _Chaos:
@@ -155,43 +120,51 @@ class _Chaos:
         env = {**os.environ, "ONCEFLOW_CHAIN_RAW_TOPIC": self.raw,
                "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": self.normalized,
                "ONCEFLOW_ROBOTS_STORE": o.store}
+        self.late_topic = f"chaos-late-{run_id}"
         pipelines = {"republisher": "onceflow.examples.robot_chain:normalize",
                      "aggregator": "onceflow.examples.robot_chain:windows"}
+        names = {"aggregator": "aggregator", "republisher": "republisher",
+                 **{f"republisher-{n}": "republisher" for n in range(2, o.republishers + 1)}}
         self.workers = {
             name: WorkerProcess(
                 worker_command(packaged_config("demo.conf"), {
                     **store_settings,
-                    "onceflow.pipeline": pipelines[name],
+                    "onceflow.pipeline": pipelines[role],
                     "onceflow.kafka.bootstrap-servers": bootstrap,
-                    "onceflow.kafka.group-id": self.groups[name],
+                    "onceflow.kafka.group-id": self.groups[role],
                     "onceflow.kafka.dead-letter-topic": f"chaos-dlq-{run_id}",
+                    "onceflow.kafka.late-events-topic": self.late_topic,
                     "onceflow.kafka.producer.outbox-store": o.store,  # the one store started
-                    **worker_settings.get(name, {}),
+                    **dict(o.settings),
+                    **worker_settings.get(name, worker_settings.get(role, {})),
                 }),
                 env, workdir, name)
-            for name in pipelines
+            for name, role in names.items()
         }
         self.report = ChaosReport(messages=o.messages)
 
     async def run(self) -> ChaosReport:
         started = time.monotonic()
-        stream = generate(self.o.messages, seed=self.o.seed, disorder=self.o.disorder,
-                          resend=self.o.resend)
+        o = self.o
+        stream = generate(o.messages, seed=o.seed, disorder=o.disorder,
+                          max_delay_ms=o.max_delay_ms, resend=o.resend, start_ms=o.start_ms)
         self.report.events, self.report.resends = stream.events, stream.resends
-        for topic in (self.raw, self.normalized):
-            await create_topic(self.bootstrap, topic, self.o.partitions)
+        for topic in (self.raw, self.normalized, self.late_topic):
+            await create_topic(self.bootstrap, topic, o.partitions)
         for worker in self.workers.values():
             worker.start()
         self.report.timeline["workers started"] = time.time()
         raw_ends: dict[int, int] = {}
+        messages = stream.messages if o.keyed else [  # each report on a partition of its own
+            (f"{i}".encode(), value) for i, (_, value) in enumerate(stream.messages)]
         producing = asyncio.create_task(
-            produce(self.bootstrap, self.raw, stream.messages, self.o.duration, raw_ends))
-        rng = random.Random(self.o.seed)
-        # Each process gets half the kills (one more for a random one if odd),
-        # struck at its own random moments.
-        names = sorted(self.workers)
+            produce(self.bootstrap, self.raw, messages, o.duration, raw_ends))
+        rng = random.Random(o.seed)
+        # The kills are shared out over the processes (one more for some if uneven),
+        # each struck at its own random moments.
+        names, n = sorted(self.workers), len(self.workers)
         rng.shuffle(names)
-        shares = {name: self.o.kills // 2 + (i < self.o.kills % 2) for i, name in enumerate(names)}
+        shares = {name: o.kills // n + (i < o.kills % n) for i, name in enumerate(names)}
         await asyncio.gather(*(self._kill_loop(name, shares[name], rng.random())
                                for name in self.workers))
         await producing
@@ -201,7 +174,7 @@ class _Chaos:
             await worker.assigned()
             self.report.exit_codes[name] = worker.terminate(timeout=10)
             self.report.kills[name] = worker.kills
-        self._check(stream)
+        await self._check(stream)
         self.report.elapsed = time.monotonic() - started
         return self.report
 
@@ -213,11 +186,12 @@ class _Chaos:
             if worker.exited() is not None:
                 raise RuntimeError(f"{name} exited by itself; see {worker.logs[-1]}")
             worker.kill()
+            await asyncio.sleep(self.o.down)
             worker.start()
             self.console.print(f"  SIGKILL {name} ({n + 1}/{kills})")
 
     async def _drain(self, raw_ends: dict[int, int]) -> bool:
-        """Republisher done with the input, then aggregator done with all it produced."""
+        """Republishers done with the input, then aggregator done with all they produced."""
         async with CommittedOffsets(self.bootstrap, self.groups["republisher"]) as rep:
             if not await rep.wait_for(self.raw, raw_ends, self.o.timeout,
                                       self.workers["republisher"]):
@@ -230,8 +204,12 @@ class _Chaos:
         self.report.timeline["aggregator committed"] = time.time()
         return done
 
-    def _check(self, stream: RobotStream) -> None:
-        truth, _ = expected_windows(stream)
+    async def _check(self, stream: RobotStream) -> None:
+        late, twice = await read_late(self.bootstrap, self.late_topic, self.o.partitions)
+        truth, matched = expected_windows(stream, late)
+        self.report.late_events = late  # for a caller's own ground truth
+        self.report.late = {stage: sum(late.get(stage, Counter()).values()) for stage in STAGES}
+        self.report.late_twice = twice + sum(self.report.late.values()) - sum(matched.values())
         republisher = self.open_store("robots-normalize")
         try:
             self.report.producer_duplicates = dropped_duplicates(
@@ -244,6 +222,7 @@ class _Chaos:
             for stage in STAGES:
                 found, overlaps = stored_windows(store, stage)
                 self.report.windows[stage] = len(truth[stage])
+                self.report.closed[stage] = sum(1 for _ in store.scan_history(stage))
                 mismatched = overlaps
                 for slot in set(truth[stage]) | set(found):
                     want, got = truth[stage].get(slot, Counter()), found.get(slot, Counter())
@@ -254,7 +233,6 @@ class _Chaos:
                     mismatched += want != got
                 self.report.mismatched[stage] = mismatched
                 self.report.duplicates[stage] = stats.get(f"{stage}.duplicates", 0)
-                self.report.late[stage] = stats.get(f"{stage}.late", 0)
         finally:
             store.close()
 
@@ -302,6 +280,7 @@ def report_table(report: ChaosReport) -> Table:
         *[(f"SIGKILLs: {name}", str(n)) for name, n in report.kills.items()],
         *[(f"duplicates discarded: {s}", f"{n:,}") for s, n in report.duplicates.items()],
         *[(f"late events routed: {s}", f"{n:,}") for s, n in report.late.items()],
+        ("late events twice or unmatched", str(report.late_twice)),
         *[(f"windows checked: {s}", f"{n:,}") for s, n in report.windows.items()],
         *[(f"windows wrong: {s}", str(n)) for s, n in report.mismatched.items()],
         ("lost", f"{report.lost:,}"),

@@ -57,7 +57,7 @@ def report_id(value: bytes) -> bytes:
 def generate(messages: int, robots: int = 1000, seed: int = 7, failure_rate: float = 0.08,
              disorder: float = 0.0, max_delay_ms: int = 120_000,
              resend: float = 0.0, fleet: str = "robot",
-             after: RobotStream | None = None) -> RobotStream:
+             after: RobotStream | None = None, start_ms: int = 0) -> RobotStream:
     """``messages`` distinct reports, plus about ``resend`` x as many re-sends.
 
     ``disorder``: the share of results whose timestamp is up to ``max_delay_ms``
@@ -67,6 +67,7 @@ def generate(messages: int, robots: int = 1000, seed: int = 7, failure_rate: flo
     producers need fleets of their own (a serial is one robot, one sequence).
     A stream written ``after`` another by the same robots goes on with their
     sequences (a robot never reuses a ``seq``: it would be a duplicate).
+    ``start_ms``: event times start that long after ``START_MS``.
     """
     rng = random.Random(seed)
     resend_rng = random.Random(seed + 1)
@@ -77,7 +78,7 @@ def generate(messages: int, robots: int = 1000, seed: int = 7, failure_rate: flo
     pending: list[tuple[int, int, tuple[bytes, bytes]]] = []  # (due, tie-break, message)
     for i in range(messages):
         robot = f"{fleet}-{rng.randrange(robots):04d}"
-        ts = START_MS + i * 50
+        ts = START_MS + start_ms + i * 50
         results = [
             {"ok": rng.random() >= failure_rate,
              "ts": ts + j - (rng.randrange(max_delay_ms) if rng.random() < disorder else 0)}

@@ -60,6 +60,7 @@ from onceflow.runtime.settings import (
     StateSettings,
     StoresSettings,
     SupervisionSettings,
+    WindowSettings,
 )
 
 __all__ = [
@@ -180,6 +181,7 @@ def _build(read: Reader, source: str) -> Settings:
         supervision=_supervision(read),
         single_worker=read.boolean("onceflow.single-worker"),
         pipeline_settings=_pipeline_settings(read),
+        windows=WindowSettings(read.duration("onceflow.windows.idle-timeout", 1, 7 * 86400)),
     )
 
 

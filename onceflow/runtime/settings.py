@@ -9,7 +9,7 @@ whoever builds one by hand gives every value. The one exception,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from onceflow.runtime.kafka_security import KafkaSecurity
@@ -86,6 +86,13 @@ class StateSettings:
 
     max_cached_states: int
     history_retention: float = 0.0
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """``onceflow.windows``: how long a silent root partition holds windows back (seconds)."""
+
+    idle_timeout: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -238,4 +245,5 @@ class Settings:
     supervision: SupervisionSettings
     single_worker: bool
     pipeline_settings: dict[str, Any]
+    windows: WindowSettings = field(default_factory=lambda: WindowSettings())
 

@@ -179,6 +179,7 @@ class PipelineCore:
             on_fatal=on_fatal,
             single_worker=s.single_worker,
             max_states=s.state.max_cached_states,
+            idle_timeout=s.windows.idle_timeout,
             dead_letter_max_value=s.kafka.dead_letter_max_value,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -79,6 +80,10 @@ class TailScan:
     origin: Origin = written_origin
     written: Written = field(default_factory=dict)
     open: set[TopicPartition] = field(default_factory=set)
+    #: Late events past the committed offsets (``side_outputs.LateMarks``), when
+    #: ``late_of`` reads them.
+    late_of: Callable[[Sequence[Header] | None], Any] | None = None
+    late: dict[TopicPartition, dict[int, dict[Any, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.open = set(self.committed)
@@ -94,6 +99,10 @@ class TailScan:
             if position > self.written.get(tp, (-1,)):
                 self.written[tp] = position
             start = self.committed[tp]
+            if self.late_of is not None and 0 <= start <= position[0]:
+                late = self.late_of(headers)
+                if late is not None:
+                    self.late.setdefault(tp, {}).setdefault(position[0], {})[late[0]] = late[1]
             if start < 0 or position[0] < start:
                 settled.add(tp)
         self.open -= settled

@@ -18,6 +18,7 @@ from onceflow.stages.formats import Format, check_format
 from onceflow.stages.formats import json_bytes as json_bytes  # the default encode, kept here
 from onceflow.stages.formats import payload_bytes as payload_bytes  # the default decode, kept here
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, ProducerDedup
+from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stages.windows import Tumbling
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
@@ -215,7 +216,7 @@ class Pipeline:
         seen: set[str] = set()
         for step in self.steps:
             _check_id(type(step).__name__.lower(), step.id)
-            if step.id in seen or step.id == SEQUENCE_STAGE:
+            if step.id in seen or step.id in (SEQUENCE_STAGE, WINDOWS_STAGE):
                 raise ValueError(f"pipeline {self.id!r}: duplicate stage id {step.id!r}")
             seen.add(step.id)
         hops = [step.topic for step in self.repartitions]

@@ -22,19 +22,12 @@ reason that says to repartition.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from onceflow.stages.formats import (
-    FormatError,
-    Reader,
-    hop_reader,
-    meta_of,
-    source_reader,
-)
+from onceflow.stages.formats import FormatError, Reader, hop_reader, meta_of, source_reader
 from onceflow.stages.guards import check_chain, check_header_names, unknown_keys
-from onceflow.stages.lineage import Position, RootPartition, Route, origin_of
+from onceflow.stages.lineage import Position, origin_of
 from onceflow.stages.origin import chain_envelope
 from onceflow.stages.outcome import (
     DEAD_LETTER_MAX_VALUE,
@@ -47,44 +40,18 @@ from onceflow.stages.outcome import (
     late_event,
 )
 from onceflow.stages.pipeline import Aggregate, Pipeline, Republish
+from onceflow.stages.plan import Emit, Fold, Plan, is_stopped
 from onceflow.stages.producer_dedup import SequenceLoader, SequenceTables
 from onceflow.stages.republish import WrittenOutputs, defaults, republished
 from onceflow.stages.segments import AGGREGATE, FILTER, FLAT_MAP, MAP, segments
 from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state import AggregateState, StateTable, TopicPartition
+from onceflow.stages.watermark import RowLoader
+from onceflow.stages.window_clock import IDLE_TIMEOUT, StateLoader, WindowClock
 from onceflow.stages.windows import empty_windows, fold_windowed
 
-StateLoader = Callable[[Aggregate, Sequence[str]], Mapping[str, AggregateState]]
 #: Claims each key's home partition if it has none yet; answers every key's home.
 HomeClaimer = Callable[[Aggregate, Mapping[str, TopicPartition]], Mapping[str, TopicPartition]]
-
-
-@dataclass(slots=True)
-class _Plan:
-    """One record after the stateless steps: what it folds and what it emits."""
-
-    record: ConsumedRecord
-    root: RootPartition
-    route: Route  # the watermark key (lineage: the path, not just the root)
-    order: list[_Fold | _Emit]  # what it folds and what it emits, in pipeline order
-
-
-@dataclass(slots=True)
-class _Fold:
-    """One aggregate's share of a record: parallel lists, one entry per value."""
-
-    table: StateTable
-    keys: list[Any]
-    positions: list[Position]
-    values: list[Any]
-
-
-@dataclass(slots=True)
-class _Emit:
-    """A republish step's outputs, one per value, with the values' positions."""
-
-    positions: list[Position]
-    outputs: list[Output]
 
 
 class PipelineRunner:
@@ -105,6 +72,9 @@ class PipelineRunner:
         load_sequences: SequenceLoader | None = None,
         max_states: int | None = None,  # per aggregate; see StateTable
         dead_letter_max_value: int = DEAD_LETTER_MAX_VALUE,  # value bytes a dead letter keeps
+        load_rows: RowLoader | None = None,  # watermark and open-window rows (window_clock)
+        idle_timeout: float = IDLE_TIMEOUT,
+        hold_new: bool = False,  # a first start waits idle_timeout for unmet roots (watermark)
     ):
         self.pipeline = pipeline
         self.tables = [StateTable(spec, max_states) for spec in pipeline.aggregates]
@@ -123,6 +93,8 @@ class PipelineRunner:
             pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
         self.written = WrittenOutputs()  # what exclusive republish steps find written
         self.side = SideOutputs(self.written)  # dead letters and late events: the same
+        self.clocks = {t: WindowClock(t, idle_timeout, load_rows, hold_new)
+                       for t in self.tables if t.spec.window is not None}
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.
@@ -134,7 +106,7 @@ class PipelineRunner:
         letters too: each input partition's are written in its order).
         """
         outcome = BatchOutcome()
-        held: list[_Plan | tuple[ConsumedRecord, Exception]] = []
+        held: list[Plan | tuple[ConsumedRecord, Exception]] = []
         missing: dict[StateTable, dict[str, TopicPartition]] = {}  # key -> first feeder
         next_offsets = outcome.next_offsets
         sequences = self.sequences
@@ -154,7 +126,7 @@ class PipelineRunner:
                 continue  # a producer duplicate
             try:
                 new_keys = unknown_keys((share.table, share.keys) for share in plan.order
-                                        if type(share) is _Fold)
+                                        if type(share) is Fold)
             except StageFailure as failure:
                 self._reject(outcome, record, failure, held)
                 continue
@@ -180,17 +152,30 @@ class PipelineRunner:
         if sequences is not None:
             sequences.count(outcome)
         outcome.side_skipped, self.side.skipped = self.side.skipped, 0
+        self.advance()
         return outcome
 
+    def assigned(self, partitions: Iterable[TopicPartition]) -> None:
+        """Windowed stages read back the rows of the partitions feeding them (window_clock)."""
+        for table, clock in self.clocks.items():
+            for tp in partitions:
+                if any(t is table for *_, t, _ in self._segments.get(tp[0], ())):
+                    clock.meet(tp)
+
+    def advance(self) -> None:
+        """Close the windows of every key the watermarks passed (``window_clock``)."""
+        for clock in self.clocks.values():  # a store failure fails the actor, as a load does
+            clock.sweep(self._load)
+
     def _reject(self, outcome: BatchOutcome, record: ConsumedRecord, failure: Exception,
-                held: list[_Plan | tuple[ConsumedRecord, Exception]]) -> None:
+                held: list[Plan | tuple[ConsumedRecord, Exception]]) -> None:
         """Dead-letter now, or after the records held back before it."""
         if held:
             held.append((record, failure))
         else:
             self._dead_letter(outcome, record, failure)
 
-    def _failed(self, plan: _Plan, outcome: BatchOutcome, failure: StageFailure) -> None:
+    def _failed(self, plan: Plan, outcome: BatchOutcome, failure: StageFailure) -> None:
         """A record whose apply failed: dead-lettered, counted if its key is homed elsewhere."""
         if isinstance(failure.error, KeyHomedElsewhere):
             outcome.misaligned[failure.stage_id] += 1
@@ -201,10 +186,12 @@ class PipelineRunner:
         """Drop every cached state (after a rebalance another worker may own them)."""
         for table in self.tables:
             table.clear()
+        for clock in self.clocks.values():
+            clock.forget()
         if self.sequences is not None:
             self.sequences.forget()
 
-    def _plan(self, record: ConsumedRecord) -> _Plan | None:
+    def _plan(self, record: ConsumedRecord) -> Plan | None:
         """The record through the stateless steps; None for a producer duplicate."""
         reader: Reader = self._readers.get(record.topic) or self._readers[self.pipeline.topics[0]]
         if record.headers:
@@ -218,7 +205,7 @@ class PipelineRunner:
             return None
         root, route, position = origin_of(envelope, record.topic, record.partition,
                                           record.offset)
-        plan = _Plan(record, root, route, [])
+        plan = Plan(record, root, route, [])
         stage = "decode"
         try:
             value = reader.decode(value)
@@ -248,13 +235,13 @@ class PipelineRunner:
                     values = [out for outs in fanned for out in outs]
                 elif kind is AGGREGATE:
                     assert fn is not None and table is not None
-                    share = _Fold(table, list(map(fn, values)), positions, values)
+                    share = Fold(table, list(map(fn, values)), positions, values)
                     plan.order.append(share)
                 else:
                     assert isinstance(step, Republish)
                     pairs = list(zip(positions, values, strict=True))
                     time_ms, key = defaults(envelope, record)
-                    plan.order.append(_Emit(*republished(step, envelope, record, root, pairs,
+                    plan.order.append(Emit(*republished(step, envelope, record, root, pairs,
                                                          time_ms, key, self.written)))
         except Exception as error:
             raise StageFailure(stage, error) from error
@@ -280,7 +267,7 @@ class PipelineRunner:
             for key in homeless:
                 table.states[key].home = homes[key]
 
-    def _apply(self, plan: _Plan, outcome: BatchOutcome) -> None:
+    def _apply(self, plan: Plan, outcome: BatchOutcome) -> None:
         """Fold one record's values into new states, then install them all at once.
 
         A value an aggregate finds already folded (a replay), or too late for
@@ -298,24 +285,34 @@ class PipelineRunner:
         stopped: list[tuple[int, set[Position]]] = []  # (position length, positions)
         fed_from = (plan.record.topic, plan.record.partition)
         check_home = self._claim is not None
-        route = plan.route
+        route, root = plan.route, plan.root
+        forced = self.side.late.of(plan.record) if len(self.side.late) else None
+        first_late = max(forced.values()) + 1 if forced else 0  # above those already written
         for step in plan.order:
-            if type(step) is _Emit:
+            if type(step) is Emit:
                 emitted.extend(
                     out for pos, out in zip(step.positions, step.outputs, strict=True)
-                    if not (stopped and _is_stopped(pos, stopped)))
+                    if not (stopped and is_stopped(pos, stopped)))
                 continue
-            assert type(step) is _Fold
+            assert type(step) is Fold
             table = step.table
             spec, states = table.spec, table.states
             fold, window = spec.fold, spec.window
+            clock = self.clocks[table] if window is not None else None
+            if clock is not None:
+                clock.meet(fed_from)
             # key -> [state value, position, closed windows]
             new: dict[str, list[Any]] = {}
             replayed: set[Position] = set()
             late: set[Position] = set()
             folded = 0
             for key, pos, value in zip(step.keys, step.positions, step.values, strict=True):
-                if stopped and _is_stopped(pos, stopped):
+                if clock is not None:  # replays, and values an upstream aggregate stopped, too:
+                    try:  # the watermark is a function of the partition's records alone
+                        watermark = clock.observe(fed_from, root, value)
+                    except Exception as error:
+                        raise StageFailure(spec.id, error) from error
+                if stopped and is_stopped(pos, stopped):
                     continue
                 current = new.get(key)
                 if current is None:
@@ -332,22 +329,26 @@ class PipelineRunner:
                     replayed.add(pos)
                     continue
                 current[1] = pos
+                if forced is not None and (spec.id, pos) in forced:
+                    late.add(pos)  # late in a run before this replay: written already
+                    continue
                 try:
-                    if window is None:
+                    if clock is None:
                         current[0] = fold(current[0], value)
                         folded += 1
                         continue
-                    result = fold_windowed(window, spec.init, fold, current[0], value)
+                    assert window is not None
+                    result = fold_windowed(window, spec.init, fold, current[0], value, watermark)
                 except Exception as error:
                     raise StageFailure(spec.id, error) from error
+                current[0] = result.state
+                if result.closed:
+                    current[2] = [*(current[2] or ()), *result.closed]
                 if result.late_by_ms is not None:
                     late.add(pos)
                     late_outputs.append(self._late(plan, spec, key, pos, result.late_by_ms,
-                                                   len(late_outputs)))
+                                                   first_late + len(late_outputs)))
                 else:
-                    current[0] = result.state
-                    if result.closed:
-                        current[2] = [*(current[2] or ()), *result.closed]
                     folded += 1
             staged.append((table, new))
             if folded:
@@ -360,11 +361,14 @@ class PipelineRunner:
                 stopped.append((len(next(iter(late))), late))
         for table, new in staged:
             states, dirty = table.states, table.dirty
+            clock = self.clocks.get(table)
             for key, (value, pos, closed) in new.items():
                 state = states[key]
                 state.value = value
                 state.watermarks[route] = pos
                 dirty.add(key)
+                if clock is not None:
+                    clock.note(key, fed_from, value)
                 if closed:
                     for start, final in closed:
                         table.closed[(key, start)] = final
@@ -373,9 +377,9 @@ class PipelineRunner:
         if emitted:
             outcome.outputs.extend(emitted)
         if late_outputs:
-            outcome.outputs.extend(self.side.placed(late_outputs, plan.record))
+            outcome.outputs.extend(self.side.placed(late_outputs, plan.record, first_late))
 
-    def _late(self, plan: _Plan, spec: Aggregate, key: str, pos: Position,
+    def _late(self, plan: Plan, spec: Aggregate, key: str, pos: Position,
               late_by_ms: int, index: int) -> Output:
         return late_event(self._late_topic, plan.record, spec.id, key, pos, late_by_ms,
                           plan.root, self._max_value, self.pipeline.id, index)
@@ -388,8 +392,3 @@ class PipelineRunner:
                              self._max_value)
         for placed in self.side.placed((letter,), record):
             outcome.dead_letter(placed, reason)
-
-
-def _is_stopped(position: Position, stopped: list[tuple[int, set[Position]]]) -> bool:
-    """True if ``position`` derives from a value an earlier aggregate did not fold."""
-    return any(position[:length] in positions for length, positions in stopped)

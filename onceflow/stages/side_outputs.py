@@ -13,11 +13,19 @@ record) and ``onceflow.index`` (a late event's index among its record's late
 events; a dead letter is the only one of its record: 0). The replay skips
 what is at or below it.
 
-Why an index and not the value's position: a replay may produce fewer late
-events of a record (an aggregate persisted past it), never others; states
-are written only after their records' outputs are settled, so when one
-aggregate is past a record, all of that record's late events are written
-and any subset of indexes is at or below the mark.
+Late decisions under replay. A value is late when the stage's watermark
+has passed its window (``stages.watermark``), and the watermark depends on
+how the root partitions interleave, which a replay does not repeat. So the
+records after the last commit are decided afresh on replay, except those
+whose late events the scan finds in the late-events topic: the scan also
+keeps, per input record past its partition's committed offset, which values
+(``onceflow.stage``, ``onceflow.position``) went late and at which index
+(``LateMarks``), and the replay routes exactly those values late again
+without producing them a second time. Every other decision of the first run
+was never visible: a value it folded whose state was written is a duplicate
+for the replay (the route watermarks), and one whose state was not written
+is folded or found late anew, once. A fresh late event of a record gets an
+index above those already written, so the skip above lets it through.
 """
 
 from __future__ import annotations
@@ -33,6 +41,26 @@ from onceflow.stages.state import TopicPartition
 PIPELINE = "onceflow.pipeline"
 SOURCE = "onceflow.source"
 INDEX = "onceflow.index"
+STAGE = "onceflow.stage"
+POSITION = "onceflow.position"
+
+#: A late value: its stage and its position in its root partition.
+LateValue = tuple[str, Position]
+#: Input partition -> input offset -> late values of that record already written, with
+#: their indexes.
+LateFound = dict[TopicPartition, dict[int, dict[LateValue, int]]]
+
+
+def late_value(headers: Sequence[Header] | None) -> tuple[LateValue, int] | None:
+    """The stage and position of a late event (and its index); None for a dead letter."""
+    stage, position = header(headers, STAGE), header(headers, POSITION)
+    if stage is None or position is None:
+        return None
+    try:
+        return ((stage.decode(), tuple(int(part) for part in position.split(b"."))),
+                int(header(headers, INDEX) or b"0"))
+    except ValueError:  # UnicodeDecodeError too
+        return None
 
 
 def side_partition(input_partition: int, partitions: int) -> int:
@@ -72,11 +100,13 @@ class SideOutputs:
         self._written = written
         self.partitions: dict[str, int] = {}  # topic -> partition count, from the scan
         self.skipped = 0  # outputs dropped as already written, since last taken
+        self.late = LateMarks()  # late values a replay routes late again
 
-    def placed(self, outputs: Iterable[Output], record: ConsumedRecord) -> Iterator[Output]:
-        """``outputs`` of one record, in order (their index is their order), each on the
-        partition its input partition maps to, less those already written."""
-        for index, output in enumerate(outputs):
+    def placed(self, outputs: Iterable[Output], record: ConsumedRecord, first: int = 0
+               ) -> Iterator[Output]:
+        """``outputs`` of one record, in order (their index is ``first`` + their order),
+        each on the partition its input partition maps to, less those already written."""
+        for index, output in enumerate(outputs, first):
             count = self.partitions.get(output.topic)
             if count is None:
                 yield output
@@ -86,3 +116,40 @@ class SideOutputs:
                 self.skipped += 1
                 continue
             yield output._replace(partition=side_partition(record.partition, count))
+
+
+class LateMarks:
+    """The late values of records past the committed offsets that the late-events topic
+    already holds (found by the scan on assignment): a replay routes them late again.
+
+    A partition's marks go once the replay passes their highest offset.
+    """
+
+    def __init__(self) -> None:
+        self._marks: LateFound = {}
+        self._last: dict[TopicPartition, int] = {}
+
+    def resume(self, found: LateFound, scanned: Iterable[TopicPartition]) -> None:
+        for tp in scanned:
+            self._marks.pop(tp, None)
+            self._last.pop(tp, None)
+        for tp, records in found.items():
+            if records:
+                self._marks[tp] = records
+                self._last[tp] = max(records)
+
+    def of(self, record: ConsumedRecord) -> dict[LateValue, int] | None:
+        """The late values already written for ``record``; None if none."""
+        if not self._marks:
+            return None
+        tp = (record.topic, record.partition)
+        last = self._last.get(tp)
+        if last is None:
+            return None
+        if record.offset > last:
+            del self._marks[tp], self._last[tp]
+            return None
+        return self._marks[tp].get(record.offset)
+
+    def __len__(self) -> int:
+        return len(self._marks)

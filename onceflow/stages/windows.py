@@ -1,15 +1,19 @@
 """Tumbling event-time windows with allowed lateness, as a fold over a key's state.
 
 A windowed aggregate's state is ``{"open": {start_ms: value}, "max_ts": ms}``:
-the windows still open and the highest event time the key has seen. A
-window [start, start + size) closes once ``max_ts >= end + allowed_lateness``;
-its final value leaves the state and becomes a history row
-``(stage, key, start)``. An event whose window has already closed is late:
-it is not folded, but counted and routed to the late-events topic.
+the windows still open and the event time up to which the key's windows are
+closed. A window [start, start + size) closes once the stage's watermark
+(``stages.watermark``: the lowest of the highest event times of the root
+partitions feeding the stage) reaches ``end + allowed_lateness``; its final
+value leaves the state and becomes a history row ``(stage, key, start)``,
+and ``max_ts`` becomes that watermark. An event whose window closes at or
+before ``max_ts`` is late: it is not folded, but counted and routed to the
+late-events topic.
 
-Event time is tracked per key, so the decision for each event depends only
-on that key's earlier events: replays decide the same way, and the ground
-truth can be recomputed from the input alone.
+``max_ts`` keeps its name from the earlier rule (the key's own highest event
+time, under which every window closing at or before it was closed too), so
+states written by it load and mean the same. How a replay, which may meet
+another watermark, keeps its late decisions consistent: ``side_outputs``.
 """
 
 from __future__ import annotations
@@ -55,33 +59,47 @@ class WindowStep(NamedTuple):
     late_by_ms: int | None = None  # set when the value was late (and not folded)
 
 
+def close_due(window: Tumbling, state: dict[str, Any], watermark: int | None
+              ) -> WindowStep:
+    """Close the windows the stage's ``watermark`` has passed; the state then records it.
+
+    Answers the state unchanged (same object) when nothing is due.
+    """
+    closed_to = state["max_ts"]
+    if watermark is None or (closed_to is not None and watermark <= closed_to):
+        return WindowStep(state, [])
+    last_start = watermark - window.size_ms - window.allowed_lateness_ms  # closes_at <= wm
+    opened: dict[str, Any] = state["open"]
+    closed = sorted((int(s), v) for s, v in opened.items() if int(s) <= last_start)
+    if closed:
+        opened = {s: v for s, v in opened.items() if int(s) > last_start}
+    return WindowStep({"open": opened, "max_ts": watermark}, closed)
+
+
 def fold_windowed(
     window: Tumbling,
     init: Callable[[], Any],
     fold: Callable[[Any, Any], Any],
     state: dict[str, Any],
     value: Any,
+    watermark: int | None = None,
 ) -> WindowStep:
     """Fold ``value`` into its window; never mutates ``state`` (units may roll back).
 
-    Every open window closes after ``max_ts`` (the state holds no window due
-    to close), so windows are only scanned when ``max_ts`` rises.
+    First the key's windows the stage's ``watermark`` has passed close (the
+    state may not have been touched since it rose); then a value whose window
+    closes at or before what the key has closed up to is late, and keeps the
+    state with those closings.
     """
     ts = int(window.event_time_ms(value))
     start = ts - ts % window.size_ms
     closes_at = start + window.size_ms + window.allowed_lateness_ms
-    max_ts = state["max_ts"]
-    if max_ts is not None and closes_at <= max_ts:
-        return WindowStep(state, [], max_ts - closes_at)
+    caught_up = close_due(window, state, watermark)
+    state, closed = caught_up.state, caught_up.closed
+    closed_to = state["max_ts"]
+    if closed_to is not None and closes_at <= closed_to:
+        return WindowStep(state, closed, closed_to - closes_at)
     opened: dict[str, Any] = dict(state["open"])
     slot = str(start)  # JSON object keys are strings
     opened[slot] = fold(opened[slot] if slot in opened else init(), value)
-    if max_ts is not None and ts <= max_ts:
-        return WindowStep({"open": opened, "max_ts": max_ts}, [])
-    max_ts = ts
-    last_start = max_ts - window.size_ms - window.allowed_lateness_ms  # closes_at <= max_ts
-    closed = [(int(s), v) for s, v in opened.items() if int(s) <= last_start]
-    for s, _ in closed:
-        del opened[str(s)]
-    closed.sort()
-    return WindowStep({"open": opened, "max_ts": max_ts}, closed)
+    return WindowStep({"open": opened, "max_ts": closed_to}, closed)

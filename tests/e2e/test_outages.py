@@ -17,7 +17,7 @@ from proxy import CuttableProxy
 from recovery import drained, quick_recovery
 
 from onceflow.devtools import harness, services
-from onceflow.devtools.chaos import expected_windows, stored_windows
+from onceflow.devtools.chaos import expected_windows, read_late, stored_windows
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
@@ -167,7 +167,9 @@ def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exact
     raw, normalized = unique_name("raw"), unique_name("norm")
     prefix = unique_name("p")
     redis_url = f"redis://{redis_service.address}/0"
-    common = quick_recovery(kafka.address, redis_url, prefix)
+    late_topic = unique_name("late")
+    common = {**quick_recovery(kafka.address, redis_url, prefix),
+              "onceflow.kafka.late-events-topic": late_topic}
     env = {**os.environ, "ONCEFLOW_CHAIN_RAW_TOPIC": raw,
            "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": normalized, "ONCEFLOW_ROBOTS_STORE": "redis"}
     groups = {"republisher": unique_name("rep"), "aggregator": unique_name("agg")}
@@ -189,7 +191,7 @@ def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exact
     outbox = RedisStore(redis_url, prefix, "robots-normalize")
     stream = generate(20_000, seed=51, disorder=0.05)
     try:
-        for topic in (raw, normalized):
+        for topic in (raw, normalized, late_topic):
             create_topic(kafka.address, topic, 4)
         for worker in workers.values():
             worker.start()
@@ -215,7 +217,9 @@ def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exact
         assert "child consumer failed" in logs  # its stream broke and was re-created alone
         for worker in workers.values():
             assert worker.terminate(10) == 0
-        truth, _ = expected_windows(stream)
+        late, twice = asyncio.run(read_late(kafka.address, late_topic, 4))
+        truth, _ = expected_windows(stream, late)
+        assert twice == 0
         store = RedisStore(redis_url, prefix, "robots-windows")
         for stage in ("per_robot_minute", "per_robot_day"):
             found, overlaps = stored_windows(store, stage)

@@ -502,6 +502,16 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "expected an integer in 1..1000000000, got 2000000000",
         ),
         (
+            "windows.idle-timeout = 500ms",
+            "onceflow.windows.idle-timeout",
+            "expected a duration in 1s..7d, got 500ms",
+        ),
+        (
+            "windows.idle-timeout = 8d",
+            "onceflow.windows.idle-timeout",
+            "expected a duration in 1s..7d, got 8d",
+        ),
+        (
             "state.history.retention = 500ms",
             "onceflow.state.history.retention",
             "expected 0s (keep forever) or a duration in 1s..7300d, got 500ms",
@@ -860,6 +870,13 @@ def test_bad_override_is_blamed_on_the_overrides(app_file: AppFile) -> None:
         "<overrides>: onceflow.kafka.bootstrap-servers: "
         "expected one HOCON value, got 'a:1,b:2' (quote it)"
     )
+
+
+def test_the_window_idle_timeout_defaults_to_five_minutes_and_is_read(app_file: AppFile
+                                                                       ) -> None:
+    assert load_settings(app_file(PIPELINE)).windows.idle_timeout == 300.0
+    path = app_file(PIPELINE + "onceflow.windows.idle-timeout = 90s\n")
+    assert load_settings(path).windows.idle_timeout == 90.0
 
 
 # --- landing zone and analytics -----------------------------------------------

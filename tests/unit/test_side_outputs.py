@@ -19,7 +19,7 @@ from onceflow.stages import Pipeline
 from onceflow.stages.outcome import Output
 from onceflow.stages.output_tail import TailScan, Written, windows
 from onceflow.stages.runner import PipelineRunner
-from onceflow.stages.side_outputs import SideOrigin, side_partition
+from onceflow.stages.side_outputs import SideOrigin, late_value, side_partition
 from onceflow.stages.state import TopicPartition
 
 
@@ -125,15 +125,24 @@ def test_dead_letters_after_a_state_load_wait_for_the_records_held_before_them()
 def test_late_events_carry_their_index_and_a_replay_skips_those_written() -> None:
     batch = [Rec("in", 0, 0, envelope({"k": "a", "ts": [2 * MINUTE]})),
              Rec("in", 0, 1, envelope({"k": "a", "ts": [1_000, 3 * MINUTE, 2_000]}))]
-    late = runner(windowed()).process(batch).outputs
+    first = runner(windowed())
+    first.process(batch[:1])  # the watermark passes minute 0 after this batch
+    late = first.process(batch[1:]).outputs
     assert [(dict(o.headers)["onceflow.index"], dict(o.headers)["onceflow.pipeline"],
              o.partition) for o in late] == [(b"0", b"w", 0), (b"1", b"w", 0)]
-    written, _ = scan(late[:1], {("in", 0): 0}, pipeline_id="w")  # killed after the first
-    assert written == {("in", 0): (1, 0)}
+    tail = TailScan({("in", 0): 0}, SideOrigin("w"), late_of=late_value)
+    tail.feed((o.value, o.headers) for o in late[:1])  # killed after the first
+    assert tail.written == {("in", 0): (1, 0)}
+    assert tail.late == {("in", 0): {1: {("per_minute", (1, 0)): 0}}}
     replay = runner(windowed())
-    replay.written.resume("late", written, [("in", 0)])
-    again = replay.process(batch).outputs
-    assert [dict(o.headers)["onceflow.index"] for o in again] == [b"1"]
+    replay.written.resume("late", tail.written, [("in", 0)])
+    replay.side.late.resume(tail.late, [("in", 0)])
+    replay.process(batch[:1])
+    again = replay.process(batch[1:])
+    # The value written late stays late (not produced again); the other is decided again.
+    assert [(dict(o.headers)["onceflow.index"], dict(o.headers)["onceflow.position"])
+            for o in again.outputs] == [(b"1", b"1.2")]
+    assert again.late["per_minute"] == 2
 
 
 class Counts:

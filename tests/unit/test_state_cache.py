@@ -180,11 +180,13 @@ def test_an_evicted_key_reloads_its_written_state_and_watermarks() -> None:
     assert outcome.duplicates["sum"] == 2 and not outcome.folded
     assert table.states["a"].value == 12
     assert table.states["a"].watermarks == {("in", 0): (1,)}
+    # Nothing closed yet: the watermark (200) is below the second's close at 1000.
     assert runner.tables[1].states["a"].value == {"open": {"0": 2}, "max_ts": 200}
     runner.process([record(3, "a", 1, ts=1500)])  # a new one folds onto the stored value
     assert table.states["a"].value == 13
     assert runner.tables[1].states["a"].value == {"open": {"1000": 1}, "max_ts": 1500}
-    assert runner.tables[1].closed == {("a", 0): 2}
+    # The watermark (1500) closes "b"'s window too, though "b" sent nothing since.
+    assert runner.tables[1].closed == {("a", 0): 2, ("b", 0): 1}
 
 
 def test_a_state_taken_but_not_written_is_not_reloaded_stale() -> None:

@@ -111,8 +111,8 @@ def test_a_failing_function_and_an_undecodable_record_become_dead_letters() -> N
 def test_late_events_and_windows() -> None:
     run = TestRun(windowed(lateness_ms=10_000))
     fed = run.feed([Record({"k": "a", "ts": [50_000, 65_000]}),
-                    Record({"k": "a", "ts": [71_000]}),         # closes minute 0
-                    Record({"k": "a", "ts": [1_000, 72_000]})])  # 1_000 is late
+                    Record({"k": "a", "ts": [71_000]})])  # the watermark closes minute 0
+    fed += run.feed([Record({"k": "a", "ts": [1_000, 72_000]})])  # 1_000 is late
     (late,) = run.late
     assert (late.record, late.stage, late.key, late.position) == (fed[2], "per_minute", "a", "2.0")
     assert late.reason == "late for stage 'per_minute' by 1000 ms"

@@ -81,34 +81,49 @@ def test_tumbling_rejects_nonsense() -> None:
         Tumbling(0, event_time_ms=int)
 
 
-def reference_fold(window: Tumbling, state: dict[str, Any], ts: int
+def reference_fold(window: Tumbling, state: dict[str, Any], ts: int, watermark: int | None
                    ) -> tuple[dict[str, Any], list[tuple[int, int]], int | None]:
-    """The windows' rule written plainly: count the event, then close every window due."""
-    start = ts - ts % window.size_ms
-    max_ts = state["max_ts"]
-    if max_ts is not None and window.closes_at(start) <= max_ts:
-        return state, [], max_ts - window.closes_at(start)
+    """The windows' rule written plainly: close every window the watermark passed, then
+    refuse the event if its window closed, else count it."""
+    closed_to = state["max_ts"]
     opened = dict(state["open"])
+    closed = []
+    if watermark is not None and (closed_to is None or watermark > closed_to):
+        closed_to = watermark
+        closed = sorted((int(s), v) for s, v in opened.items()
+                        if window.closes_at(int(s)) <= closed_to)
+        opened = {s: v for s, v in opened.items() if window.closes_at(int(s)) > closed_to}
+    start = ts - ts % window.size_ms
+    if closed_to is not None and window.closes_at(start) <= closed_to:
+        return {"open": opened, "max_ts": closed_to}, closed, closed_to - window.closes_at(start)
     opened[str(start)] = opened.get(str(start), 0) + 1
-    max_ts = ts if max_ts is None else max(max_ts, ts)
-    closed = sorted((int(s), v) for s, v in opened.items() if window.closes_at(int(s)) <= max_ts)
-    for s, _ in closed:
-        del opened[str(s)]
-    return {"open": opened, "max_ts": max_ts}, closed, None
+    return {"open": opened, "max_ts": closed_to}, closed, None
 
 
 @settings(max_examples=300, deadline=None)
 @given(size=st.integers(1, 50), lateness=st.integers(0, 120),
-       times=st.lists(st.integers(0, 2_000), max_size=60))
-def test_the_fast_fold_decides_like_the_plain_rule(size: int, lateness: int,
-                                                   times: list[int]) -> None:
-    # fold_windowed scans for closing windows only when max_ts rises; on any event
-    # order (late, equal, out of order) it must close, keep and refuse what the plain rule does.
+       events=st.lists(st.tuples(st.integers(0, 2_000), st.integers(-1, 2_000)), max_size=60))
+def test_the_fold_decides_like_the_plain_rule(size: int, lateness: int,
+                                              events: list[tuple[int, int]]) -> None:
+    # Any event order and any watermark sequence (-1: none yet; a lower one than before
+    # changes nothing): fold_windowed closes, keeps and refuses what the plain rule does.
     window = Tumbling(size, event_time_ms=lambda ts: ts, allowed_lateness_ms=lateness)
     fast = plain = empty_windows()
-    for ts in times:
-        step = fold_windowed(window, lambda: 0, lambda n, _: n + 1, fast, ts)
-        plain, closed, late_by = reference_fold(window, plain, ts)
+    for ts, mark in events:
+        watermark = None if mark < 0 else mark
+        step = fold_windowed(window, lambda: 0, lambda n, _: n + 1, fast, ts, watermark)
+        plain, closed, late_by = reference_fold(window, plain, ts, watermark)
         assert (step.closed, step.late_by_ms) == (closed, late_by)
         fast = step.state
         assert fast == plain
+
+
+def test_an_old_state_keeps_its_closed_windows_closed() -> None:
+    # A state written by the per-key rule ("max_ts": the key's highest event time) loads
+    # and means the same: every window closing at or before it is closed.
+    window = Tumbling(MINUTE, event_time_ms=lambda ts: ts)
+    old = {"open": {str(2 * MINUTE): 4}, "max_ts": 2 * MINUTE + 5}
+    step = fold_windowed(window, lambda: 0, lambda n, _: n + 1, old, MINUTE + 1, None)
+    assert step.late_by_ms == 5 and step.state == old
+    step = fold_windowed(window, lambda: 0, lambda n, _: n + 1, old, 2 * MINUTE + 1, None)
+    assert step.state == {"open": {str(2 * MINUTE): 5}, "max_ts": 2 * MINUTE + 5}

@@ -167,7 +167,8 @@ def test_analytics_after_chaos_equal_ground_truth(
     context = f"seed={seed}, logs in {tmp_path}: {report}"
     assert report.exact, context
     assert sum(report.kills.values()) == 4, context
-    truth, _ = expected_windows(generate(options.messages, seed=seed, disorder=options.disorder))
+    truth, _ = expected_windows(generate(options.messages, seed=seed, disorder=options.disorder),
+                                report.late_events)
 
     settings = job_settings(store_settings, landing)
     pipeline = build_windows("unused", store)

@@ -18,7 +18,7 @@ from onceflow.analytics.cli import cli as analytics_cli
 from onceflow.analytics.follow import follow_stages
 from onceflow.analytics.landing import read_landing
 from onceflow.devtools import harness
-from onceflow.devtools.chaos import expected_windows, stored_windows
+from onceflow.devtools.chaos import expected_windows, read_late, stored_windows
 from onceflow.devtools.robot_stream import fastening_events, generate
 from onceflow.devtools.services import ServiceInfo
 from onceflow.examples.robot_chain import DAY_STAGE, MINUTE_STAGE
@@ -46,7 +46,9 @@ def test_kill_between_landing_and_commit_leaves_no_duplicate_rows(
     topic, group, prefix = unique_name("land"), unique_name("g"), unique_name("p")
     landing = tmp_path / "landing"
     stream = generate(3_000, robots=40, seed=11, disorder=0.05)
+    late_topic = unique_name("late")
     asyncio.run(harness.create_topic(bootstrap, topic, 4))
+    asyncio.run(harness.create_topic(bootstrap, late_topic, 4))
     ends = asyncio.run(harness.produce(bootstrap, topic, fastening_events(stream)))
     settings = {
         "onceflow.pipeline": "onceflow.examples.robot_chain:windows",
@@ -55,6 +57,7 @@ def test_kill_between_landing_and_commit_leaves_no_duplicate_rows(
         "onceflow.stores.redis.url": f"redis://{redis_service.address}/0",
         "onceflow.stores.redis.key-prefix": prefix,
         "onceflow.landing.dir": str(landing),
+        "onceflow.kafka.late-events-topic": late_topic,
     }
     env = {**os.environ, "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": topic,
            "ONCEFLOW_ROBOTS_STORE": "redis"}
@@ -82,7 +85,9 @@ def test_kill_between_landing_and_commit_leaves_no_duplicate_rows(
     for name, row in before.items():  # files written before the kill were kept as they were
         assert after[name] == row
     store = RedisStore(settings["onceflow.stores.redis.url"], prefix, "robots-windows")
-    truth, _ = expected_windows(stream)
+    late, twice = asyncio.run(read_late(bootstrap, late_topic, 4))
+    truth, _ = expected_windows(stream, late)
+    assert twice == 0
     try:
         for stage in STAGES:
             history = {(robot, start): json.loads(value)

@@ -1,0 +1,252 @@
+"""Event-time progress of a windowed stage: when its windows may close.
+
+Per input partition the stage is consumed from, and per root partition
+(``stages.lineage``) of the records that reach it through there, the highest
+event time seen (replays and duplicates included: they are real progress).
+The partition's *watermark* is the minimum over those root partitions, as
+Flink's is: after a re-keying hop a key's events come from many root
+partitions through its one input partition (its home), and a window closes
+only once every one of them has passed its end plus the allowed lateness,
+so a lagging upstream (a republisher killed and catching up) holds windows
+open instead of making its events late.
+
+Idle roots: a root partition more than ``idle_ms`` of event time behind the
+most advanced one of the same input partition stops holding the watermark
+(``max(lowest, highest - idle_ms)``), so a root partition that went silent
+does not stop every window. Event time, not the wall clock, on purpose: the
+watermark at each record is then a function of the input partition's
+records up to it, which a replay meets in the same order, so a replay
+decides every value as the first run did (``side_outputs`` keeps a second
+line of defence). The watermark never goes down.
+
+A root partition the stage has never met cannot hold the watermark: nothing
+says it exists. So an input partition met with no row written yet (the
+stage's first start) holds its watermark until its event time has advanced
+``idle_ms`` past the first event met there (``hold_new``): a root partition
+whose first events are less than that behind is waited for.
+
+The maxima are written per input partition (a row of the reserved stage
+``__windows__``, key ``<stage>|wm|<topic>|<partition>``) after the states of
+each snapshot, and read back on assignment, before any record: never ahead
+of what the states hold, and a restarted worker continues from exactly the
+watermark its states were written with.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from onceflow.stages.lineage import RootPartition
+from onceflow.stages.state import TopicPartition
+
+#: The reserved stage id of watermark and open-window index rows.
+WINDOWS_STAGE = "__windows__"
+#: Reads rows of ``WINDOWS_STAGE`` from a store: keys -> the rows found.
+RowLoader = Callable[[str, Iterable[str]], Mapping[str, bytes]]
+
+
+def row_key(stage_id: str, kind: str, tp: TopicPartition) -> str:
+    return f"{stage_id}|{kind}|{tp[0]}|{tp[1]}"
+
+
+class PartitionWatermark:
+    """The watermark of one input partition of a windowed stage."""
+
+    __slots__ = ("held_until", "idle_ms", "low", "roots", "top", "value")
+
+    def __init__(self, idle_ms: int, roots: dict[RootPartition, int] | None = None,
+                 held_until: int | None = None, value: int | None = None):
+        self.idle_ms = idle_ms
+        self.roots = roots or {}
+        self.held_until = held_until  # no watermark before the top reaches it (hold_new)
+        self.value = value
+        self.top = max(self.roots.values(), default=None)
+        self.low = min(self.roots.values(), default=None)
+
+    def observe(self, root: RootPartition, ts: int) -> bool:
+        """An event of ``root``; True when the partition's maxima changed."""
+        roots = self.roots
+        seen = roots.get(root)
+        if seen is not None and ts <= seen:
+            return False
+        roots[root] = ts
+        if self.top is None or ts > self.top:
+            self.top = ts
+        if seen is None or seen == self.low:
+            self.low = min(roots.values())
+        top, low = self.top, self.low
+        assert top is not None and low is not None
+        if self.held_until is not None:
+            if top < self.held_until:
+                return True
+            self.held_until = None
+        mark = max(low, top - self.idle_ms)
+        if self.value is None or mark > self.value:
+            self.value = mark
+        return True
+
+    def encode(self) -> bytes:
+        doc: dict[str, Any] = {"r": [[t, p, ts] for (t, p), ts in sorted(self.roots.items())],
+                               "v": self.value}
+        if self.held_until is not None:
+            doc["h"] = self.held_until
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, row: bytes, idle_ms: int) -> PartitionWatermark:
+        doc = json.loads(row)
+        return cls(idle_ms, {(t, p): ts for t, p, ts in doc["r"]}, doc.get("h"), doc["v"])
+
+
+class StageWatermark:
+    """The watermarks of one windowed stage's input partitions on this worker."""
+
+    def __init__(self, stage_id: str, idle_ms: int, hold_new: bool = False):
+        self.stage_id = stage_id
+        self.idle_ms = idle_ms
+        self.hold_new = hold_new
+        self.partitions: dict[TopicPartition, PartitionWatermark] = {}
+        self.dirty: set[TopicPartition] = set()
+
+    def install(self, tp: TopicPartition, row: bytes | None) -> None:
+        """The row read back for an input partition (None: nothing written yet; it is
+        written at the next snapshot, even empty, so a restart holds nothing)."""
+        if row is not None:
+            self.partitions[tp] = PartitionWatermark.decode(row, self.idle_ms)
+            return
+        self.partitions[tp] = PartitionWatermark(self.idle_ms)
+        self.dirty.add(tp)
+        if self.hold_new:
+            self.partitions[tp].held_until = -1  # set at the first event
+
+    def observe(self, tp: TopicPartition, root: RootPartition, ts: int) -> None:
+        """An event of ``root`` consumed from ``tp`` (``install`` came first)."""
+        mark = self.partitions[tp]
+        if mark.held_until == -1:
+            mark.held_until = ts + self.idle_ms
+        if mark.observe(root, ts):
+            self.dirty.add(tp)
+
+    def value(self, tp: TopicPartition) -> int | None:
+        return self.partitions[tp].value
+
+    def take_rows(self) -> dict[str, bytes]:
+        """The changed partitions' rows, to be written after the snapshot's states."""
+        rows = {row_key(self.stage_id, "wm", tp): self.partitions[tp].encode()
+                for tp in sorted(self.dirty) if tp in self.partitions}
+        self.dirty = set()
+        return rows
+
+    def forget(self) -> None:
+        """Drop everything (a rebalance): partitions are read back when met again."""
+        self.partitions.clear()
+        self.dirty.clear()
+
+
+class OpenWindows:
+    """Which keys of a windowed stage hold open windows, per input partition, with the
+    event time their earliest window closes at (None: not known since read back).
+
+    It outlives the state cache (a key evicted with open windows stays here), so a key
+    that went silent still has its windows closed when the watermark passes them. It is
+    written per input partition (key ``<stage>|open|<topic>|<partition>``, a JSON list
+    of keys) BEFORE the states of each snapshot, as the union of the keys open now and
+    at the previous snapshot: whatever mix of this and the previous snapshot's states a
+    crash leaves in the store, every state with an open window is listed. A key listed
+    without one is read once and dropped.
+    """
+
+    def __init__(self, stage_id: str):
+        self.stage_id = stage_id
+        self.keys: dict[str, tuple[TopicPartition, int | None]] = {}
+        self._by_tp: dict[TopicPartition, set[str]] = {}
+        self._previous: dict[TopicPartition, set[str]] = {}  # open at the last snapshot
+        self._written: dict[TopicPartition, set[str]] = {}  # the rows as last written
+        self._changed: set[TopicPartition] = set()
+        self._shrinking: set[TopicPartition] = set()
+        self._heaps: dict[TopicPartition, list[tuple[int, str]]] = {}  # stale entries skipped
+        self._unknown: dict[TopicPartition, set[str]] = {}  # read back, close not known yet
+
+    def install(self, tp: TopicPartition, row: bytes | None) -> None:
+        """The keys read back for an input partition; their close times are unknown."""
+        keys = set() if row is None else set(json.loads(row))
+        self._by_tp.setdefault(tp, set())
+        self._previous[tp] = set(keys)  # any of them may be open in the store
+        self._written[tp] = set(keys)
+        for key in keys:
+            if key not in self.keys:
+                self.note(key, tp, None, known=False)
+
+    def note(self, key: str, tp: TopicPartition, closes_at: int | None,
+             known: bool = True) -> None:
+        """A key's earliest open window now closes at ``closes_at`` (None with ``known``:
+        it has no open window any more)."""
+        old = self.keys.get(key)
+        if known and closes_at is None:
+            if old is not None:
+                del self.keys[key]
+                self._by_tp[old[0]].discard(key)
+                self._changed.add(old[0])
+            return
+        if old is not None and old[0] != tp:  # fed from another partition (single worker)
+            self._by_tp[old[0]].discard(key)
+            self._changed.add(old[0])
+            old = None
+        self.keys[key] = (tp, closes_at)
+        if closes_at is None:
+            self._unknown.setdefault(tp, set()).add(key)
+        elif old is None or old[1] != closes_at:
+            heapq.heappush(self._heaps.setdefault(tp, []), (closes_at, key))
+        if old is None:
+            self._by_tp.setdefault(tp, set()).add(key)
+            self._changed.add(tp)
+
+    def due(self, tp: TopicPartition, watermark: int) -> list[str]:
+        """Keys fed from ``tp`` whose earliest window closes at or before ``watermark``, or
+        is unknown (taken: the caller notes each again)."""
+        keys = self.keys
+        due = {key for key in self._unknown.pop(tp, ()) if key in keys}
+        heap = self._heaps.get(tp, [])
+        while heap and heap[0][0] <= watermark:
+            closes_at, key = heapq.heappop(heap)
+            entry = keys.get(key)
+            if entry is not None and entry == (tp, closes_at):
+                due.add(key)
+        return sorted(due)
+
+    def take_rows(self) -> dict[str, bytes]:
+        """The rows that changed, to be written before the snapshot's states."""
+        rows = {}
+        visit = self._changed | self._shrinking
+        for tp in sorted(visit):
+            now = set(self._by_tp.get(tp, ()))
+            listed = now | self._previous.get(tp, set())
+            if listed != self._written.get(tp):
+                rows[row_key(self.stage_id, "open", tp)] = json.dumps(
+                    sorted(listed), separators=(",", ":")).encode()
+                self._written[tp] = listed
+            self._previous[tp] = now
+        # Keys that closed are dropped from the row one snapshot later.
+        self._shrinking = {tp for tp in visit if self._written.get(tp) != self._previous[tp]}
+        self._changed = set()
+        return rows
+
+    def forget(self) -> None:
+        self.keys.clear()
+        self._by_tp.clear()
+        self._previous.clear()
+        self._written.clear()
+        self._changed.clear()
+        self._shrinking.clear()
+        self._heaps.clear()
+        self._unknown.clear()
+
+
+def earliest_close(opened: Mapping[str, object], size_ms: int, lateness_ms: int) -> int | None:
+    """When the earliest of a state's open windows closes; None without one."""
+    if not opened:
+        return None
+    return min(map(int, opened)) + size_ms + lateness_ms
