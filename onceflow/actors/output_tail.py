@@ -103,6 +103,39 @@ def _unmapped(topic: str, partition: int) -> int | None:
     raise AssertionError("a side output's partitions are known only once read")
 
 
+async def fetched_high_watermarks(options: Mapping[str, Any],
+                                  starts: Mapping[KafkaPartition, int | None],
+                                  timeout: float) -> dict[KafkaPartition, int]:
+    """Each partition's high watermark from fetches at ``starts`` (None: 0), all at once (an
+    idle partition answers only after the fetch wait: one wait, not one per partition).
+    Never ListOffsets, which some brokers (Tansu) answer wrongly for multi-record batches.
+
+    A consumer of its own: aiokafka's consumer hung (in ``stop``) after one that fetched
+    several partitions was re-assigned to one of them.
+    """
+    if not starts:
+        return {}
+    consumer = AIOKafkaConsumer(**options)
+    await consumer.start()
+    try:
+        consumer.assign(list(starts))
+        for tp, offset in starts.items():
+            consumer.seek(tp, offset or 0)
+        highs: dict[KafkaPartition, int] = {}
+        deadline = time.monotonic() + timeout
+        while missing := [tp for tp in starts if tp not in highs]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no fetch answer for {missing[0].topic}"
+                                   f"{sorted(tp.partition for tp in missing)} within "
+                                   f"{timeout:g}s")
+            await consumer.getmany(*missing, timeout_ms=100, max_records=1)
+            highs.update({tp: int(high) for tp in missing
+                          if (high := consumer.highwater(tp)) is not None})
+        return highs
+    finally:
+        await consumer.stop()
+
+
 def tail_options(consumer_options: Mapping[str, Any]) -> dict[str, Any]:
     """A group-less reader on the same cluster as the worker's consumer."""
     keep = ("bootstrap_servers", "client_id", "request_timeout_ms", "security_protocol",
@@ -187,31 +220,7 @@ class TailReader:
 
     async def _high_watermarks(self, tps: Sequence[KafkaPartition]
                                ) -> dict[KafkaPartition, int]:
-        """Each partition's high watermark, from fetches of them all at once (an empty
-        partition answers only after the fetch wait: one wait, not one per partition).
-
-        A consumer of its own: aiokafka's consumer hung (in ``stop``) after one
-        that fetched several partitions was re-assigned to one of them.
-        """
-        consumer = AIOKafkaConsumer(**self._options)
-        await consumer.start()
-        try:
-            consumer.assign(list(tps))
-            for tp in tps:
-                consumer.seek(tp, 0)
-            highs: dict[KafkaPartition, int] = {}
-            deadline = time.monotonic() + self._timeout
-            while missing := [tp for tp in tps if tp not in highs]:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no fetch answer for {missing[0].topic}"
-                                       f"{sorted(tp.partition for tp in missing)} within "
-                                       f"{self._timeout:g}s")
-                await consumer.getmany(*missing, timeout_ms=100, max_records=1)
-                highs.update({tp: int(high) for tp in missing
-                              if (high := consumer.highwater(tp)) is not None})
-            return highs
-        finally:
-            await consumer.stop()
+        return await fetched_high_watermarks(self._options, dict.fromkeys(tps, 0), self._timeout)
 
     async def _read(self, consumer: AIOKafkaConsumer, tp: KafkaPartition, start: int, end: int
                     ) -> list[tuple[bytes | None, Sequence[Header]]]:

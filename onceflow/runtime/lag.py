@@ -12,14 +12,13 @@ every input partition means everything produced so far is in the stores.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from onceflow.actors.output_tail import tail_options
+from onceflow.actors.output_tail import fetched_high_watermarks, tail_options
 
 __all__ = ["GroupLag", "PartitionLag", "read_lag"]
 
@@ -70,33 +69,7 @@ async def _read_lag(options: dict[str, Any], group: str, topics: Sequence[str],
         committed = {tp: await reader.committed(tp) for tp in tps}
     finally:
         await reader.stop()
-    ends = await _high_watermarks(options, committed, timeout)
+    ends = await fetched_high_watermarks(options, committed, timeout)
     return GroupLag(group, tuple(PartitionLag(tp.topic, tp.partition, committed[tp], ends[tp])
                                  for tp in tps),
                     tuple(t for t in topics if t not in known))
-
-
-async def _high_watermarks(options: dict[str, Any], start: Mapping[TopicPartition, int | None],
-                           timeout: float) -> dict[TopicPartition, int]:
-    """Each partition's high watermark from fetches at its committed offset (one fetch
-    wait for all: an idle partition answers only when the wait ends)."""
-    if not start:
-        return {}
-    consumer = AIOKafkaConsumer(**options)
-    await consumer.start()
-    try:
-        consumer.assign(list(start))
-        for tp, offset in start.items():
-            consumer.seek(tp, offset or 0)
-        highs: dict[TopicPartition, int] = {}
-        deadline = time.monotonic() + timeout
-        while missing := [tp for tp in start if tp not in highs]:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no fetch answer for {missing[0].topic}"
-                                   f"[{missing[0].partition}] within {timeout:g}s")
-            await consumer.getmany(*missing, timeout_ms=100, max_records=1)
-            highs.update({tp: int(high) for tp in missing
-                          if (high := consumer.highwater(tp)) is not None})
-        return highs
-    finally:
-        await consumer.stop()

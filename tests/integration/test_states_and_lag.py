@@ -84,6 +84,7 @@ def test_status_lag_and_read_states_equal_what_the_worker_persisted(
                          session-timeout = 6s, heartbeat-interval = 2s }}
         onceflow.persistence.interval = 500ms
         onceflow.commit.interval = 1s
+        onceflow.windows.idle-timeout = 10s  # the first start closes windows after this
         onceflow.stores.redis {{ url = "{redis_url}", key-prefix = "{prefix}" }}
         onceflow.stores.cassandra {{ contact-points = ["{cassandra_service.host}"],
             port = {cassandra_service.port}, keyspace = "{keyspace}", protocol-version = 3 }}

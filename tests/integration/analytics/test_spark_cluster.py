@@ -79,6 +79,7 @@ def test_analytics_on_a_standalone_cluster_equals_local_mode(
                          session-timeout = 6s, heartbeat-interval = 2s }}
         onceflow.persistence.interval = 500ms
         onceflow.commit.interval = 1s
+        onceflow.windows.idle-timeout = 10s  # the first start closes windows after this
         onceflow.stores.redis {{ url = "redis://{redis_service.address}/0",
                                 key-prefix = "{prefix}" }}
         onceflow.stores.cassandra {{ contact-points = ["{cassandra_service.host}"],
