@@ -14,7 +14,7 @@ from pathlib import Path
 
 from helpers import committed, create_topic, expected_counts, stored_states
 from proxy import CuttableProxy
-from recovery import drained, quick_recovery
+from recovery import drained, metric, quick_recovery
 
 from onceflow.devtools import harness, services
 from onceflow.devtools.chaos import expected_windows, read_late, stored_windows
@@ -177,9 +177,11 @@ def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exact
                  "aggregator": "onceflow.examples.robot_chain:windows"}
     # The republisher gives up on the frozen broker after 1 s (before its
     # connection checker restarts the pipeline) and outboxes what it holds.
+    port = services.free_port()
     bounded = {"onceflow.kafka.producer.delivery-timeout": "1s",
                "onceflow.kafka.producer.retries": "1",
-               "onceflow.kafka.connection-checker.check-interval": "4s"}
+               "onceflow.kafka.connection-checker.check-interval": "4s",
+               "onceflow.metrics.port": str(port)}
     workers = {
         name: harness.WorkerProcess(harness.worker_command(
             harness.packaged_config("demo.conf"),
@@ -193,12 +195,18 @@ def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exact
     try:
         for topic in (raw, normalized, late_topic):
             create_topic(kafka.address, topic, 4)
-        for worker in workers.values():
-            worker.start()
-        for worker in workers.values():
-            asyncio.run(worker.assigned())
+        workers["aggregator"].start()
+        asyncio.run(workers["aggregator"].assigned())
         raw_ends = asyncio.run(harness.produce(kafka.address, raw, stream.messages))
-        time.sleep(0.3)  # the republisher is producing its ~60k outputs now
+        # The republisher starts on the whole input and the broker freezes once it has
+        # processed some of it: records it fetched are still to be sent (a fixed delay
+        # after the input would race a republisher that is done in a second).
+        workers["republisher"].start()
+        asyncio.run(workers["republisher"].assigned())
+        deadline = time.monotonic() + 60
+        while metric(port, "onceflow_records_total", absent=0) < 500:
+            assert time.monotonic() < deadline, "the republisher processed nothing"
+            time.sleep(0.01)
         services.freeze(kafka)
         deadline, outboxed = time.monotonic() + 20, 0
         while time.monotonic() < deadline:
