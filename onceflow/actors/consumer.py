@@ -31,6 +31,7 @@ from onceflow.actors.connection_check import ConnectionCheck, check_connection
 from onceflow.actors.continuity import Continuity, GapCheck
 from onceflow.actors.fence import Fencing
 from onceflow.actors.join_watch import JoinWatch, enforce
+from onceflow.actors.kafka_parts import close_parts, ours
 from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
@@ -178,12 +179,12 @@ class ConsumerActor(ReportingActor):
             self._ends_checked = now
             for tp in consumer.assignment():
                 if (high := consumer.highwater(tp)) is not None:
-                    self._continuity.ends_at(_ours(tp), high, now)
+                    self._continuity.ends_at(ours(tp), high, now)
 
     def _continuous(self, tp: KafkaPartition, recs: list[Any]) -> list[Any]:
         """The records of ``tp`` before any hole; a hole makes ``tp`` re-fetch from it."""
         assert self._consumer is not None
-        verdict = self._continuity.check(_ours(tp), recs)
+        verdict = self._continuity.check(ours(tp), recs)
         if verdict.deliver == len(recs) and verdict.accepted is None:
             return recs
         labels = tp.topic, str(tp.partition)
@@ -199,7 +200,7 @@ class ConsumerActor(ReportingActor):
             try:
                 self._consumer.seek(tp, verdict.refetch_from)  # drops what was prefetched
             except IllegalStateError:  # no longer ours: the next owner starts at the commit
-                self._continuity.forget([_ours(tp)])
+                self._continuity.forget([ours(tp)])
             else:
                 self._hold(tp)
                 metrics.REFETCHES.labels(*labels).inc()
@@ -267,10 +268,10 @@ class ConsumerActor(ReportingActor):
                 log.warning("no position for %s[%d] (%r): its cached states are dropped, "
                             "and continuity tracks it from its first record",
                             tp.topic, tp.partition, error)
-                positions[_ours(tp)] = -1
+                positions[ours(tp)] = -1
             else:
-                positions[_ours(tp)] = offset
-                continuity.expect(_ours(tp), offset)
+                positions[ours(tp)] = offset
+                continuity.expect(ours(tp), offset)
 
         await asyncio.gather(*(learn(tp) for tp in assigned))
         return positions
@@ -331,7 +332,7 @@ class ConsumerActor(ReportingActor):
         owned = {tp: o for tp, o in wanted.items() if tp in assigned}
         if owned:
             await self._consumer.commit(owned)
-        return {_ours(tp): o for tp, o in owned.items()}
+        return {ours(tp): o for tp, o in owned.items()}
 
     async def _stop_fetching(self) -> None:
         self._release_all()
@@ -356,7 +357,7 @@ class ConsumerActor(ReportingActor):
             log.warning("consumer did not leave its group within %.1fs (a join was under "
                         "way); the broker drops it after the session timeout",
                         self._stop_timeout)
-            await _close_parts(self._consumer)
+            await close_parts(self._consumer)
 
     def join_began(self) -> None:
         if self._join is not None:
@@ -369,7 +370,7 @@ class ConsumerActor(ReportingActor):
     async def on_revoked(self, revoked: set[KafkaPartition]) -> None:
         """Flush and commit before another member takes the partitions."""
         self._release_all()  # a new assignment starts unpaused
-        lost = frozenset(_ours(tp) for tp in revoked)
+        lost = frozenset(ours(tp) for tp in revoked)
         self._continuity.forget(lost)
         if not lost:
             return
@@ -383,20 +384,3 @@ class ConsumerActor(ReportingActor):
         await loop.run_in_executor(None, lambda: self._commit.ask(CommitNow()))
         await loop.run_in_executor(None, lambda: self._pipeline.ask(Forget(lost)))
         log.info("partitions revoked, flushed and committed: %s", sorted(lost))
-
-
-def _ours(tp: KafkaPartition) -> TopicPartition:
-    """aiokafka's partition as the project's (the ledger, continuity, messages)."""
-    return tp.topic, tp.partition
-
-
-async def _close_parts(consumer: AIOKafkaConsumer) -> None:
-    """Close the fetcher and connections an interrupted ``stop()`` left open.
-
-    aiokafka's ``stop()`` closes them only after the group coordinator has finished
-    (a join under way included); these attributes are private: best effort.
-    """
-    for part in (getattr(consumer, "_fetcher", None), getattr(consumer, "_client", None)):
-        if part is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(part.close(), 1.0)

@@ -13,10 +13,8 @@ from onceflow.actors.delivery import (
     Lanes,
     OutboxTally,
     OutboxWriter,
-    SeqClock,
-    decode_record,
-    encode_record,
 )
+from onceflow.actors.outbox_rows import SeqClock, decode_record, encode_record
 from onceflow.stages.outcome import Output
 from onceflow.stores.base import OutboxKey, StateStore
 from onceflow.stores.fencing import Guard

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runner import Rec
 
-from onceflow.actors.delivery import decode_record, encode_record
+from onceflow.actors.outbox_rows import decode_record, encode_record
 from onceflow.protos.envelope_pb2 import SourceRef
 from onceflow.runtime.config import ConfigError, load_settings
 from onceflow.runtime.wiring import check_exclusive
