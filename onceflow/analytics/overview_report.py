@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,7 +51,7 @@ def draw_charts(tables: Mapping[str, Rows], folder: Path) -> dict[str, Path]:
             per = "key and window" if _windowed(tables, stage) else "key"
             fig.suptitle(f"Distribution per {per} ({stage})")
             fig.tight_layout()
-            charts[f"{stage}-distribution"] = _save(fig, folder / f"{name}-distribution.png")
+            charts[f"{stage}-distribution"] = save_figure(fig, folder / f"{name}-distribution.png")
         fields = [r["field"] for r in dist]
         if fields:
             top = [r for r in tables["top_keys"] if r["stage"] == stage]
@@ -66,7 +66,7 @@ def draw_charts(tables: Mapping[str, Rows], folder: Path) -> dict[str, Path]:
                 axis.tick_params(axis="y", labelsize=7)
             fig.suptitle(f"Top keys ({stage})")
             fig.tight_layout()
-            charts[f"{stage}-top"] = _save(fig, folder / f"{name}-top.png")
+            charts[f"{stage}-top"] = save_figure(fig, folder / f"{name}-top.png")
         series = [r for r in tables["over_time"] if r["stage"] == stage]
         if series:
             fig, axes = plt.subplots(1 + len(fields), 1, figsize=(11, 2.2 * (1 + len(fields))
@@ -90,7 +90,7 @@ def draw_charts(tables: Mapping[str, Rows], folder: Path) -> dict[str, Path]:
             last.set_xlabel("window start (UTC)" if windowed else "time of the landed states (UTC)")
             fig.suptitle(f"Per window ({stage})" if windowed else f"Over time ({stage})")
             fig.tight_layout()
-            charts[f"{stage}-over-time"] = _save(fig, folder / f"{name}-over-time.png")
+            charts[f"{stage}-over-time"] = save_figure(fig, folder / f"{name}-over-time.png")
     return charts
 
 
@@ -98,12 +98,23 @@ def _windowed(tables: Mapping[str, Rows], stage: str) -> bool:
     return any(r["windowed"] for r in tables["stages"] if r["stage"] == stage)
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: Path, dpi: int = 100) -> Path:
+    """Write a chart and free it (pyplot keeps every open figure otherwise)."""
     import matplotlib.pyplot as plt
 
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return path
+
+
+def html_table(rows: Rows, columns: Sequence[str],
+               cell: Callable[[str, Any], str]) -> str:
+    """An HTML table of ``columns`` of ``rows``, each value shown by ``cell`` and escaped."""
+    e = html.escape
+    head = "".join(f"<th>{e(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{e(cell(c, r.get(c)))}</td>" for c in columns)
+                   + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
 
 
 def write_html(path: Path, summary: Mapping[str, Any], tables: Mapping[str, Rows],
@@ -112,10 +123,7 @@ def write_html(path: Path, summary: Mapping[str, Any], tables: Mapping[str, Rows
     e = html.escape
 
     def table(rows: Rows, columns: Sequence[str]) -> str:
-        head = "".join(f"<th>{e(c)}</th>" for c in columns)
-        body = "".join("<tr>" + "".join(f"<td>{e(_cell(c, r.get(c)))}</td>" for c in columns)
-                       + "</tr>" for r in rows)
-        return f"<table><tr>{head}</tr>{body}</table>"
+        return html_table(rows, columns, _cell)
 
     def link(p: Path) -> str:
         return e(p.relative_to(path.parent).as_posix())

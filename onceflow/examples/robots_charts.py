@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from onceflow.analytics.overview_report import html_table, save_figure
+
 __all__ = ["draw_charts", "write_html"]
 
 Rows = Sequence[Mapping[str, Any]]
@@ -132,11 +134,7 @@ def _bar_width(rows: Rows) -> Any:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def write_html(path: Path, summary: Mapping[str, Any], results: Mapping[str, Rows],
@@ -146,10 +144,7 @@ def write_html(path: Path, summary: Mapping[str, Any], results: Mapping[str, Row
     fine = summary["fine_stage"]
 
     def table(rows: Rows, columns: Sequence[str]) -> str:
-        head = "".join(f"<th>{e(c)}</th>" for c in columns)
-        body = "".join("<tr>" + "".join(f"<td>{e(_cell(c, r[c]))}</td>" for c in columns)
-                       + "</tr>" for r in rows)
-        return f"<table><tr>{head}</tr>{body}</table>"
+        return html_table(rows, columns, _cell)
 
     stages = [{"stage": s, **v, "failure_rate": v["failed"] / max(1, v["ok"] + v["failed"])}
               for s, v in summary["stages"].items()]

@@ -33,10 +33,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from onceflow.analytics.overview import OverviewResult
 from onceflow.runtime.settings import Settings
 
 __all__ = ["HOUR_MS", "JobOptions", "JobResult", "report", "run_job", "summary_table"]
@@ -56,14 +57,8 @@ class JobOptions:
     source: str = ""  # for the report: where the windows came from
 
 
-@dataclass
-class JobResult:
-    out: Path
-    tables: dict[str, Path] = field(default_factory=dict)
-    charts: dict[str, Path] = field(default_factory=dict)
-    report: Path | None = None
-    summary: dict[str, Any] = field(default_factory=dict)
-    elapsed: float = 0.0
+#: What the job wrote: the same record as the generic report's.
+JobResult = OverviewResult
 
 
 def robot_counts(windows: Any) -> Any:
