@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,10 @@ import pytest
 
 import onceflow
 from onceflow.devtools import harness
+from onceflow.devtools.chaos import expected_windows
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
+from onceflow.examples.robot_chain import MINUTE_STAGE
 from onceflow.stages.state import decode_state
 from onceflow.stores.base import StateStore
 from onceflow.stores.cassandra_store import CassandraStore
@@ -148,12 +149,7 @@ def test_status_lag_and_read_states_equal_what_the_worker_persisted(
     assert {(r["key"], r["window_start"]): (r["closed"], r["value"]) for r in every} == {
         **{w: (False, v) for w, v in stored_open.items()},
         **{w: (True, v) for w, v in stored_closed.items()}}
-    minutes: dict[tuple[str, int], Counter[str]] = {}
-    for _, value in stream.messages:
-        report = json.loads(value)
-        for r in report["results"]:
-            slot = (report["serial"], r["ts"] - r["ts"] % 60_000)
-            minutes.setdefault(slot, Counter())["ok" if r["ok"] else "failed"] += 1
+    minutes = expected_windows(stream)[0][MINUTE_STAGE]  # every event in its minute
     assert {(r["key"], r["window_start"]): r["value"] for r in every} == {
         slot: {"ok": c["ok"], "failed": c["failed"]} for slot, c in minutes.items()}
     robot = plain[0]["key"]

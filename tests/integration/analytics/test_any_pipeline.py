@@ -23,8 +23,10 @@ from onceflow.analytics.cli import cli as analytics_cli
 from onceflow.analytics.landing import read_landing
 from onceflow.analytics.overview import QUANTILES
 from onceflow.devtools import harness
+from onceflow.devtools.chaos import expected_windows
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
+from onceflow.examples.robot_chain import MINUTE_STAGE
 from onceflow.runtime.config import load_settings
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
@@ -197,12 +199,7 @@ def test_user_job_and_generic_report_over_windowed_and_plain_stages(
     run_worker(bootstrap, settings, {"MIXED_TOPIC": topic, "PYTHONPATH": path}, tmp_path, topic,
                ends, kills=0)
 
-    minutes: dict[tuple[str, int], Counter[str]] = {}
-    for _, value in stream.messages:
-        report = json.loads(value)
-        for r in report["results"]:
-            slot = (report["serial"], r["ts"] - r["ts"] % 60_000)
-            minutes.setdefault(slot, Counter())["ok" if r["ok"] else "failed"] += 1
+    minutes = expected_windows(stream)[0][MINUTE_STAGE]  # every event in its minute
     assert len(minutes) == 3 * 40  # 150 s of events: three minutes of 40 robots
 
     conf = spark_conf(tmp_path, "mixed_app:pipeline", redis_url, prefix)
