@@ -7,9 +7,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.lineage import Position, RootPartition, Route
 from onceflow.stages.outcome import ConsumedRecord, Output
 from onceflow.stages.state import StateTable
+
+#: A record parsed, deduplicated and decoded: its envelope (if any), root, route, and its
+#: first values with their positions (parallel lists).
+Head = tuple[Envelope | None, RootPartition, Route, list[Any], list[Position]]
 
 
 @dataclass(slots=True)

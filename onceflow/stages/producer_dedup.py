@@ -149,6 +149,11 @@ class SequenceTables:
         self.dirty: set[TopicPartition] = set()
         self._replayed = 0
         self._duplicates = 0
+        #: Producer and sequence functions when both are functions and there is no epoch:
+        #: a str producer and an int sequence are taken as they are (what the full path
+        #: would make of them); anything else takes the full path and its errors.
+        self._direct = (spec.producer, spec.sequence) if (
+            callable(spec.producer) and callable(spec.sequence) and spec.epoch is None) else None
 
     def prepare(self, records: Iterable[ConsumedRecord]) -> None:
         """Load the tables of source partitions not cached yet, in one batched read."""
@@ -182,6 +187,17 @@ class SequenceTables:
         if table is None:
             return True
         spec = self.spec
+        if self._direct is not None:  # the usual case, checked inline: see __init__
+            try:
+                producer, sequence = self._direct[0](value), self._direct[1](value)
+            except Exception:
+                producer = sequence = None  # the full path below says what went wrong
+            if type(producer) is str and len(producer) <= MAX_PRODUCER and \
+                    type(sequence) is int and -(2**63) <= sequence < 2**63:
+                if table.admit(producer, 0, sequence, record.timestamp, spec.idle_timeout_ms):
+                    return True
+                self._duplicates += 1
+                return False
         producer = str(_extract(record, value, spec.producer, "producer"))
         if len(producer) > MAX_PRODUCER:  # it would sit in every write of the table's row
             raise DedupError(f"dedup: the producer id is {len(producer)} characters long "

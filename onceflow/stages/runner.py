@@ -40,11 +40,12 @@ from onceflow.stages.outcome import (
     late_event,
 )
 from onceflow.stages.pipeline import Aggregate, Pipeline, Republish
-from onceflow.stages.plan import Emit, Fold, Plan, is_stopped
+from onceflow.stages.plan import Emit, Fold, Head, Plan, is_stopped
 from onceflow.stages.producer_dedup import SequenceLoader, SequenceTables
 from onceflow.stages.republish import WrittenOutputs, defaults, republished
-from onceflow.stages.segments import AGGREGATE, FILTER, FLAT_MAP, MAP, segments
+from onceflow.stages.segments import AGGREGATE, REPUBLISH, segments, through
 from onceflow.stages.side_outputs import SideOutputs
+from onceflow.stages.single_fold import FoldSegment
 from onceflow.stages.state import AggregateState, StateTable, TopicPartition
 from onceflow.stages.watermark import RowLoader
 from onceflow.stages.window_clock import IDLE_TIMEOUT, StateLoader, WindowClock
@@ -80,6 +81,8 @@ class PipelineRunner:
         self.tables = [StateTable(spec, max_states) for spec in pipeline.aggregates]
         self._segments = segments(pipeline, self.tables)
         self._first = self._segments[pipeline.topics[0]]
+        self._fused = {topic: fused for topic, steps in self._segments.items()
+                       if (fused := FoldSegment.of(steps, claim is not None)) is not None}
         self._readers = {topic: source_reader(topic, pipeline.format_of(topic), pipeline.decode,
                                               pipeline.with_meta) for topic in pipeline.topics}
         self._readers.update({hop.topic: hop_reader(hop.topic, hop.decode)
@@ -117,8 +120,15 @@ class PipelineRunner:
             next_offsets[(record.topic, record.partition)] = record.offset + 1
             if sequences is not None and sequences.replayed(record):
                 continue
+            fused = self._fused.get(record.topic)
             try:
-                plan = self._plan(record)
+                if fused is None or held or missing:
+                    plan = self._plan(record)
+                else:  # the common shape, folded without a plan while its keys are cached
+                    head = self._head(record)
+                    plan = None if head is None else fused.run(record, head, outcome)
+                    if plan is None:
+                        continue
             except (StageFailure, FormatError) as failure:
                 self._reject(outcome, record, failure, held)
                 continue
@@ -138,7 +148,7 @@ class PipelineRunner:
             try:
                 self._apply(plan, outcome)
             except StageFailure as failure:
-                self._failed(plan, outcome, failure)
+                self._dead_letter(outcome, plan.record, failure)
         for table, feeders in missing.items():
             self._load_into(table, dict(sorted(feeders.items())))
         for entry in held:
@@ -148,7 +158,7 @@ class PipelineRunner:
             try:
                 self._apply(entry, outcome)
             except StageFailure as failure:
-                self._failed(entry, outcome, failure)
+                self._dead_letter(outcome, entry.record, failure)
         if sequences is not None:
             sequences.count(outcome)
         outcome.side_skipped, self.side.skipped = self.side.skipped, 0
@@ -175,13 +185,6 @@ class PipelineRunner:
         else:
             self._dead_letter(outcome, record, failure)
 
-    def _failed(self, plan: Plan, outcome: BatchOutcome, failure: StageFailure) -> None:
-        """A record whose apply failed: dead-lettered, counted if its key is homed elsewhere."""
-        if isinstance(failure.error, KeyHomedElsewhere):
-            outcome.misaligned[failure.stage_id] += 1
-            outcome.misaligned_reason.setdefault(failure.stage_id, str(failure))
-        self._dead_letter(outcome, plan.record, failure)
-
     def forget(self) -> None:
         """Drop every cached state (after a rebalance another worker may own them)."""
         for table in self.tables:
@@ -193,6 +196,35 @@ class PipelineRunner:
 
     def _plan(self, record: ConsumedRecord) -> Plan | None:
         """The record through the stateless steps; None for a producer duplicate."""
+        head = self._head(record)
+        if head is None:
+            return None
+        envelope, root, route, values, positions = head
+        plan = Plan(record, root, route, [])
+        stage = ""
+        try:
+            for kind, stage, fn, table, step in self._segments.get(  # noqa: B007 (the except)
+                    record.topic, self._first):
+                if kind is AGGREGATE:
+                    assert fn is not None and table is not None
+                    share = Fold(table, list(map(fn, values)), positions, values)
+                    plan.order.append(share)
+                elif kind is REPUBLISH:
+                    assert isinstance(step, Republish)
+                    pairs = list(zip(positions, values, strict=True))
+                    time_ms, key = defaults(envelope, record)
+                    plan.order.append(Emit(*republished(step, envelope, record, root, pairs,
+                                                         time_ms, key, self.written)))
+                else:
+                    assert fn is not None
+                    values, positions = through(kind, fn, values, positions)
+        except Exception as error:
+            raise StageFailure(stage, error) from error
+        return plan
+
+    def _head(self, record: ConsumedRecord) -> Head | None:
+        """Parse, producer dedup, origin and decode: the record's first values (one, or the
+        items of a unit) and their positions; None for a producer duplicate."""
         reader: Reader = self._readers.get(record.topic) or self._readers[self.pipeline.topics[0]]
         if record.headers:
             check_header_names(record.headers)
@@ -205,47 +237,13 @@ class PipelineRunner:
             return None
         root, route, position = origin_of(envelope, record.topic, record.partition,
                                           record.offset)
-        plan = Plan(record, root, route, [])
-        stage = "decode"
         try:
             value = reader.decode(value)
-            # Parallel lists: values and their positions, one entry per value.
-            values: list[Any] = [(value, meta_of(record, envelope)) if reader.with_meta else value]
-            positions: list[Position] = [position]
-            for kind, stage, fn, table, step in self._segments.get(  # noqa: B007 (the except)
-                    record.topic, self._first):
-                if kind is MAP:
-                    assert fn is not None
-                    values = list(map(fn, values))
-                elif kind is FILTER:
-                    assert fn is not None
-                    kept = [bool(fn(value)) for value in values]
-                    positions = [pos for pos, keep in zip(positions, kept, strict=True) if keep]
-                    values = [value for value, keep in zip(values, kept, strict=True) if keep]
-                elif kind is FLAT_MAP:
-                    assert fn is not None
-                    if len(values) == 1:  # the usual case: one input value
-                        values = list(fn(values[0]))
-                        pos = positions[0]
-                        positions = [(*pos, j) for j in range(len(values))]
-                        continue
-                    fanned = [list(fn(value)) for value in values]
-                    positions = [(*pos, j) for pos, outs in zip(positions, fanned, strict=True)
-                                 for j in range(len(outs))]
-                    values = [out for outs in fanned for out in outs]
-                elif kind is AGGREGATE:
-                    assert fn is not None and table is not None
-                    share = Fold(table, list(map(fn, values)), positions, values)
-                    plan.order.append(share)
-                else:
-                    assert isinstance(step, Republish)
-                    pairs = list(zip(positions, values, strict=True))
-                    time_ms, key = defaults(envelope, record)
-                    plan.order.append(Emit(*republished(step, envelope, record, root, pairs,
-                                                         time_ms, key, self.written)))
         except Exception as error:
-            raise StageFailure(stage, error) from error
-        return plan
+            raise StageFailure("decode", error) from error
+        # Parallel lists: values and their positions, one entry per value.
+        return (envelope, root, route,
+                [(value, meta_of(record, envelope)) if reader.with_meta else value], [position])
 
     def _load_into(self, table: StateTable, feeders: dict[str, TopicPartition]) -> None:
         """Load states (new keys start from ``init``); claim a home for those without one."""
@@ -387,7 +385,11 @@ class PipelineRunner:
     def _dead_letter(
         self, outcome: BatchOutcome, record: ConsumedRecord, reason: Exception
     ) -> None:
-        """A replay skips a dead letter already written (``side_outputs``)."""
+        """A replay skips a dead letter already written (``side_outputs``); a key homed
+        elsewhere is counted too."""
+        if isinstance(reason, StageFailure) and isinstance(reason.error, KeyHomedElsewhere):
+            outcome.misaligned[reason.stage_id] += 1
+            outcome.misaligned_reason.setdefault(reason.stage_id, str(reason))
         letter = dead_letter(self._dead_letter_topic, record, self.pipeline.id, reason,
                              self._max_value)
         for placed in self.side.placed((letter,), record):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from onceflow.stages.lineage import Position
 from onceflow.stages.pipeline import (
     Aggregate,
     Filter,
@@ -55,3 +56,26 @@ def segments(pipeline: Pipeline, tables: Sequence[StateTable]) -> dict[str, Segm
         table = next(remaining) if isinstance(step, Aggregate) else None
         segment.append((KINDS[type(step)], step.id, fn, table, step))
     return found
+
+
+def through(kind: int, fn: Callable[[Any], Any], values: list[Any], positions: list[Position]
+            ) -> tuple[list[Any], list[Position]]:
+    """One map, filter or flat-map step over parallel lists of values and their positions.
+
+    A flat-map's ``j``-th output of a value at ``pos`` is at ``(*pos, j)``.
+    """
+    if kind is MAP:
+        return list(map(fn, values)), positions
+    if kind is FILTER:
+        kept = [bool(fn(value)) for value in values]
+        return ([value for value, keep in zip(values, kept, strict=True) if keep],
+                [pos for pos, keep in zip(positions, kept, strict=True) if keep])
+    assert kind is FLAT_MAP
+    if len(values) == 1:  # the usual case: one input value
+        outs = list(fn(values[0]))
+        pos = positions[0]
+        return outs, [(*pos, j) for j in range(len(outs))]
+    fanned = [list(fn(value)) for value in values]
+    return ([out for outs in fanned for out in outs],
+            [(*pos, j) for pos, outs in zip(positions, fanned, strict=True)
+             for j in range(len(outs))])

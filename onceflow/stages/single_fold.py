@@ -1,0 +1,110 @@
+"""The commonest segment, run fused for speed: stateless steps, then one aggregate
+without windows, and nothing after it.
+
+The general path (``runner.PipelineRunner``) builds a plan per record, then
+applies it, handling windows, values an upstream aggregate stopped, late
+events and republished outputs. None of them can occur here, so a record
+whose keys are all cached is folded straight from its values: per key, the
+values at or below the route's watermark (replays) are dropped, the rest
+folded, and every new state installed only once all of the record's values
+folded (a failing fold leaves every state as it was: the record is one
+unit). ``tests/unit/test_single_fold.py`` checks it against the general path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from onceflow.stages.lineage import Position, Route
+from onceflow.stages.outcome import BatchOutcome, ConsumedRecord, KeyHomedElsewhere, StageFailure
+from onceflow.stages.plan import Fold, Head, Plan
+from onceflow.stages.segments import AGGREGATE, REPUBLISH, Segment, through
+from onceflow.stages.state import StateTable, TopicPartition
+
+
+class FoldSegment:
+    """A segment of map, filter and flat-map steps ending in one non-windowed aggregate."""
+
+    def __init__(self, steps: Segment, check_home: bool):
+        *stateless, (_, stage, key, table, _) = steps
+        assert key is not None and table is not None
+        self.stateless = [(kind, stage, fn) for kind, stage, fn, _, _ in stateless
+                          if fn is not None]
+        self.stage, self.key, self.table = stage, key, table
+        self.check_home = check_home
+
+    @classmethod
+    def of(cls, steps: Segment, check_home: bool) -> FoldSegment | None:
+        """The fused form of ``steps``, or None if they have another shape."""
+        if not steps:
+            return None
+        kind, _, _, table, _ = steps[-1]
+        if kind is not AGGREGATE or table is None or table.spec.window is not None:
+            return None
+        if any(kind in (AGGREGATE, REPUBLISH) for kind, *_ in steps[:-1]):
+            return None
+        return cls(steps, check_home)
+
+    def run(self, record: ConsumedRecord, head: Head, outcome: BatchOutcome) -> Plan | None:
+        """Fold the record's values; answers its plan instead when a key is not cached or
+        not a string (the runner checks, loads and applies it). StageFailure as the
+        general path raises it."""
+        _, root, route, values, positions = head
+        stage = ""
+        try:
+            for kind, stage, fn in self.stateless:  # noqa: B007 (the except)
+                values, positions = through(kind, fn, values, positions)
+            stage = self.stage
+            keys = list(map(self.key, values))
+        except Exception as error:
+            raise StageFailure(stage, error) from error
+        states = self.table.states
+        for key in keys:
+            if type(key) is not str or key not in states:
+                return Plan(record, root, route, [Fold(self.table, keys, positions, values)])
+        fold_values(self.table, keys, positions, values, route, (record.topic, record.partition),
+                    self.check_home, outcome)
+        return None
+
+
+def fold_values(table: StateTable, keys: list[Any], positions: list[Position],
+                values: list[Any], route: Route, fed_from: TopicPartition, check_home: bool,
+                outcome: BatchOutcome) -> None:
+    """Fold one record's values (their keys cached); StageFailure, with nothing installed,
+    if a fold raises or a key is homed on another partition."""
+    spec, states = table.spec, table.states
+    fold: Callable[[Any, Any], Any] = spec.fold
+    new: dict[str, list[Any]] = {}  # key -> [state value, highest position folded]
+    replayed = folded = 0
+    for key, pos, value in zip(keys, positions, values, strict=True):
+        current = new.get(key)
+        if current is None:
+            state = states[key]
+            if check_home and state.home != fed_from:
+                raise StageFailure(spec.id, KeyHomedElsewhere(key, fed_from,
+                                                              state.home or fed_from))
+            mark = state.watermarks.get(route)
+            if mark is not None and pos <= mark:
+                replayed += 1
+                continue
+            current = new[key] = [state.value, pos]
+        elif pos <= current[1]:
+            replayed += 1
+            continue
+        current[1] = pos
+        try:
+            current[0] = fold(current[0], value)
+        except Exception as error:
+            raise StageFailure(spec.id, error) from error
+        folded += 1
+    dirty = table.dirty
+    for key, (value, pos) in new.items():
+        state = states[key]
+        state.value = value
+        state.watermarks[route] = pos
+        dirty.add(key)
+    if folded:
+        outcome.folded[spec.id] += folded
+    if replayed:
+        outcome.duplicates[spec.id] += replayed
