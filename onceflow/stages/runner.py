@@ -299,7 +299,7 @@ class PipelineRunner:
             clock = self.clocks[table] if window is not None else None
             if clock is not None:
                 clock.meet(fed_from)
-            # key -> [state value, position, closed windows]
+            # key -> [state value, position, closed windows, open windows changed]
             new: dict[str, list[Any]] = {}
             replayed: set[Position] = set()
             late: set[Position] = set()
@@ -322,7 +322,7 @@ class PipelineRunner:
                     if mark is not None and pos <= mark:
                         replayed.add(pos)
                         continue
-                    current = new[key] = [state.value, pos, None]
+                    current = new[key] = [state.value, pos, None, False]
                 elif pos <= current[1]:
                     replayed.add(pos)
                     continue
@@ -342,6 +342,9 @@ class PipelineRunner:
                 current[0] = result.state
                 if result.closed:
                     current[2] = [*(current[2] or ()), *result.closed]
+                    current[3] = True
+                elif result.opened:
+                    current[3] = True
                 if result.late_by_ms is not None:
                     late.add(pos)
                     late_outputs.append(self._late(plan, spec, key, pos, result.late_by_ms,
@@ -360,13 +363,13 @@ class PipelineRunner:
         for table, new in staged:
             states, dirty = table.states, table.dirty
             clock = self.clocks.get(table)
-            for key, (value, pos, closed) in new.items():
+            for key, (value, pos, closed, reopened) in new.items():
                 state = states[key]
                 state.value = value
                 state.watermarks[route] = pos
                 dirty.add(key)
                 if clock is not None:
-                    clock.note(key, fed_from, value)
+                    clock.note(key, fed_from, value, reopened)
                 if closed:
                     for start, final in closed:
                         table.closed[(key, start)] = final

@@ -65,8 +65,14 @@ class WindowClock:
         self.watermark.observe(tp, root, int(self.window.event_time_ms(value)))
         return self.watermark.partitions[tp].value
 
-    def note(self, key: str, tp: TopicPartition, state: dict[str, Any]) -> None:
-        """A key's windowed state changed (fed from ``tp``)."""
+    def note(self, key: str, tp: TopicPartition, state: dict[str, Any],
+             reopened: bool = True) -> None:
+        """A key's windowed state changed (fed from ``tp``); ``reopened`` False: the same
+        windows are open as at its last note (nothing to do once known for ``tp``)."""
+        if not reopened:
+            known = self.open.keys.get(key)
+            if known is not None and known[0] == tp and known[1] is not None:
+                return
         window = self.window
         self.open.note(key, tp, earliest_close(state["open"], window.size_ms,
                                                window.allowed_lateness_ms))

@@ -57,6 +57,7 @@ class WindowStep(NamedTuple):
     state: dict[str, Any]
     closed: list[tuple[int, Any]]
     late_by_ms: int | None = None  # set when the value was late (and not folded)
+    opened: bool = False  # the value opened a window (the key's open windows changed)
 
 
 def close_due(window: Tumbling, state: dict[str, Any], watermark: int | None
@@ -68,12 +69,20 @@ def close_due(window: Tumbling, state: dict[str, Any], watermark: int | None
     closed_to = state["max_ts"]
     if watermark is None or (closed_to is not None and watermark <= closed_to):
         return WindowStep(state, [])
-    last_start = watermark - window.size_ms - window.allowed_lateness_ms  # closes_at <= wm
-    opened: dict[str, Any] = state["open"]
-    closed = sorted((int(s), v) for s, v in opened.items() if int(s) <= last_start)
-    if closed:
-        opened = {s: v for s, v in opened.items() if int(s) > last_start}
+    opened, closed = _split(window, state["open"], watermark)
     return WindowStep({"open": opened, "max_ts": watermark}, closed)
+
+
+def _split(window: Tumbling, opened: dict[str, Any], watermark: int
+           ) -> tuple[dict[str, Any], list[tuple[int, Any]]]:
+    """The windows that stay open (``opened`` itself if all do: states are never mutated,
+    so sharing is safe) and those ``watermark`` closes, by start."""
+    last_start = watermark - window.size_ms - window.allowed_lateness_ms  # closes_at <= wm
+    due = [s for s in opened if int(s) <= last_start]
+    if not due:
+        return opened, []
+    return ({s: v for s, v in opened.items() if int(s) > last_start},
+            sorted((int(s), opened[s]) for s in due))
 
 
 def fold_windowed(
@@ -89,17 +98,25 @@ def fold_windowed(
     First the key's windows the stage's ``watermark`` has passed close (the
     state may not have been touched since it rose); then a value whose window
     closes at or before what the key has closed up to is late, and keeps the
-    state with those closings.
+    state with those closings. (``close_due`` then the fold, in one pass: one
+    state built per value.)
     """
     ts = int(window.event_time_ms(value))
     start = ts - ts % window.size_ms
     closes_at = start + window.size_ms + window.allowed_lateness_ms
-    caught_up = close_due(window, state, watermark)
-    state, closed = caught_up.state, caught_up.closed
-    closed_to = state["max_ts"]
+    closed_to, opened = state["max_ts"], state["open"]
+    closed: list[tuple[int, Any]] = []
+    rose = watermark is not None and (closed_to is None or watermark > closed_to)
+    if rose:
+        opened, closed = _split(window, opened, watermark)  # type: ignore[arg-type]
+        closed_to = watermark
     if closed_to is not None and closes_at <= closed_to:
-        return WindowStep(state, closed, closed_to - closes_at)
-    opened: dict[str, Any] = dict(state["open"])
+        caught_up = {"open": opened, "max_ts": closed_to} if rose else state
+        return WindowStep(caught_up, closed, closed_to - closes_at)
+    opened = dict(opened)
     slot = str(start)  # JSON object keys are strings
-    opened[slot] = fold(opened[slot] if slot in opened else init(), value)
-    return WindowStep({"open": opened, "max_ts": closed_to}, closed)
+    if slot in opened:
+        opened[slot] = fold(opened[slot], value)
+        return WindowStep({"open": opened, "max_ts": closed_to}, closed)
+    opened[slot] = fold(init(), value)
+    return WindowStep({"open": opened, "max_ts": closed_to}, closed, None, True)
