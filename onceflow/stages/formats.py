@@ -80,7 +80,7 @@ def source_reader(topic: str, fmt: Format, decode: Callable[[Any], Any] | None,
     """A source topic: ``decode`` gets the envelope, or the parsed value of a raw format
     (default: the envelope's payload bytes, or the parsed value itself)."""
     if decode is None:
-        decode = payload_bytes if fmt == "envelope" else _itself
+        decode = payload_bytes if fmt == "envelope" else itself
     return Reader(parser_for(topic, fmt), decode, with_meta)
 
 
@@ -94,7 +94,8 @@ def payload_bytes(envelope: Envelope) -> Any:
     return envelope.payload
 
 
-def _itself(value: Any) -> Any:
+def itself(value: Any) -> Any:
+    """The default decode of a raw format: the parsed value as it is."""
     return value
 
 
@@ -131,7 +132,7 @@ def parser_for(topic: str, fmt: Format) -> Parser:
     read = fmt if callable(fmt) else _RAW[fmt]
 
     def parse(record: ConsumedRecord) -> tuple[Any, Envelope | None]:
-        if is_marked(record.headers):
+        if record.headers and is_marked(record.headers):
             raise FormatError("wrong-format", f"topic {topic!r} is declared {name} but holds "
                               "onceflow envelopes (header onceflow-format=envelope): declare "
                               "format='envelope' for it")

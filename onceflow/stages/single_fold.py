@@ -77,7 +77,7 @@ def fold_values(table: StateTable, keys: list[Any], positions: list[Position],
     fold: Callable[[Any, Any], Any] = spec.fold
     new: dict[str, list[Any]] = {}  # key -> [state value, highest position folded]
     replayed = folded = 0
-    for key, pos, value in zip(keys, positions, values, strict=True):
+    for key, pos, value in zip(keys, positions, values, strict=False):  # equal lengths
         current = new.get(key)
         if current is None:
             state = states[key]

@@ -1,0 +1,56 @@
+"""A consumed record's head: parsed in its topic's format, producer duplicates dropped,
+its origin found and its value decoded, before any step of its segment runs.
+
+Both of the runner's paths start here (``runner.PipelineRunner._plan`` and the
+fused ``single_fold.FoldSegment``).
+"""
+
+from __future__ import annotations
+
+from onceflow.stages.formats import Reader, hop_reader, itself, meta_of, source_reader
+from onceflow.stages.guards import check_chain, check_header_names
+from onceflow.stages.lineage import Position, origin_of
+from onceflow.stages.origin import chain_envelope
+from onceflow.stages.outcome import ConsumedRecord, StageFailure
+from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.plan import Head
+from onceflow.stages.producer_dedup import SequenceTables
+
+
+class Heads:
+    """The readers of a pipeline's consumed topics (sources and repartition hops)."""
+
+    def __init__(self, pipeline: Pipeline, sequences: SequenceTables | None):
+        self._readers = {topic: source_reader(topic, pipeline.format_of(topic), pipeline.decode,
+                                              pipeline.with_meta) for topic in pipeline.topics}
+        self._readers.update({hop.topic: hop_reader(hop.topic, hop.decode)
+                              for hop in pipeline.repartitions})
+        self._first = self._readers[pipeline.topics[0]]
+        self.sequences = sequences
+
+    def __call__(self, record: ConsumedRecord) -> Head | None:
+        """Parse, producer dedup, origin and decode: the record's first values and their
+        positions (parallel lists); None for a producer duplicate."""
+        reader: Reader = self._readers.get(record.topic) or self._first
+        if record.headers:
+            check_header_names(record.headers)
+        value, envelope = reader.parse(record)  # FormatError: a dead letter naming the formats
+        if envelope is None and record.headers:  # a plain output of another onceflow step:
+            envelope = chain_envelope(record.key, record.timestamp, record.headers)  # its chain
+        if envelope is not None and envelope.source_chain:
+            check_chain(envelope, record)
+        if self.sequences is not None and not self.sequences.admit(record, value):
+            return None
+        if envelope is None:  # a raw record is its own root (origin_of, without the call)
+            root = route = (record.topic, record.partition)
+            position: Position = (record.offset,)
+        else:
+            root, route, position = origin_of(envelope, record.topic, record.partition,
+                                              record.offset)
+        if reader.decode is not itself:
+            try:
+                value = reader.decode(value)
+            except Exception as error:
+                raise StageFailure("decode", error) from error
+        return (envelope, root, route,
+                [(value, meta_of(record, envelope)) if reader.with_meta else value], [position])
