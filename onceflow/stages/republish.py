@@ -74,13 +74,20 @@ def republished(
     """The outputs (and their values' positions) of ``values`` consumed in ``record``.
 
     The ``j``-th value gets fan-out index ``j`` in the chain's new hop; an
-    exclusive step skips the outputs at or below what is already written.
+    exclusive step skips the outputs at or below what is already written. A
+    value from an item of a consumed unit extends the chain that item would
+    have had as a record (its last index is the item's: the value's position
+    at that hop), and its default event time is the item's.
     """
+    if step.unit:
+        return _units(step, envelope, record, root, values, time_ms, key)
     positions: list[Position] = []
     outputs: list[Output] = []
     partition = step.partition_of(record.topic, record.partition)
     mark = written.up_to(step.topic, record) if step.exclusive else None
     prior = envelope.source_chain if envelope is not None else ()
+    hop = len(prior)
+    times = _item_times(envelope)
     topic, in_partition, offset = record.topic, record.partition, record.offset
     headers: tuple[tuple[str, bytes], ...]
     for j, (pos, value) in enumerate(values):
@@ -88,7 +95,8 @@ def republished(
             continue
         out = Envelope(
             event_id=event_id(root, pos),
-            event_time_ms=step.event_time_ms(value) if step.event_time_ms else time_ms,
+            event_time_ms=(step.event_time_ms(value) if step.event_time_ms
+                           else times[pos[hop]] if times else time_ms),
             key=step.key(value) if step.key else key,
             payload=step.encode(value),
             payload_type=step.payload_type,
@@ -98,6 +106,8 @@ def republished(
         chain = out.source_chain
         if prior:
             chain.extend(prior)
+            if times:
+                chain[-1].index = pos[hop]
         chain.add(topic=topic, partition=in_partition, offset=offset, index=j)
         if step.format == "envelope":
             payload, headers = out.SerializeToString(), (ENVELOPE_MARK,)
@@ -108,3 +118,54 @@ def republished(
         positions.append(pos)
         outputs.append(Output(step.topic, out.key.encode() or None, payload, headers, partition))
     return positions, outputs
+
+
+def _units(
+    step: Republish,
+    envelope: Envelope | None,
+    record: ConsumedRecord,
+    root: RootPartition,
+    values: list[tuple[Position, Any]],
+    time_ms: int,
+    key: str,
+) -> tuple[list[Position], list[Output]]:
+    """``republished`` for a unit step: one envelope per run of consecutive values with one
+    key (and one source item, for a consumed unit: a unit's items share their chain);
+    each unit's position is its first value's."""
+    positions: list[Position] = []
+    units: list[Envelope] = []
+    prior = envelope.source_chain if envelope is not None else ()
+    hop = len(prior)
+    times = _item_times(envelope)
+    partition = step.partition_of(record.topic, record.partition)
+    topic, in_partition, offset = record.topic, record.partition, record.offset
+    items = None
+    run: tuple[str, int] | None = None
+    for j, (pos, value) in enumerate(values):
+        out_key = step.key(value) if step.key else key
+        source = pos[hop] if times else -1
+        if run != (out_key, source):
+            run = (out_key, source)
+            unit = Envelope(key=out_key, payload_type=step.payload_type)
+            chain = unit.source_chain
+            if prior:
+                chain.extend(prior)
+                if times:
+                    chain[-1].index = source
+            chain.add(topic=topic, partition=in_partition, offset=offset, index=j)
+            items = unit.items
+            units.append(unit)
+            positions.append(pos)
+        assert items is not None
+        items.add(index=j, payload=step.encode(value), event_id=event_id(root, pos),
+                  event_time_ms=(step.event_time_ms(value) if step.event_time_ms
+                                 else times[source] if times else time_ms))
+    return positions, [Output(step.topic, unit.key.encode() or None, unit.SerializeToString(),
+                              (ENVELOPE_MARK,), partition) for unit in units]
+
+
+def _item_times(envelope: Envelope | None) -> dict[int, int] | None:
+    """A consumed unit's event time per item index; None for a record of one value."""
+    if envelope is None or not envelope.items:
+        return None
+    return {item.index: item.event_time_ms for item in envelope.items}

@@ -46,6 +46,7 @@ from onceflow.stages.republish import WrittenOutputs, defaults, republished
 from onceflow.stages.segments import AGGREGATE, FILTER, FLAT_MAP, MAP, segments
 from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state import AggregateState, StateTable, TopicPartition
+from onceflow.stages.units import check_unit, expand
 from onceflow.stages.watermark import RowLoader
 from onceflow.stages.window_clock import IDLE_TIMEOUT, StateLoader, WindowClock
 from onceflow.stages.windows import empty_windows, fold_windowed
@@ -201,6 +202,9 @@ class PipelineRunner:
             envelope = chain_envelope(record.key, record.timestamp, record.headers)  # its chain
         if envelope is not None and envelope.source_chain:
             check_chain(envelope, record)
+        unit = envelope if envelope is not None and envelope.items else None  # several values
+        if unit is not None:
+            check_unit(unit)
         if self.sequences is not None and not self.sequences.admit(record, value):
             return None
         root, route, position = origin_of(envelope, record.topic, record.partition,
@@ -208,10 +212,15 @@ class PipelineRunner:
         plan = Plan(record, root, route, [])
         stage = "decode"
         try:
-            value = reader.decode(value)
             # Parallel lists: values and their positions, one entry per value.
-            values: list[Any] = [(value, meta_of(record, envelope)) if reader.with_meta else value]
-            positions: list[Position] = [position]
+            values: list[Any]
+            positions: list[Position]
+            if unit is not None:  # as if its items came one record each (stages.units)
+                values, positions = expand(reader, unit, record, position)
+            else:
+                value = reader.decode(value)
+                values = [(value, meta_of(record, envelope)) if reader.with_meta else value]
+                positions = [position]
             for kind, stage, fn, table, step in self._segments.get(  # noqa: B007 (the except)
                     record.topic, self._first):
                 if kind is MAP:
