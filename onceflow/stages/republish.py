@@ -74,10 +74,11 @@ def republished(
     """The outputs (and their values' positions) of ``values`` consumed in ``record``.
 
     The ``j``-th value gets fan-out index ``j`` in the chain's new hop; an
-    exclusive step skips the outputs at or below what is already written. A
-    value from an item of a consumed unit extends the chain that item would
-    have had as a record (its last index is the item's: the value's position
-    at that hop), and its default event time is the item's.
+    exclusive step skips the outputs at or below what is already written
+    (``output_tail``: the input offset, the input's own last index, ``j``).
+    A value from an item of a consumed unit gets what it would have had from
+    the item's record: the item's chain (its last index the item's), the
+    item's event time by default, and ``j`` counted within the item.
     """
     if step.unit:
         return _units(step, envelope, record, root, values, time_ms, key)
@@ -88,10 +89,14 @@ def republished(
     prior = envelope.source_chain if envelope is not None else ()
     hop = len(prior)
     times = _item_times(envelope)
+    fan = _fan_out(values, hop) if times else None
+    lead = prior[-1].index if prior else -1
     topic, in_partition, offset = record.topic, record.partition, record.offset
     headers: tuple[tuple[str, bytes], ...]
-    for j, (pos, value) in enumerate(values):
-        if mark is not None and (offset, j) <= mark:
+    for n, (pos, value) in enumerate(values):
+        j = fan[n] if fan is not None else n
+        if mark is not None and ((offset, pos[hop] if times else lead, j) if prior
+                                 else (offset, j)) <= mark:
             continue
         out = Envelope(
             event_id=event_id(root, pos),
@@ -139,9 +144,11 @@ def _units(
     times = _item_times(envelope)
     partition = step.partition_of(record.topic, record.partition)
     topic, in_partition, offset = record.topic, record.partition, record.offset
+    fan = _fan_out(values, hop) if times else None
     items = None
     run: tuple[str, int] | None = None
-    for j, (pos, value) in enumerate(values):
+    for n, (pos, value) in enumerate(values):
+        j = fan[n] if fan is not None else n
         out_key = step.key(value) if step.key else key
         source = pos[hop] if times else -1
         if run != (out_key, source):
@@ -169,3 +176,16 @@ def _item_times(envelope: Envelope | None) -> dict[int, int] | None:
     if envelope is None or not envelope.items:
         return None
     return {item.index: item.event_time_ms for item in envelope.items}
+
+
+def _fan_out(values: list[tuple[Position, Any]], hop: int) -> list[int]:
+    """Fan-out indexes of a consumed unit's values: counted per item (its index is each
+    position's entry ``hop``), as each item's own record would have counted them."""
+    found = []
+    source, j = -1, -1
+    for pos, _ in values:
+        if pos[hop] != source:
+            source, j = pos[hop], -1
+        j += 1
+        found.append(j)
+    return found
