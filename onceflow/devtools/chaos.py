@@ -74,6 +74,9 @@ class ChaosOptions:
     down: float = 0.0  # seconds a killed process stays down before its restart
     start_ms: int = 0  # event times start that long after midnight
     settings: tuple[tuple[str, str], ...] = ()  # more worker settings (key, value)
+    #: A report's events cross the hop as one record (``republish(unit=True)``); False:
+    #: one record each (``robot_chain.normalize_per_value``).
+    units: bool = True
 
 
 @dataclass
@@ -121,7 +124,8 @@ class _Chaos:
                "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": self.normalized,
                "ONCEFLOW_ROBOTS_STORE": o.store}
         self.late_topic = f"chaos-late-{run_id}"
-        pipelines = {"republisher": "onceflow.examples.robot_chain:normalize",
+        normalize = "normalize" if o.units else "normalize_per_value"
+        pipelines = {"republisher": f"onceflow.examples.robot_chain:{normalize}",
                      "aggregator": "onceflow.examples.robot_chain:windows"}
         names = {"aggregator": "aggregator", "republisher": "republisher",
                  **{f"republisher-{n}": "republisher" for n in range(2, o.republishers + 1)}}
@@ -315,9 +319,11 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--store", choices=("redis", "cassandra"), default=d.store)
     parser.add_argument("--state-dir", type=Path, default=None)
+    parser.add_argument("--per-value", action="store_true",
+                        help="republish one record per event (default: one per report, a unit)")
     args = parser.parse_args(argv)
     options = ChaosOptions(messages=args.messages, duration=args.duration, kills=args.kills,
-                           seed=args.seed, store=args.store)
+                           seed=args.seed, store=args.store, units=not args.per_value)
     console = Console()
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="onceflow-chaos-"))
     console.print(f"[bold]onceflow chaos[/] state and logs in {state}")
