@@ -97,6 +97,7 @@ class ChaosReport:
     double: int = 0
     caught_up: bool = False
     exit_codes: dict[str, int | None] = field(default_factory=dict)
+    normalized: int = 0  # records in the normalized topic (units hold several events)
     elapsed: float = 0.0  # from the start (stream generation) to the end of the check
     # Wall-clock moments (time.time()) of the run's phases, for benchmarks:
     # workers started, input produced (and kills done), republisher / aggregator committed.
@@ -202,6 +203,7 @@ class _Chaos:
                 return False
         self.report.timeline["republisher committed"] = time.time()
         normalized_ends = await read_ends(self.bootstrap, self.normalized, self.o.partitions)
+        self.report.normalized = sum(normalized_ends.values())
         async with CommittedOffsets(self.bootstrap, self.groups["aggregator"]) as agg:
             done = await agg.wait_for(self.normalized, normalized_ends, self.o.timeout,
                                       self.workers["aggregator"])

@@ -7,10 +7,10 @@ robot's events stay in order); a report's events travel as one record
 (a unit), or one record each in ``normalize_per_value``. ``windows``
 aggregates the normalized events in two stages: per-robot-per-minute
 counts (tumbling, 30 s allowed lateness) feeding per-robot daily counts;
-only what the minute stage folds reaches the daily stage. ``counting_normalize`` also counts per robot
-before republishing. Topics and store come from the environment
-(``ONCEFLOW_CHAIN_RAW_TOPIC``, ``ONCEFLOW_CHAIN_NORMALIZED_TOPIC``,
-``ONCEFLOW_ROBOTS_STORE``).
+only what the minute stage folds reaches the daily stage.
+``counting_normalize`` also counts per robot before republishing. Topics
+and store come from the environment (``ONCEFLOW_CHAIN_RAW_TOPIC``,
+``ONCEFLOW_CHAIN_NORMALIZED_TOPIC``, ``ONCEFLOW_ROBOTS_STORE``).
 """
 
 from __future__ import annotations
