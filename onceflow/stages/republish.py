@@ -61,6 +61,11 @@ def defaults(envelope: Envelope | None, record: ConsumedRecord) -> tuple[int, st
     return record.timestamp or 0, (record.key or b"").decode(errors="replace")
 
 
+#: Payload bytes past which a unit step starts a new unit for the same run: a unit of a huge
+#: fan-out must stay far below the producer's request size (1 MiB at least).
+UNIT_MAX_BYTES = 262_144
+
+
 def republished(
     step: Republish,
     envelope: Envelope | None,
@@ -135,8 +140,8 @@ def _units(
     key: str,
 ) -> tuple[list[Position], list[Output]]:
     """``republished`` for a unit step: one envelope per run of consecutive values with one
-    key (and one source item, for a consumed unit: a unit's items share their chain);
-    each unit's position is its first value's."""
+    key (and one source item, for a consumed unit: a unit's items share their chain), cut
+    into several past ``UNIT_MAX_BYTES``; each unit's position is its first value's."""
     positions: list[Position] = []
     units: list[Envelope] = []
     prior = envelope.source_chain if envelope is not None else ()
@@ -147,12 +152,15 @@ def _units(
     fan = _fan_out(values, hop) if times else None
     items = None
     run: tuple[str, int] | None = None
+    size = 0
     for n, (pos, value) in enumerate(values):
         j = fan[n] if fan is not None else n
         out_key = step.key(value) if step.key else key
         source = pos[hop] if times else -1
-        if run != (out_key, source):
-            run = (out_key, source)
+        payload = step.encode(value)
+        size += len(payload)
+        if run != (out_key, source) or size > UNIT_MAX_BYTES:
+            run, size = (out_key, source), len(payload)
             unit = Envelope(key=out_key, payload_type=step.payload_type)
             chain = unit.source_chain
             if prior:
@@ -164,7 +172,7 @@ def _units(
             units.append(unit)
             positions.append(pos)
         assert items is not None
-        items.add(index=j, payload=step.encode(value), event_id=event_id(root, pos),
+        items.add(index=j, payload=payload, event_id=event_id(root, pos),
                   event_time_ms=(step.event_time_ms(value) if step.event_time_ms
                                  else times[source] if times else time_ms))
     return positions, [Output(step.topic, unit.key.encode() or None, unit.SerializeToString(),

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from test_runner import Rec, Store
 
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.stages import Pipeline, Tumbling
+from onceflow.stages import Pipeline, Tumbling, republish
 from onceflow.stages.lineage import root_of
 from onceflow.stages.outcome import Output
 from onceflow.stages.runner import PipelineRunner
@@ -155,6 +155,30 @@ def test_a_windowed_aggregate_folds_units_as_separate_records(
     want = aggregated(per_value, sum(sizes[:upto]), sum(sizes[:again_from]))
     assert aggregated(units, upto, again_from) == want
     assert not want[-1]
+
+
+def test_a_long_run_is_cut_into_several_units(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit stays far below the producer's request size: a long run is cut in order."""
+    monkeypatch.setattr(republish, "UNIT_MAX_BYTES", 120)
+    batches = [[{"k": "a", "t": n, "v": n, "drop": False, "n": 1} for n in range(7)]]
+    per_value = run(hop1(False), reports(batches))
+    units = [Envelope.FromString(out.value) for out in run(hop1(True), reports(batches))]
+    assert [len(unit.items) for unit in units] == [3, 3, 1]  # 40-byte payloads
+    assert [item_view(unit, item).SerializeToString() for unit in units
+            for item in unit.items] == [out.value for out in per_value]
+
+
+def test_with_meta_gets_each_items_envelope() -> None:
+    batches = [[{"k": "a", "t": 5, "v": 1, "drop": False, "n": 1},
+                {"k": "a", "t": 6, "v": 2, "drop": False, "n": 1}]]
+    (unit,) = consumed("norm", run(hop1(True), reports(batches)))
+    metas = (Pipeline("m", topics=("norm",), with_meta=True)
+             .map("meta", lambda pair: pair[1].envelope)
+             .republish("r", "out", encode=lambda e: e.SerializeToString()))
+    outputs = run(metas, [unit])
+    separate = run(hop1(False), reports(batches))
+    assert [Envelope.FromString(Envelope.FromString(o.value).payload).SerializeToString()
+            for o in outputs] == [o.value for o in separate]
 
 
 def test_a_unit_whose_item_does_not_decode_is_one_dead_letter() -> None:
