@@ -46,7 +46,7 @@ from onceflow.stages.republish import WrittenOutputs, defaults, republished
 from onceflow.stages.segments import AGGREGATE, FILTER, FLAT_MAP, MAP, segments
 from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state import AggregateState, StateTable, TopicPartition
-from onceflow.stages.units import check_unit, expand
+from onceflow.stages.units import expand, unit_of
 from onceflow.stages.watermark import RowLoader
 from onceflow.stages.window_clock import IDLE_TIMEOUT, StateLoader, WindowClock
 from onceflow.stages.windows import empty_windows, fold_windowed
@@ -202,9 +202,7 @@ class PipelineRunner:
             envelope = chain_envelope(record.key, record.timestamp, record.headers)  # its chain
         if envelope is not None and envelope.source_chain:
             check_chain(envelope, record)
-        unit = envelope if envelope is not None and envelope.items else None  # several values
-        if unit is not None:
-            check_unit(unit)
+        unit = unit_of(envelope)  # several values (stages.units), checked
         if self.sequences is not None and not self.sequences.admit(record, value):
             return None
         root, route, position = origin_of(envelope, record.topic, record.partition,
@@ -212,15 +210,13 @@ class PipelineRunner:
         plan = Plan(record, root, route, [])
         stage = "decode"
         try:
-            # Parallel lists: values and their positions, one entry per value.
-            values: list[Any]
-            positions: list[Position]
-            if unit is not None:  # as if its items came one record each (stages.units)
-                values, positions = expand(reader, unit, record, position)
-            else:
+            if unit is None:  # parallel lists: values and their positions, one per value
                 value = reader.decode(value)
-                values = [(value, meta_of(record, envelope)) if reader.with_meta else value]
-                positions = [position]
+                values: list[Any] = [(value, meta_of(record, envelope)) if reader.with_meta
+                                     else value]
+                positions: list[Position] = [position]
+            else:  # as if its items came one record each
+                values, positions = expand(reader, unit, record, position)
             for kind, stage, fn, table, step in self._segments.get(  # noqa: B007 (the except)
                     record.topic, self._first):
                 if kind is MAP:

@@ -25,13 +25,16 @@ from onceflow.stages.lineage import Position
 from onceflow.stages.outcome import ConsumedRecord
 
 
-def check_unit(envelope: Envelope) -> None:
-    """FormatError for a unit no republish step can have written.
+def unit_of(envelope: Envelope | None) -> Envelope | None:
+    """The envelope if it is a unit (None if not); FormatError for a unit no republish
+    step can have written.
 
     Its items' positions come from its source chain, so it needs one, and
     their indexes must rise (fan-out order): items out of order would fold
     a value after a later one and take it for a copy.
     """
+    if envelope is None or not envelope.items:
+        return None
     if not envelope.source_chain:
         raise FormatError("unit", "a unit (envelope with items) without a source chain: "
                           "forged or corrupt")
@@ -41,6 +44,7 @@ def check_unit(envelope: Envelope) -> None:
             raise FormatError("unit", f"unit item index {item.index} after {last}: items must "
                               "be in fan-out order")
         last = item.index
+    return envelope
 
 
 def expand(reader: Reader, envelope: Envelope, record: ConsumedRecord, position: Position
