@@ -145,6 +145,8 @@ def main() -> None:
     parser.add_argument("--commit-interval", default="2s",
                         help="both workers' onceflow.commit.interval (demo.conf: 2s)")
     parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--per-value", action="store_true",
+                        help="republish one record per event (default: one unit per report)")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-chaos-bench-"))
     kafka = services.start_tansu(state / "kafka")
@@ -164,7 +166,7 @@ def main() -> None:
         raw = measure_raw(kafka.address, baseline, args.messages)
         raw_life = time.monotonic() - spawned
         options = ChaosOptions(messages=args.messages, duration=0, kills=args.kills,
-                               seed=args.seed, store=args.store)
+                               seed=args.seed, store=args.store, units=not args.per_value)
         probe.start()
         report = run_chaos(options, bootstrap=kafka.address, store_settings=settings,
                            workdir=state, worker_settings=worker_settings)
@@ -188,7 +190,7 @@ def main() -> None:
         f"Command: `.venv/bin/python benchmarks/chaos_throughput.py --messages {args.messages} "
         f"--kills {args.kills} --seed {args.seed} --store {args.store} "
         f"--persistence-interval {args.persistence_interval} "
-        f"--commit-interval {args.commit_interval}`  ",
+        f"--commit-interval {args.commit_interval}{' --per-value' * args.per_value}`  ",
         f"Machine: {os.cpu_count()} cores, Python {platform.python_version()}; "
         f"{args.messages:,} records ({report.events:,} events), {PARTITIONS} partitions; "
         f"kills {report.kills}; verdict: {'exact' if report.exact else 'DRIFT'} "

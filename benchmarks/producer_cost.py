@@ -8,7 +8,7 @@ by an answer that arrives at once, so what is left is the Python cost on the
 producer's event loop (in a worker, a thread beside the pipeline's, sharing
 its GIL).
 
-    python benchmarks/producer_cost.py [--messages 100000] [--repeat 5]
+    python benchmarks/producer_cost.py [--messages 100000] [--repeat 5] [--units]
 """
 
 from __future__ import annotations
@@ -65,10 +65,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--units", action="store_true",
+                        help="the outputs as units (one record per report), as the chain now")
     args = parser.parse_args()
     reports = records(args.messages, "normalize")
-    runner = PipelineRunner(build_normalize("reports", "normalized"), lambda spec, keys: {},
-                            "dead", load_sequences=lambda keys: {})
+    runner = PipelineRunner(build_normalize("reports", "normalized", unit=args.units),
+                            lambda spec, keys: {}, "dead", load_sequences=lambda keys: {})
     sends = [runner.process(reports[i:i + BATCH]).outputs
              for i in range(0, len(reports), BATCH)]
     outputs = sum(map(len, sends))

@@ -74,6 +74,9 @@ class ChaosOptions:
     down: float = 0.0  # seconds a killed process stays down before its restart
     start_ms: int = 0  # event times start that long after midnight
     settings: tuple[tuple[str, str], ...] = ()  # more worker settings (key, value)
+    #: A report's events cross the hop as one record (``republish(unit=True)``); False:
+    #: one record each (``robot_chain.normalize_per_value``).
+    units: bool = True
 
 
 @dataclass
@@ -94,6 +97,7 @@ class ChaosReport:
     double: int = 0
     caught_up: bool = False
     exit_codes: dict[str, int | None] = field(default_factory=dict)
+    normalized: int = 0  # records in the normalized topic (units hold several events)
     elapsed: float = 0.0  # from the start (stream generation) to the end of the check
     # Wall-clock moments (time.time()) of the run's phases, for benchmarks:
     # workers started, input produced (and kills done), republisher / aggregator committed.
@@ -121,7 +125,8 @@ class _Chaos:
                "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": self.normalized,
                "ONCEFLOW_ROBOTS_STORE": o.store}
         self.late_topic = f"chaos-late-{run_id}"
-        pipelines = {"republisher": "onceflow.examples.robot_chain:normalize",
+        normalize = "normalize" if o.units else "normalize_per_value"
+        pipelines = {"republisher": f"onceflow.examples.robot_chain:{normalize}",
                      "aggregator": "onceflow.examples.robot_chain:windows"}
         names = {"aggregator": "aggregator", "republisher": "republisher",
                  **{f"republisher-{n}": "republisher" for n in range(2, o.republishers + 1)}}
@@ -198,6 +203,7 @@ class _Chaos:
                 return False
         self.report.timeline["republisher committed"] = time.time()
         normalized_ends = await read_ends(self.bootstrap, self.normalized, self.o.partitions)
+        self.report.normalized = sum(normalized_ends.values())
         async with CommittedOffsets(self.bootstrap, self.groups["aggregator"]) as agg:
             done = await agg.wait_for(self.normalized, normalized_ends, self.o.timeout,
                                       self.workers["aggregator"])
@@ -315,9 +321,11 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--store", choices=("redis", "cassandra"), default=d.store)
     parser.add_argument("--state-dir", type=Path, default=None)
+    parser.add_argument("--per-value", action="store_true",
+                        help="republish one record per event (default: one per report, a unit)")
     args = parser.parse_args(argv)
     options = ChaosOptions(messages=args.messages, duration=args.duration, kills=args.kills,
-                           seed=args.seed, store=args.store)
+                           seed=args.seed, store=args.store, units=not args.per_value)
     console = Console()
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="onceflow-chaos-"))
     console.print(f"[bold]onceflow chaos[/] state and logs in {state}")

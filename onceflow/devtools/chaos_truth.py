@@ -20,6 +20,7 @@ from onceflow.examples.robot_chain import (
 )
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.state import decode_state
+from onceflow.stages.units import item_at
 from onceflow.stores.base import StateStore
 
 __all__ = ["STAGES", "LateEvents", "Windows", "expected_windows", "read_late", "stored_windows"]
@@ -80,7 +81,9 @@ async def read_late(bootstrap: str, topic: str, partitions: int
             twice += 1
             continue
         seen.add(slot)
-        robot, ok, ts = json.loads(Envelope.FromString(record.value or b"").payload)
+        position = tuple(int(n) for n in headers["onceflow.position"].split(b"."))
+        robot, ok, ts = json.loads(  # the late item of a unit, or the record itself
+            item_at(Envelope.FromString(record.value or b""), position).payload)
         stage = headers["onceflow.stage"].decode()
         late.setdefault(stage, Counter())[(robot, ts, "ok" if ok else "failed")] += 1
     return late, twice

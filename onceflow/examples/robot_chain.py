@@ -3,13 +3,14 @@
 ``normalize`` is a stateless republisher: raw robot reports -> one
 fastening event per result on the normalized topic (robots' re-sent
 reports dropped by their ``(serial, seq)``), keyed by robot (so a
-robot's events stay in order). ``windows`` aggregates the normalized events
-in two stages: per-robot-per-minute counts (tumbling, 30 s allowed
-lateness) feeding per-robot daily counts; only what the minute stage folds
-reaches the daily stage. ``counting_normalize`` also counts per robot
-before republishing. Topics and store come from the environment
-(``ONCEFLOW_CHAIN_RAW_TOPIC``, ``ONCEFLOW_CHAIN_NORMALIZED_TOPIC``,
-``ONCEFLOW_ROBOTS_STORE``).
+robot's events stay in order); a report's events travel as one record
+(a unit), or one record each in ``normalize_per_value``. ``windows``
+aggregates the normalized events in two stages: per-robot-per-minute
+counts (tumbling, 30 s allowed lateness) feeding per-robot daily counts;
+only what the minute stage folds reaches the daily stage.
+``counting_normalize`` also counts per robot before republishing. Topics
+and store come from the environment (``ONCEFLOW_CHAIN_RAW_TOPIC``,
+``ONCEFLOW_CHAIN_NORMALIZED_TOPIC``, ``ONCEFLOW_ROBOTS_STORE``).
 """
 
 from __future__ import annotations
@@ -41,12 +42,16 @@ def decode_fastening(envelope: Envelope) -> Fastening:
     return Fastening(robot, ok, ts)
 
 
-def build_normalize(raw: str, normalized: str, store: str = "redis") -> Pipeline:
+def build_normalize(raw: str, normalized: str, store: str = "redis", unit: bool = True
+                    ) -> Pipeline:
+    """A report's fastenings (one robot: one key) cross the hop as one record (``unit``),
+    or one record each with ``unit=False``."""
     return (
         Pipeline("robots-normalize", topics=(raw,), format="json", dedup=report_dedup(store))
         .flat_map("fastenings", fastenings)
         .republish("normalized", normalized, encode=encode_fastening, key=attrgetter("robot"),
-                   event_time_ms=attrgetter("ts"), payload_type="application/json")
+                   event_time_ms=attrgetter("ts"), payload_type="application/json",
+                   unit=unit)
     )
 
 
@@ -83,5 +88,6 @@ _RAW = os.environ.get("ONCEFLOW_CHAIN_RAW_TOPIC", "robot-reports")
 _NORMALIZED = os.environ.get("ONCEFLOW_CHAIN_NORMALIZED_TOPIC", "robot-fastenings")
 _STORE = os.environ.get("ONCEFLOW_ROBOTS_STORE", "redis")
 normalize = build_normalize(_RAW, _NORMALIZED, _STORE)
+normalize_per_value = build_normalize(_RAW, _NORMALIZED, _STORE, unit=False)
 counting_normalize = build_counting_normalize(_RAW, _NORMALIZED, _STORE)
 windows = build_windows(_NORMALIZED, _STORE)

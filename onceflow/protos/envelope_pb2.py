@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0e\x65nvelope.proto\x12\x08onceflow\"L\n\tSourceRef\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05index\x18\x04 \x01(\x05\"\x92\x01\n\x08\x45nvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x15\n\revent_time_ms\x18\x02 \x01(\x03\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x14\n\x0cpayload_type\x18\x05 \x01(\t\x12)\n\x0csource_chain\x18\x06 \x03(\x0b\x32\x13.onceflow.SourceRefb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0e\x65nvelope.proto\x12\x08onceflow\"L\n\tSourceRef\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\r\n\x05index\x18\x04 \x01(\x05\"\xb1\x01\n\x08\x45nvelope\x12\x10\n\x08\x65vent_id\x18\x01 \x01(\t\x12\x15\n\revent_time_ms\x18\x02 \x01(\x03\x12\x0b\n\x03key\x18\x03 \x01(\t\x12\x0f\n\x07payload\x18\x04 \x01(\x0c\x12\x14\n\x0cpayload_type\x18\x05 \x01(\t\x12)\n\x0csource_chain\x18\x06 \x03(\x0b\x32\x13.onceflow.SourceRef\x12\x1d\n\x05items\x18\x07 \x03(\x0b\x32\x0e.onceflow.Item\"O\n\x04Item\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x15\n\revent_time_ms\x18\x03 \x01(\x03\x12\x10\n\x08\x65vent_id\x18\x04 \x01(\tb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,5 +34,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SOURCEREF']._serialized_start=28
   _globals['_SOURCEREF']._serialized_end=104
   _globals['_ENVELOPE']._serialized_start=107
-  _globals['_ENVELOPE']._serialized_end=253
+  _globals['_ENVELOPE']._serialized_end=284
+  _globals['_ITEM']._serialized_start=286
+  _globals['_ITEM']._serialized_end=365
 # @@protoc_insertion_point(module_scope)

@@ -8,6 +8,12 @@ republisher appends the SourceRef of the record it consumed, with `index`
 numbering the outputs that one input produced. The first entry is the root
 cause of the event; aggregations dedup on it (docs/architecture.md,
 invariant 1).
+
+A unit (`items` not empty, from a republish step with unit=True) carries
+several outputs of one consumed record that share this key: each item is
+the record it would have been alone, with this envelope's key,
+payload_type and source chain, the chain's last `index` replaced by the
+item's. A unit's own payload, event_id and event_time_ms are unused.
 """
 
 from collections import abc as _abc
@@ -63,6 +69,7 @@ class Envelope(_message.Message):
     PAYLOAD_FIELD_NUMBER: _builtins.int
     PAYLOAD_TYPE_FIELD_NUMBER: _builtins.int
     SOURCE_CHAIN_FIELD_NUMBER: _builtins.int
+    ITEMS_FIELD_NUMBER: _builtins.int
     event_id: _builtins.str
     event_time_ms: _builtins.int
     """Event time in milliseconds since the Unix epoch."""
@@ -72,6 +79,8 @@ class Envelope(_message.Message):
     """Names the payload's encoding or schema, e.g. "application/json"."""
     @_builtins.property
     def source_chain(self) -> _containers.RepeatedCompositeFieldContainer[Global___SourceRef]: ...
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___Item]: ...
     def __init__(
         self,
         *,
@@ -81,11 +90,42 @@ class Envelope(_message.Message):
         payload: _builtins.bytes = ...,
         payload_type: _builtins.str = ...,
         source_chain: _abc.Iterable[Global___SourceRef] | None = ...,
+        items: _abc.Iterable[Global___Item] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "event_time_ms", b"event_time_ms", "key", b"key", "payload", b"payload", "payload_type", b"payload_type", "source_chain", b"source_chain"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "event_time_ms", b"event_time_ms", "items", b"items", "key", b"key", "payload", b"payload", "payload_type", b"payload_type", "source_chain", b"source_chain"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Envelope: _TypeAlias = Envelope  # noqa: Y015
+
+@_typing.final
+class Item(_message.Message):
+    """One output of a unit (see above)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    EVENT_TIME_MS_FIELD_NUMBER: _builtins.int
+    EVENT_ID_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    payload: _builtins.bytes
+    event_time_ms: _builtins.int
+    event_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        payload: _builtins.bytes = ...,
+        event_time_ms: _builtins.int = ...,
+        event_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["event_id", b"event_id", "event_time_ms", b"event_time_ms", "index", b"index", "payload", b"payload"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Item: _TypeAlias = Item  # noqa: Y015

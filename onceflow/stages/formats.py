@@ -67,26 +67,33 @@ class Reader:
     """How one consumed topic's records become the first value of their segment.
 
     ``parse`` raises ``FormatError`` (a dead letter naming the topic and the
-    formats); ``decode`` is the user's, run as stage ``decode``.
+    formats); ``decode`` is the user's, run as stage ``decode``. ``payload``: what
+    ``decode`` does when it reads only the envelope's payload (the default
+    decoder, a repartition hop), so a unit's items skip an envelope each
+    (``stages.units``).
     """
 
     parse: Parser
     decode: Callable[[Any], Any]
     with_meta: bool = False
+    payload: Callable[[bytes], Any] | None = None
 
 
 def source_reader(topic: str, fmt: Format, decode: Callable[[Any], Any] | None,
                   with_meta: bool) -> Reader:
     """A source topic: ``decode`` gets the envelope, or the parsed value of a raw format
     (default: the envelope's payload bytes, or the parsed value itself)."""
+    payload = None
     if decode is None:
         decode = payload_bytes if fmt == "envelope" else itself
-    return Reader(parser_for(topic, fmt), decode, with_meta)
+        payload = itself
+    return Reader(parser_for(topic, fmt), decode, with_meta, payload)
 
 
 def hop_reader(topic: str, decode: Callable[[bytes], Any]) -> Reader:
     """A repartition topic: always envelopes, whose payload is the encoded value."""
-    return Reader(parser_for(topic, "envelope"), lambda envelope: decode(envelope.payload))
+    return Reader(parser_for(topic, "envelope"), lambda envelope: decode(envelope.payload),
+                  payload=decode)
 
 
 def payload_bytes(envelope: Envelope) -> Any:

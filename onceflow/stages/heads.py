@@ -15,6 +15,7 @@ from onceflow.stages.outcome import ConsumedRecord, StageFailure
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.plan import Head
 from onceflow.stages.producer_dedup import SequenceTables
+from onceflow.stages.units import expand, unit_of
 
 
 class Heads:
@@ -29,8 +30,8 @@ class Heads:
         self.sequences = sequences
 
     def __call__(self, record: ConsumedRecord) -> Head | None:
-        """Parse, producer dedup, origin and decode: the record's first values and their
-        positions (parallel lists); None for a producer duplicate."""
+        """Parse, producer dedup, origin and decode: the record's first values (one, or a
+        unit's items) and their positions (parallel lists); None for a producer duplicate."""
         reader: Reader = self._readers.get(record.topic) or self._first
         if record.headers:
             check_header_names(record.headers)
@@ -39,6 +40,7 @@ class Heads:
             envelope = chain_envelope(record.key, record.timestamp, record.headers)  # its chain
         if envelope is not None and envelope.source_chain:
             check_chain(envelope, record)
+        unit = unit_of(envelope)  # several values (stages.units), checked
         if self.sequences is not None and not self.sequences.admit(record, value):
             return None
         if envelope is None:  # a raw record is its own root (origin_of, without the call)
@@ -47,10 +49,12 @@ class Heads:
         else:
             root, route, position = origin_of(envelope, record.topic, record.partition,
                                               record.offset)
-        if reader.decode is not itself:
-            try:
+        try:
+            if unit is not None:  # as if its items came one record each
+                return (envelope, root, route, *expand(reader, unit, record, position))
+            if reader.decode is not itself:
                 value = reader.decode(value)
-            except Exception as error:
-                raise StageFailure("decode", error) from error
+        except Exception as error:
+            raise StageFailure("decode", error) from error
         return (envelope, root, route,
                 [(value, meta_of(record, envelope)) if reader.with_meta else value], [position])

@@ -28,7 +28,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.formats import is_marked
 from onceflow.stages.lineage import Position
 from onceflow.stages.origin import CHAIN_HEADER, Header, decode_chain, header
@@ -44,12 +44,14 @@ Origin = Callable[[bytes | None, Sequence[Header] | None],
 def written_origin(value: bytes | None, headers: Sequence[Header] | None
                    ) -> tuple[TopicPartition, Position] | None:
     """The input partition and position a onceflow output came from: the last hop of its
-    chain (the ``onceflow-chain`` header of a plain output, or the envelope's chain).
-    None for a record onceflow did not write."""
+    chain (the ``onceflow-chain`` header of a plain output, or the envelope's chain), with
+    the hop before's index (the input's own: which item of an input unit) if there is
+    one. None for a record onceflow did not write."""
     text = header(headers, CHAIN_HEADER)
+    chain: Sequence[SourceRef]
     if text:
         try:
-            hop = decode_chain(text)[-1]
+            chain = decode_chain(text)
         except ValueError:
             return None
     elif is_marked(headers):
@@ -57,12 +59,15 @@ def written_origin(value: bytes | None, headers: Sequence[Header] | None
             chain = Envelope.FromString(value or b"").source_chain
         except DecodeError:
             return None
-        if not chain:
-            return None
-        hop = chain[-1]
     else:
         return None
-    return (hop.topic, hop.partition), (hop.offset, hop.index)
+    if not chain:
+        return None
+    hop = chain[-1]
+    if len(chain) == 1:
+        return (hop.topic, hop.partition), (hop.offset, hop.index)
+    # The input's own last index too: an input unit's items each count j from 0.
+    return (hop.topic, hop.partition), (hop.offset, chain[-2].index, hop.index)
 
 
 @dataclass

@@ -7,7 +7,6 @@ unique and must not change between deployments of the same pipeline.
 
 from __future__ import annotations
 
-import inspect
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -18,6 +17,10 @@ from onceflow.stages.formats import Format, check_format
 from onceflow.stages.formats import json_bytes as json_bytes  # the default encode, kept here
 from onceflow.stages.formats import payload_bytes as payload_bytes  # the default decode, kept here
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, ProducerDedup
+from onceflow.stages.republish_step import OUTPUT_FORMATS as OUTPUT_FORMATS
+from onceflow.stages.republish_step import PartitionMap as PartitionMap
+from onceflow.stages.republish_step import Republish as Republish
+from onceflow.stages.republish_step import same_partition as same_partition
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stages.windows import Tumbling
 
@@ -76,73 +79,6 @@ class Aggregate:
     store: str = "redis"
     window: Tumbling | None = None
     schema: Any = None  # the value's type for analytics (onceflow.analytics.schemas)
-
-
-#: An output partition as a function of the input record's (topic, partition).
-PartitionMap = Callable[[str, int], int]
-#: What a republish step writes: onceflow envelopes, or the plain encoded value.
-OUTPUT_FORMATS = ("envelope", "json", "bytes")
-
-
-def same_partition(topic: str, partition: int) -> int:
-    """The default partition map of an exclusive republish: output partition = input's."""
-    return partition
-
-
-@dataclass(frozen=True)
-class Republish:
-    """Produce the values at this point to ``topic``, extending the source chain.
-
-    ``partition``: ``"key"`` (Kafka's default partitioner over the key) or a
-    ``PartitionMap``. ``exclusive``: this step is the only writer of its
-    output partitions, so a restarted worker reads their tails and skips
-    what is already there (``onceflow.stages.output_tail``). ``format``:
-    ``"envelope"``, or ``"json"``/``"bytes"`` for the plain encoded value
-    with the origin in headers (``onceflow.stages.origin``).
-    """
-
-    id: str
-    topic: str
-    encode: Callable[[Any], bytes]
-    key: Callable[[Any], str] | None = None
-    event_time_ms: Callable[[Any], int] | None = None
-    payload_type: str = ""
-    exclusive: bool = False
-    partition: PartitionMap | str = "key"
-    format: str = "envelope"
-
-    def __post_init__(self) -> None:
-        owner = f"republish {self.id!r}"
-        if self.format not in OUTPUT_FORMATS:
-            raise ValueError(f"{owner}: format {self.format!r}: expected one of "
-                             f"{', '.join(OUTPUT_FORMATS)}")
-        if isinstance(self.partition, str):
-            if self.partition != "key":
-                raise ValueError(f"{owner}: partition {self.partition!r}: expected 'key' or a "
-                                 "function (input topic, input partition) -> output partition")
-            if self.exclusive:
-                raise ValueError(
-                    f"{owner}: exclusive=True needs each output partition to be a function of "
-                    "the input partition, and partition='key' spreads one input partition's "
-                    "outputs over every output partition (several writers each): give "
-                    "partition=<function (topic, partition) -> partition> or leave it unset")
-            return
-        if not callable(self.partition):
-            raise ValueError(f"{owner}: partition must be 'key' or a function "
-                             "(input topic, input partition) -> output partition")
-        try:
-            inspect.signature(self.partition).bind("topic", 0)
-        except TypeError as error:
-            raise ValueError(f"{owner}: partition must be a function of the input (topic, "
-                             f"partition) only, it cannot take two arguments: {error}") from None
-        except ValueError:  # a builtin without a signature: trust it
-            pass
-
-    def partition_of(self, topic: str, partition: int) -> int | None:
-        """The output partition of records consumed from topic/partition; None: by key."""
-        if isinstance(self.partition, str):
-            return None
-        return self.partition(topic, partition)
 
 
 @dataclass(frozen=True)
@@ -233,6 +169,7 @@ class Pipeline:
                 raise ValueError(f"pipeline {self.id!r}: republish {step.id!r}: its exclusive "
                                  f"topic {step.topic!r} must be written by no other step and "
                                  "read by none of this pipeline")
+        _check_units(self.id, self.steps)
 
     def map(self, id: str, fn: Callable[[Any], Any]) -> Pipeline:
         """Turn each value into one new value; ``fn`` must be deterministic."""
@@ -300,6 +237,7 @@ class Pipeline:
         exclusive: bool = False,
         partition: PartitionMap | str | None = None,
         format: str = "envelope",
+        unit: bool = False,
     ) -> Pipeline:
         """Produce each value to ``topic`` as an envelope whose source chain grows by one.
 
@@ -317,11 +255,16 @@ class Pipeline:
         a function. ``format="json"`` or ``"bytes"`` writes ``encode(value)``
         as the record value with the origin in headers, for consumers that
         know nothing of onceflow.
+
+        ``unit=True``: the consecutive outputs of one input that share a key
+        travel as one record (fewer records to produce and consume; readers
+        expand it into the same values at the same positions). Not with
+        ``exclusive``, a plain ``format``, or after an aggregate.
         """
         if partition is None:
             partition = same_partition if exclusive else "key"
         return self._then(Republish(id, topic, encode, key, event_time_ms, payload_type,
-                                    exclusive, partition, format))
+                                    exclusive, partition, format, unit))
 
     def repartition(
         self,
@@ -392,6 +335,18 @@ def _zero() -> int:
 
 def _plus_one(count: int, _: Any) -> int:
     return count + 1
+
+
+def _check_units(pipeline_id: str, steps: tuple[Step, ...]) -> None:
+    """Refuse a unit republish after an aggregate of its segment: the aggregate may stop
+    some of a record's values (replays, late ones), and a unit cannot lose some items."""
+    folds = False
+    for step in steps:
+        folds = (folds or isinstance(step, Aggregate)) and not isinstance(step, Repartition)
+        if isinstance(step, Republish) and step.unit and folds:
+            raise ValueError(f"pipeline {pipeline_id!r}: republish {step.id!r}: unit=True "
+                             "after an aggregate is not supported (the aggregate may stop "
+                             "some of a record's values): use unit=False")
 
 
 def _check_id(kind: str, value: str) -> None:

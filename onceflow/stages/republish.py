@@ -61,6 +61,11 @@ def defaults(envelope: Envelope | None, record: ConsumedRecord) -> tuple[int, st
     return record.timestamp or 0, (record.key or b"").decode(errors="replace")
 
 
+#: Payload bytes past which a unit step starts a new unit for the same run: a unit of a huge
+#: fan-out must stay far below the producer's request size (1 MiB at least).
+UNIT_MAX_BYTES = 262_144
+
+
 def republished(
     step: Republish,
     envelope: Envelope | None,
@@ -74,21 +79,34 @@ def republished(
     """The outputs (and their values' positions) of ``values`` consumed in ``record``.
 
     The ``j``-th value gets fan-out index ``j`` in the chain's new hop; an
-    exclusive step skips the outputs at or below what is already written.
+    exclusive step skips the outputs at or below what is already written
+    (``output_tail``: the input offset, the input's own last index, ``j``).
+    A value from an item of a consumed unit gets what it would have had from
+    the item's record: the item's chain (its last index the item's), the
+    item's event time by default, and ``j`` counted within the item.
     """
+    if step.unit:
+        return _units(step, envelope, record, root, values, time_ms, key)
     positions: list[Position] = []
     outputs: list[Output] = []
     partition = step.partition_of(record.topic, record.partition)
     mark = written.up_to(step.topic, record) if step.exclusive else None
     prior = envelope.source_chain if envelope is not None else ()
+    hop = len(prior)
+    times = _item_times(envelope)
+    fan = _fan_out(values, hop) if times else None
+    lead = prior[-1].index if prior else -1
     topic, in_partition, offset = record.topic, record.partition, record.offset
     headers: tuple[tuple[str, bytes], ...]
-    for j, (pos, value) in enumerate(values):
-        if mark is not None and (offset, j) <= mark:
+    for n, (pos, value) in enumerate(values):
+        j = fan[n] if fan is not None else n
+        if mark is not None and ((offset, pos[hop] if times else lead, j) if prior
+                                 else (offset, j)) <= mark:
             continue
         out = Envelope(
             event_id=event_id(root, pos),
-            event_time_ms=step.event_time_ms(value) if step.event_time_ms else time_ms,
+            event_time_ms=(step.event_time_ms(value) if step.event_time_ms
+                           else times[pos[hop]] if times else time_ms),
             key=step.key(value) if step.key else key,
             payload=step.encode(value),
             payload_type=step.payload_type,
@@ -98,6 +116,8 @@ def republished(
         chain = out.source_chain
         if prior:
             chain.extend(prior)
+            if times:
+                chain[-1].index = pos[hop]
         chain.add(topic=topic, partition=in_partition, offset=offset, index=j)
         if step.format == "envelope":
             payload, headers = out.SerializeToString(), (ENVELOPE_MARK,)
@@ -108,3 +128,72 @@ def republished(
         positions.append(pos)
         outputs.append(Output(step.topic, out.key.encode() or None, payload, headers, partition))
     return positions, outputs
+
+
+def _units(
+    step: Republish,
+    envelope: Envelope | None,
+    record: ConsumedRecord,
+    root: RootPartition,
+    values: list[tuple[Position, Any]],
+    time_ms: int,
+    key: str,
+) -> tuple[list[Position], list[Output]]:
+    """``republished`` for a unit step: one envelope per run of consecutive values with one
+    key (and one source item, for a consumed unit: a unit's items share their chain), cut
+    into several past ``UNIT_MAX_BYTES``; each unit's position is its first value's."""
+    positions: list[Position] = []
+    units: list[Envelope] = []
+    prior = envelope.source_chain if envelope is not None else ()
+    hop = len(prior)
+    times = _item_times(envelope)
+    partition = step.partition_of(record.topic, record.partition)
+    topic, in_partition, offset = record.topic, record.partition, record.offset
+    fan = _fan_out(values, hop) if times else None
+    items = None
+    run: tuple[str, int] | None = None
+    size = 0
+    for n, (pos, value) in enumerate(values):
+        j = fan[n] if fan is not None else n
+        out_key = step.key(value) if step.key else key
+        source = pos[hop] if times else -1
+        payload = step.encode(value)
+        size += len(payload)
+        if run != (out_key, source) or size > UNIT_MAX_BYTES:
+            run, size = (out_key, source), len(payload)
+            unit = Envelope(key=out_key, payload_type=step.payload_type)
+            chain = unit.source_chain
+            if prior:
+                chain.extend(prior)
+                if times:
+                    chain[-1].index = source
+            chain.add(topic=topic, partition=in_partition, offset=offset, index=j)
+            items = unit.items
+            units.append(unit)
+            positions.append(pos)
+        assert items is not None
+        items.add(index=j, payload=payload, event_id=event_id(root, pos),
+                  event_time_ms=(step.event_time_ms(value) if step.event_time_ms
+                                 else times[source] if times else time_ms))
+    return positions, [Output(step.topic, unit.key.encode() or None, unit.SerializeToString(),
+                              (ENVELOPE_MARK,), partition) for unit in units]
+
+
+def _item_times(envelope: Envelope | None) -> dict[int, int] | None:
+    """A consumed unit's event time per item index; None for a record of one value."""
+    if envelope is None or not envelope.items:
+        return None
+    return {item.index: item.event_time_ms for item in envelope.items}
+
+
+def _fan_out(values: list[tuple[Position, Any]], hop: int) -> list[int]:
+    """Fan-out indexes of a consumed unit's values: counted per item (its index is each
+    position's entry ``hop``), as each item's own record would have counted them."""
+    found = []
+    source, j = -1, -1
+    for pos, _ in values:
+        if pos[hop] != source:
+            source, j = pos[hop], -1
+        j += 1
+        found.append(j)
+    return found

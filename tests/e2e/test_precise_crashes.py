@@ -126,12 +126,13 @@ def test_republisher_killed_in_the_middle_of_one_inputs_fan_out(
         asyncio.run(harness.create_topic(s.bootstrap, topic, 1))
     raw_ends = asyncio.run(harness.produce(s.bootstrap, raw, stream.messages))
     rep_group, agg_group = unique_name("rep"), unique_name("agg")
-    dying = s.worker("dying", "onceflow.examples.robot_chain:normalize", rep_group,
+    dying = s.worker("dying", "onceflow.examples.robot_chain:normalize_per_value", rep_group,
                      {"ONCEFLOW_FAULT_KILL_AFTER_SENDS": str(kill_after)})
     wait_killed(dying)
     partial = asyncio.run(harness.read_ends(s.bootstrap, normalized, 1))[0]
     assert partial >= kill_after  # the fan-out really was cut in the middle
-    republisher = s.worker("republisher", "onceflow.examples.robot_chain:normalize", rep_group)
+    republisher = s.worker("republisher", "onceflow.examples.robot_chain:normalize_per_value",
+                           rep_group)
     aggregator = s.worker("aggregator", "onceflow.examples.robot_chain:windows", agg_group)
     asyncio.run(drained(s.bootstrap, rep_group, raw, raw_ends, republisher))
     norm_ends = asyncio.run(harness.read_ends(s.bootstrap, normalized, 1))

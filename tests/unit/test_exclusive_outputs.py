@@ -223,7 +223,8 @@ def test_the_plain_chain_extends_through_a_second_hop() -> None:
     record = Rec("in", 0, 3, b'{"id": "x", "parts": 1}',
                  headers=plain_headers(chain, "a/2/5.1", 1000))
     outputs = runner(mirror()).process([record]).outputs
-    assert written_origin(outputs[0].value, outputs[0].headers) == (("in", 0), (3, 0))
+    # (input offset, the input's own last index, output index): see written_origin
+    assert written_origin(outputs[0].value, outputs[0].headers) == (("in", 0), (3, 1, 0))
     from onceflow.protos.envelope_pb2 import Envelope
     env = Envelope.FromString(outputs[0].value)
     assert [(r.topic, r.partition, r.offset, r.index) for r in env.source_chain] == \
