@@ -270,6 +270,7 @@ class PipelineRunner:
             table = step.table
             spec, states = table.spec, table.states
             fold, window = spec.fold, spec.window
+            event_time = window.event_time_ms if window is not None else None
             clock = self.clocks[table] if window is not None else None
             if clock is not None:
                 clock.meet(fed_from)
@@ -282,7 +283,8 @@ class PipelineRunner:
             for key, pos, value in zip(step.keys, step.positions, step.values, strict=False):
                 if clock is not None:  # replays, and values an upstream aggregate stopped, too:
                     try:  # the watermark is a function of the partition's records alone
-                        watermark = clock.observe(fed_from, root, value)
+                        ts = int(event_time(value))  # type: ignore[misc]
+                        watermark = clock.observe(fed_from, root, ts)
                     except Exception as error:
                         raise StageFailure(spec.id, error) from error
                 if stopped and is_stopped(pos, stopped):
@@ -311,7 +313,8 @@ class PipelineRunner:
                         folded += 1
                         continue
                     assert window is not None
-                    result = fold_windowed(window, spec.init, fold, current[0], value, watermark)
+                    result = fold_windowed(window, spec.init, fold, current[0], value, watermark,
+                                           ts)
                 except Exception as error:
                     raise StageFailure(spec.id, error) from error
                 current[0] = result.state

@@ -122,13 +122,15 @@ class StageWatermark:
         if self.hold_new:
             self.partitions[tp].held_until = -1  # set at the first event
 
-    def observe(self, tp: TopicPartition, root: RootPartition, ts: int) -> None:
-        """An event of ``root`` consumed from ``tp`` (``install`` came first)."""
+    def observe(self, tp: TopicPartition, root: RootPartition, ts: int) -> int | None:
+        """An event of ``root`` consumed from ``tp`` (``install`` came first); answers the
+        partition's watermark."""
         mark = self.partitions[tp]
         if mark.held_until == -1:
             mark.held_until = ts + self.idle_ms
         if mark.observe(root, ts):
             self.dirty.add(tp)
+        return mark.value
 
     def value(self, tp: TopicPartition) -> int | None:
         return self.partitions[tp].value

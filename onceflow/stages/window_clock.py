@@ -59,11 +59,10 @@ class WindowClock:
         self.watermark.install(tp, rows.get(keys[0]))
         self.open.install(tp, rows.get(keys[1]))
 
-    def observe(self, tp: TopicPartition, root: RootPartition, value: Any) -> int | None:
-        """Count a value's event time; answers the partition's watermark, what the value is
-        decided against."""
-        self.watermark.observe(tp, root, int(self.window.event_time_ms(value)))
-        return self.watermark.partitions[tp].value
+    def observe(self, tp: TopicPartition, root: RootPartition, ts: int) -> int | None:
+        """Count a value's event time ``ts``; answers the partition's watermark, what the
+        value is decided against."""
+        return self.watermark.observe(tp, root, ts)
 
     def note(self, key: str, tp: TopicPartition, state: dict[str, Any],
              reopened: bool = True) -> None:

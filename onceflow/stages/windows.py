@@ -92,6 +92,7 @@ def fold_windowed(
     state: dict[str, Any],
     value: Any,
     watermark: int | None = None,
+    ts: int | None = None,  # the value's event time, if the caller read it already
 ) -> WindowStep:
     """Fold ``value`` into its window; never mutates ``state`` (units may roll back).
 
@@ -101,7 +102,8 @@ def fold_windowed(
     state with those closings. (``close_due`` then the fold, in one pass: one
     state built per value.)
     """
-    ts = int(window.event_time_ms(value))
+    if ts is None:
+        ts = int(window.event_time_ms(value))
     start = ts - ts % window.size_ms
     closes_at = start + window.size_ms + window.allowed_lateness_ms
     closed_to, opened = state["max_ts"], state["open"]
