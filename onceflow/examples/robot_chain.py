@@ -21,7 +21,6 @@ from operator import attrgetter
 import orjson
 
 from onceflow.examples.robots import Fastening, count, fastenings, new_counts, report_dedup
-from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages import Pipeline, Tumbling
 
 MINUTE_MS = 60_000
@@ -37,8 +36,10 @@ def encode_fastening(fastening: Fastening) -> bytes:
     return orjson.dumps(tuple(fastening))
 
 
-def decode_fastening(envelope: Envelope) -> Fastening:
-    robot, ok, ts = orjson.loads(envelope.payload)
+def fastening_of(payload: bytes) -> Fastening:
+    """A normalized event from its payload: a map step over the payload bytes (the default
+    decode), so a unit's items are read without an envelope each (``stages.units``)."""
+    robot, ok, ts = orjson.loads(payload)
     return Fastening(robot, ok, ts)
 
 
@@ -76,7 +77,8 @@ def build_windows(normalized: str, store: str) -> Pipeline:
     by_robot = attrgetter("robot")
     at = attrgetter("ts")
     return (
-        Pipeline("robots-windows", topics=(normalized,), decode=decode_fastening)
+        Pipeline("robots-windows", topics=(normalized,))
+        .map("fastening", fastening_of)
         .aggregate(MINUTE_STAGE, key=by_robot, init=new_counts, fold=count, store=store,
                    window=Tumbling(MINUTE_MS, event_time_ms=at, allowed_lateness_ms=LATENESS_MS))
         .aggregate(DAY_STAGE, key=by_robot, init=new_counts, fold=count, store=store,
