@@ -7,11 +7,15 @@ The layout and why it is so are in :mod:`onceflow.stores.cassandra_store`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from cassandra.cluster import Session
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _SCAN_PAGE = 1000  # rows per page of a scan or outbox load
 
@@ -42,9 +46,40 @@ def schema_statements(keyspace: str, replication: Mapping[str, str | int]) -> li
     ]
 
 
-def create_schema(session: Session, keyspace: str, replication: Mapping[str, str | int]
-                  ) -> None:
-    """Create the keyspace and tables the cluster's schema metadata lacks."""
+#: What Cassandra answers a schema change racing another client's (workers starting
+#: together on a fresh keyspace): a table created before the keyspace it just saw
+#: created is visible, the same table created twice with two ids, or a statement
+#: prepared on a table the other client's change has not finished configuring.
+_SCHEMA_RACES = ("non existing keyspace", "ID mismatch", "unconfigured columnfamily")
+
+
+def _is_race(error: BaseException) -> bool:
+    return any(race in str(error) for race in _SCHEMA_RACES)
+
+
+def with_schema(session: Session, keyspace: str, replication: Mapping[str, str | int],
+                prepare: Callable[[], T]) -> T:
+    """Create the keyspace and tables the cluster's schema metadata lacks, then
+    ``prepare`` the statements on them.
+
+    A change or a prepare that lost a race with another client's schema change is
+    tried again after a random pause (the racers drift apart), against freshly read
+    schema metadata.
+    """
+    for attempt in Retrying(retry=retry_if_exception(_is_race), stop=stop_after_attempt(8),
+                            wait=wait_random_exponential(multiplier=0.1, max=2), reraise=True):
+        with attempt:
+            if attempt.retry_state.attempt_number > 1:
+                log.info("schema of %r: another client changed it at the same time; again",
+                         keyspace)
+                session.cluster.refresh_schema_metadata()
+            _create_missing(session, keyspace, replication)
+            return prepare()
+    raise AssertionError("unreachable: the last attempt re-raises")
+
+
+def _create_missing(session: Session, keyspace: str, replication: Mapping[str, str | int]
+                    ) -> None:
     create_keyspace, *create_tables = schema_statements(keyspace, replication)
     existing = session.cluster.metadata.keyspaces.get(keyspace)
     if existing is None:

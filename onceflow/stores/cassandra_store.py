@@ -87,7 +87,7 @@ from cassandra.query import PreparedStatement, Statement, tuple_factory
 from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, cassandra_options
 from onceflow.stores.base import OutboxKey, StateStore
 from onceflow.stores.cassandra_fence import CassandraFence, WriteClock
-from onceflow.stores.cassandra_schema import EPOCHS_TABLE, TABLES, Statements, create_schema
+from onceflow.stores.cassandra_schema import EPOCHS_TABLE, TABLES, Statements, with_schema
 from onceflow.stores.fencing import Guard, Taken
 
 __all__ = ["CONSISTENCY_LEVELS", "TABLES", "CassandraStore", "CassandraUnavailable"]
@@ -334,11 +334,12 @@ class CassandraStore(StateStore):
                 try:
                     if self._session is None:
                         self._session = self._cluster.connect()
-                    create_schema(self._session, self._keyspace, self._replication)
-                    self._statements = Statements(self._session, self._keyspace)
-                    self._fence = CassandraFence(
-                        self._session, f'"{self._keyspace}".{EPOCHS_TABLE}', self._pipeline,
-                        self._execute)
+                    session = self._session
+                    self._statements, self._fence = with_schema(
+                        session, self._keyspace, self._replication,
+                        lambda: (Statements(session, self._keyspace), CassandraFence(
+                            session, f'"{self._keyspace}".{EPOCHS_TABLE}', self._pipeline,
+                            self._execute)))
                 except (*_TRANSIENT, *_REFUSED) as error:
                     if self._session is None:
                         # The driver shuts a Cluster down when its first connect
