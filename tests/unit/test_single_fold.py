@@ -15,12 +15,12 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_runner import Rec
 
 from onceflow.stages import Pipeline
 from onceflow.stages.pipeline import Aggregate
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state
-from tests.unit.test_runner import Rec
 
 
 def refusing_fold(total: int, value: tuple[str, int]) -> int:
