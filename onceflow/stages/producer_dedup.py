@@ -187,27 +187,35 @@ class SequenceTables:
         if table is None:
             return True
         spec = self.spec
-        if self._direct is not None:  # the usual case, checked inline: see __init__
-            try:
-                producer, sequence = self._direct[0](value), self._direct[1](value)
-            except Exception:
-                producer = sequence = None  # the full path below says what went wrong
-            if type(producer) is str and len(producer) <= MAX_PRODUCER and \
-                    type(sequence) is int and -(2**63) <= sequence < 2**63:
-                if table.admit(producer, 0, sequence, record.timestamp, spec.idle_timeout_ms):
-                    return True
-                self._duplicates += 1
-                return False
-        producer = str(_extract(record, value, spec.producer, "producer"))
-        if len(producer) > MAX_PRODUCER:  # it would sit in every write of the table's row
-            raise DedupError(f"dedup: the producer id is {len(producer)} characters long "
-                             f"(at most {MAX_PRODUCER})")
-        sequence = _integer(record, value, spec.sequence, "sequence")
-        epoch = 0 if spec.epoch is None else _integer(record, value, spec.epoch, "epoch")
+        ids = self._direct_ids(value) if self._direct is not None else None
+        if ids is not None:
+            producer, sequence = ids
+            epoch = 0
+        else:
+            producer = str(_extract(record, value, spec.producer, "producer"))
+            if len(producer) > MAX_PRODUCER:  # it would sit in every write of the table's row
+                raise DedupError(f"dedup: the producer id is {len(producer)} characters long "
+                                 f"(at most {MAX_PRODUCER})")
+            sequence = _integer(record, value, spec.sequence, "sequence")
+            epoch = 0 if spec.epoch is None else _integer(record, value, spec.epoch, "epoch")
         if table.admit(producer, epoch, sequence, record.timestamp, spec.idle_timeout_ms):
             return True
         self._duplicates += 1
         return False
+
+    def _direct_ids(self, value: Any) -> tuple[str, int] | None:
+        """Producer and sequence straight from the functions when they answer a str and a
+        64-bit int (the usual case, as the full path would take them); None otherwise,
+        and the full path reads them again with its checks and errors."""
+        assert self._direct is not None
+        try:
+            producer, sequence = self._direct[0](value), self._direct[1](value)
+        except Exception:
+            return None
+        if type(producer) is str and len(producer) <= MAX_PRODUCER and \
+                type(sequence) is int and -(2**63) <= sequence < 2**63:
+            return producer, sequence
+        return None
 
     def count(self, outcome: BatchOutcome) -> None:
         """Move this batch's counts into the outcome (stage ``source``)."""

@@ -11,7 +11,13 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from cassandra.cluster import Session
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +72,18 @@ def with_schema(session: Session, keyspace: str, replication: Mapping[str, str |
     tried again after a random pause (the racers drift apart), against freshly read
     schema metadata.
     """
-    for attempt in Retrying(retry=retry_if_exception(_is_race), stop=stop_after_attempt(8),
-                            wait=wait_random_exponential(multiplier=0.1, max=2), reraise=True):
-        with attempt:
-            if attempt.retry_state.attempt_number > 1:
-                log.info("schema of %r: another client changed it at the same time; again",
-                         keyspace)
-                session.cluster.refresh_schema_metadata()
-            _create_missing(session, keyspace, replication)
-            return prepare()
-    raise AssertionError("unreachable: the last attempt re-raises")
+    def refresh(state: RetryCallState) -> None:
+        log.info("schema of %r: another client changed it at the same time; again", keyspace)
+        session.cluster.refresh_schema_metadata()
+
+    def create_and_prepare() -> T:
+        _create_missing(session, keyspace, replication)
+        return prepare()
+
+    retrying = Retrying(retry=retry_if_exception(_is_race), stop=stop_after_attempt(8),
+                        wait=wait_random_exponential(multiplier=0.1, max=2),
+                        before_sleep=refresh, reraise=True)
+    return retrying(create_and_prepare)
 
 
 def _create_missing(session: Session, keyspace: str, replication: Mapping[str, str | int]
