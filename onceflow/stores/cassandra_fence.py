@@ -7,7 +7,10 @@ and every partition's row in one conditional batch (a lightweight
 transaction; in one partition, so atomic): each row is updated only if it
 still holds what was read (``IF value = ?``, or ``IF NOT EXISTS`` for a row
 never written). If another worker took epochs in between, the batch is not
-applied and taking starts again. Every epoch set is the counter's new value,
+applied and taking starts again, after a random pause. A batch that timed out
+may still have been applied: taking again (the worker retries) then answers the
+next epoch, and the timed-out one is held by nobody, which fencing allows (an
+epoch only has to be unique and growing). Every epoch set is the counter's new value,
 so a partition's epoch only grows and any successor's epoch is greater than
 every epoch a zombie holds.
 
@@ -29,6 +32,7 @@ driver's clock, and must win.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,12 +48,21 @@ from onceflow.stores.fencing import COUNTER, Guard, Taken, first_mismatch, write
 
 #: Attempts of a take that keep meeting other workers' takes (each one of them won).
 TAKE_ATTEMPTS = 100
+#: The longest pause after a lost compare-and-set (seconds): random up to it, growing.
+MAX_CONTENTION_PAUSE = 0.2
 
 Run = Callable[[Statement | PreparedStatement, tuple[Any, ...] | None], list[tuple[Any, ...]]]
 
 
 class EpochsContended(ConnectionError):
     """Other workers' takes kept winning; transient (a ``ConnectionError``): retried."""
+
+
+def contention_pause(attempt: int) -> None:
+    """Wait a random while after losing a compare-and-set, longer each time: takers that
+    retry at once keep colliding, and Cassandra answers contended Paxos rounds with
+    timeouts (full jitter)."""
+    time.sleep(random.uniform(0.0, min(MAX_CONTENTION_PAUSE, 0.005 * 2 ** attempt)))
 
 
 def row_name(partition: TopicPartition) -> str:
@@ -82,7 +95,7 @@ class CassandraFence:
         if not partitions:
             return Taken(0, {})
         names = [COUNTER, *(row_name(tp) for tp in partitions)]
-        for _ in range(TAKE_ATTEMPTS):
+        for attempt in range(TAKE_ATTEMPTS):
             stored = self._values(self._serial_read, names)
             epoch = max(stored.get(COUNTER) or 0, floor) + 1
             batch = BatchStatement(serial_consistency_level=ConsistencyLevel.SERIAL)
@@ -95,12 +108,13 @@ class CassandraFence:
             answer = self._run(batch, None)
             if answer and answer[0][0]:  # [applied]
                 return Taken(epoch, {tp: stored.get(row_name(tp)) for tp in partitions})
+            contention_pause(attempt)
         raise EpochsContended(f"epochs not taken: other workers' takes won {TAKE_ATTEMPTS} "
                               "times in a row")
 
     def raise_counter(self, epoch: int) -> int:
         """Raise the counter to at least ``epoch`` (compare-and-set); answer what it was."""
-        for _ in range(TAKE_ATTEMPTS):
+        for attempt in range(TAKE_ATTEMPTS):
             counter = self._values(self._serial_read, [COUNTER]).get(COUNTER)
             if counter is not None and counter >= epoch:
                 return counter
@@ -109,6 +123,7 @@ class CassandraFence:
                 self._run(self._update, (epoch, self._pipeline, COUNTER, counter))
             if answer and answer[0][0]:
                 return counter or 0
+            contention_pause(attempt)
         raise EpochsContended(f"epoch counter not raised to {epoch}: other workers' takes won "
                               f"{TAKE_ATTEMPTS} times in a row")
 
