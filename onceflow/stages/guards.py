@@ -23,7 +23,7 @@ from onceflow.stages.state import StateTable
 MAX_HOPS = 100
 
 
-def check_header_names(headers: Sequence[tuple[str, bytes]]) -> None:
+def check_header_names(headers: Sequence[tuple[str, bytes | None]]) -> None:
     """FormatError for a header name that is not UTF-8.
 
     Kafka header names are strings; a hand-made batch can still hold any bytes
