@@ -5,8 +5,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The record path compiled by mypyc (onceflow/compiled.py); rebuilt when a source changes.
+COMPILED := onceflow/stages/_compiled.json
 
-.PHONY: demo test setup prereqs lint unit integration e2e protos bench services-up services-down clean
+.PHONY: demo test setup prereqs lint unit integration e2e protos bench services-up services-down clean pure
 
 demo: setup
 	$(BIN)/onceflow demo
@@ -14,7 +16,7 @@ demo: setup
 test: setup lint
 	$(BIN)/pytest -q --durations=25 tests
 
-setup: prereqs $(STAMP)
+setup: prereqs $(STAMP) $(COMPILED)
 
 prereqs:
 	@bash scripts/ensure-prereqs.sh
@@ -25,11 +27,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[dev,analytics,embedded]'
 	touch $(STAMP)
 
+$(COMPILED): $(STAMP) onceflow/compiled.py $(wildcard onceflow/stages/*.py)
+	$(BIN)/python scripts/compile_stages.py
+
+# Pure Python (to profile the record path with py-spy): `make setup` compiles again.
+pure: $(STAMP)
+	$(BIN)/python scripts/compile_stages.py --remove
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy onceflow
 
-unit: $(STAMP)
+unit: $(STAMP) $(COMPILED)
 	$(BIN)/pytest -q tests/unit
 
 integration: setup
@@ -53,4 +62,5 @@ services-down: $(STAMP)
 	$(BIN)/onceflow services down
 
 clean:
-	rm -rf $(VENV) .state .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .state .pytest_cache .mypy_cache .ruff_cache .cache/mypyc
+	rm -f onceflow/stages/*.so $(COMPILED)

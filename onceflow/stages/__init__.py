@@ -4,8 +4,12 @@ This package never imports actor or Kafka client code (a ruff rule holds
 that line); the runtime interprets what is declared here.
 """
 
-from onceflow.protos.envelope_pb2 import Envelope, SourceRef
-from onceflow.stages.pipeline import (
+from onceflow.compiled import check
+
+check()  # before any compiled module loads: refuse one older than its source
+
+from onceflow.protos.envelope_pb2 import Envelope, SourceRef  # noqa: E402
+from onceflow.stages.pipeline import (  # noqa: E402
     Aggregate,
     Filter,
     FlatMap,
@@ -15,7 +19,7 @@ from onceflow.stages.pipeline import (
     Republish,
     Step,
 )
-from onceflow.stages.windows import Tumbling
+from onceflow.stages.windows import Tumbling  # noqa: E402
 
 __all__ = [
     "Aggregate",
