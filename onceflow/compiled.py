@@ -72,7 +72,7 @@ def build() -> None:
     paths = [str((HERE / f"{m}.py").relative_to(root)) for m in MODULES]
     work = root / ".cache" / "mypyc"  # generated C and objects, kept for the next build
     extensions = mypycify(paths, group_name=GROUP, opt_level="3", target_dir=str(work / "c"))
-    setup(name="onceflow-compiled", ext_modules=extensions, script_args=[
+    setup(name="onceflow-compiled", ext_modules=extensions, script_args=["--quiet",
         "build_ext", "--inplace", "--build-temp", str(work / "objects"),
         "--build-lib", str(work / "lib")])
     MANIFEST.write_text(json.dumps({m: _digest(m) for m in MODULES}, indent=1) + "\n")
