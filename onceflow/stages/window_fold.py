@@ -38,6 +38,8 @@ from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state import StateTable
 from onceflow.stages.window_clock import WindowClock
 
+UNKNOWN = object()  # a key's earliest open window, not read yet
+
 
 class WindowStage:
     """One windowed aggregate of the segment, its parts at hand."""
@@ -99,9 +101,13 @@ class WindowSegment:
                 keyed.append(list(map(window_stage.key, values)))
         except Exception as error:
             raise StageFailure(stage, error) from error
-        if len(self.side.late) or not all(
-                type(key) is str and key in window_stage.table.states
-                for window_stage, keys in zip(self.stages, keyed, strict=True) for key in keys):
+        general = len(self.side.late) > 0
+        for window_stage, keys in zip(self.stages, keyed, strict=True):
+            states = window_stage.table.states
+            for key in keys:
+                if type(key) is not str or key not in states:
+                    general = True
+        if general:
             return Plan(record, root, route, [
                 Fold(window_stage.table, keys, positions, values)
                 for window_stage, keys in zip(self.stages, keyed, strict=True)])
@@ -111,8 +117,15 @@ class WindowSegment:
     def _fold(self, record: ConsumedRecord, head: Head, keyed: list[list[Any]],
               values: list[Any], positions: list[Position], outcome: BatchOutcome) -> None:
         """``runner.PipelineRunner._apply`` for this shape, with ``fold_windowed`` and the
-        watermark's observe inlined. Every position of a record has one length (each
-        flat-map adds one level to all), so a later stage's stopped values are a set."""
+        watermark's observe inlined.
+
+        Per key, the record works on one copy of the open windows (made at its first
+        change: the stored state is never mutated, units roll back) and keeps their
+        earliest start, so a rising watermark with nothing due costs a comparison; the
+        state is built once, when installed. Every position of a record has one length
+        (each flat-map adds one level to all), so a later stage's stopped values are a
+        set.
+        """
         _, root, route, _, _ = head
         fed_from = (record.topic, record.partition)
         check_home = self.check_home
@@ -127,8 +140,12 @@ class WindowSegment:
             clock = window_stage.clock
             clock.meet(fed_from)
             stage_mark = clock.watermark
-            mark, idle_ms = stage_mark.partitions[fed_from], stage_mark.idle_ms
-            new: dict[str, list[Any]] = {}  # key -> [windows, position, closed, reopened]
+            mark, idle_ms, marks_dirty = (stage_mark.partitions[fed_from], stage_mark.idle_ms,
+                                          stage_mark.dirty)
+            observe = mark.observe
+            # key -> [open windows, closed to, own copy, earliest start (UNKNOWN: not read),
+            #         position, closed windows, open windows changed]
+            new: dict[str, list[Any]] = {}
             replayed: set[Position] = set()
             late: set[Position] = set()
             folded = 0
@@ -137,12 +154,12 @@ class WindowSegment:
                     ts = int(event_time(value))
                     if mark.held_until == -1:
                         mark.held_until = ts + idle_ms
-                    if mark.observe(root, ts):
-                        stage_mark.dirty.add(fed_from)
+                    if observe(root, ts):
+                        marks_dirty.add(fed_from)
                     watermark = mark.value
                 except Exception as error:
                     raise StageFailure(stage_id, error) from error
-                if pos in stopped:
+                if stopped and pos in stopped:
                     continue
                 current = new.get(key)
                 if current is None:
@@ -154,39 +171,47 @@ class WindowSegment:
                     if seen is not None and pos <= seen:
                         replayed.add(pos)
                         continue
-                    current = new[key] = [state.value, pos, None, False]
-                elif pos <= current[1]:
+                    windows = state.value
+                    current = new[key] = [windows["open"], windows["max_ts"], False, UNKNOWN,
+                                          pos, None, False]
+                elif pos <= current[4]:
                     replayed.add(pos)
                     continue
-                current[1] = pos
+                current[4] = pos
                 try:  # windows.fold_windowed, inlined
-                    windows = current[0]
                     start = ts - ts % size
-                    closed_to, opened = windows["max_ts"], windows["open"]
-                    rose = False
+                    closed_to = current[1]
                     if watermark is not None and (closed_to is None or watermark > closed_to):
-                        rose = True
-                        last_start = watermark - span  # windows starting at or before close
-                        due = [s for s in opened if int(s) <= last_start]
-                        if due:
+                        last_start = watermark - span  # windows starting there or before close
+                        first = current[3]
+                        if first is UNKNOWN:
+                            first = current[3] = min(map(int, current[0]), default=None)
+                        if first is not None and first <= last_start:
+                            opened = current[0]
+                            due = [s for s in opened if int(s) <= last_start]
                             closed = sorted((int(s), opened[s]) for s in due)
-                            opened = {s: v for s, v in opened.items() if int(s) > last_start}
-                            current[2] = [*(current[2] or ()), *closed]
-                            current[3] = True
-                        closed_to = watermark
+                            opened = current[0] = {s: v for s, v in opened.items()
+                                                   if int(s) > last_start}
+                            current[2] = True
+                            current[3] = min(map(int, opened), default=None)
+                            current[5] = [*(current[5] or ()), *closed]
+                            current[6] = True
+                        closed_to = current[1] = watermark
                     late_by = None if closed_to is None else closed_to - start - span
-                    if late_by is not None and late_by >= 0:
-                        if rose:
-                            current[0] = {"open": opened, "max_ts": closed_to}
-                    else:
-                        opened = dict(opened)
+                    if late_by is None or late_by < 0:
+                        opened = current[0]
+                        if not current[2]:
+                            opened = current[0] = dict(opened)
+                            current[2] = True
                         slot = str(start)  # JSON object keys are strings
                         if slot in opened:
                             opened[slot] = fold(opened[slot], value)
                         else:
                             opened[slot] = fold(init(), value)
-                            current[3] = True
-                        current[0] = {"open": opened, "max_ts": closed_to}
+                            current[6] = True
+                            first = current[3]
+                            if first is not UNKNOWN and (first is None or start < first):
+                                current[3] = start
                         late_by = None
                 except Exception as error:
                     raise StageFailure(stage_id, error) from error
@@ -209,9 +234,9 @@ class WindowSegment:
         for window_stage, new in staged:
             table, clock = window_stage.table, window_stage.clock
             states, dirty, history = table.states, table.dirty, table.closed
-            for key, (windows, pos, closed, reopened) in new.items():
+            for key, (opened, closed_to, _, _, pos, closed, reopened) in new.items():
                 state = states[key]
-                state.value = windows
+                state.value = windows = {"open": opened, "max_ts": closed_to}
                 state.watermarks[route] = pos
                 dirty.add(key)
                 clock.note(key, fed_from, windows, reopened)
