@@ -184,8 +184,13 @@ class WindowSegment:
                     if watermark is not None and (closed_to is None or watermark > closed_to):
                         last_start = watermark - span  # windows starting there or before close
                         first = current[3]
-                        if first is UNKNOWN:
-                            first = current[3] = min(map(int, current[0]), default=None)
+                        if first is UNKNOWN:  # min(map(int, ...), default=None): 4x as dear
+                            first = None
+                            for slot in current[0]:
+                                start_ms = int(slot)
+                                if first is None or start_ms < first:
+                                    first = start_ms
+                            current[3] = first
                         if first is not None and first <= last_start:
                             opened = current[0]
                             due = [s for s in opened if int(s) <= last_start]
