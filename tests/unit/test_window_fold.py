@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runner import Rec
 
+from onceflow.examples.robot_chain import build_windows
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages import Pipeline, Tumbling
 from onceflow.stages.outcome import BatchOutcome
@@ -219,3 +220,38 @@ def test_the_fused_path_does_what_the_general_path_does(
                 run.side.late.resume(found, [("norm", 0), ("norm", 1)])
             written.extend(step(runs, batch) for batch in pending)
         assert seen(runs[0], stores[0]) == seen(runs[1], stores[1])
+
+
+def test_the_chain_example_and_only_its_shape_run_fused() -> None:
+    """The windowed aggregator of the chain example takes the fused path; a segment with a
+    republish step or an aggregate without windows keeps the general one."""
+    example = PipelineRunner(build_windows("normalized", "redis"), Stored().load, DEAD)
+    assert isinstance(example._fused["normalized"], WindowSegment)
+    windowed = Tumbling(10, lambda v: v)
+    other_shapes = [
+        Pipeline("p", topics=("in",)).aggregate("a", key=str, init=int, fold=max, window=windowed)
+        .republish("out", "out"),
+        Pipeline("p", topics=("in",)).aggregate("a", key=str, init=int, fold=max, window=windowed)
+        .aggregate("b", key=str, init=int, fold=max),
+        Pipeline("p", topics=("in",)).aggregate("a", key=str, init=int, fold=max, window=windowed)
+        .map("m", str).aggregate("b", key=str, init=int, fold=max, window=windowed),
+    ]
+    for shape in other_shapes:
+        assert "in" not in PipelineRunner(shape, Stored().load, DEAD)._fused
+
+
+def test_a_cached_record_is_folded_fused_and_a_new_key_planned() -> None:
+    """The first record of a key is planned (its state loaded); the next is folded fused."""
+    stores = Stored(), Stored()
+    runs = [runner(True, stores[0], False), runner(False, stores[1], False)]
+    fused = runs[0]._fused["norm"]
+    assert isinstance(fused, WindowSegment)
+    folded: list[int] = []
+    fold = fused._fold
+    fused._fold = lambda *args: (folded.append(1), fold(*args))[1]  # type: ignore[method-assign]
+    stream = Stream()
+    step(runs, stream.batch([(0, 0, "a", [(0, 1), (0, 2)], True, 0)]))
+    assert folded == []
+    step(runs, stream.batch([(0, 0, "a", [(0, 3)], False, 0)]))
+    assert folded == [1]
+    assert seen(runs[0], stores[0]) == seen(runs[1], stores[1])
