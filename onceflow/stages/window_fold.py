@@ -172,8 +172,12 @@ class WindowSegment:
                         replayed.add(pos)
                         continue
                     windows = state.value
-                    current = new[key] = [windows["open"], windows["max_ts"], False, UNKNOWN,
-                                          pos, None, False]
+                    try:  # as fold_windowed reads it
+                        closed_to = windows["max_ts"]
+                        current = new[key] = [windows["open"], closed_to, False, UNKNOWN, pos,
+                                              None, False]
+                    except Exception as error:
+                        raise StageFailure(stage_id, error) from error
                 elif pos <= current[4]:
                     replayed.add(pos)
                     continue

@@ -255,3 +255,16 @@ def test_a_cached_record_is_folded_fused_and_a_new_key_planned() -> None:
     step(runs, stream.batch([(0, 0, "a", [(0, 3)], False, 0)]))
     assert folded == [1]
     assert seen(runs[0], stores[0]) == seen(runs[1], stores[1])
+
+
+def test_a_state_that_is_no_windows_dead_letters_the_record_on_both_paths() -> None:
+    """A corrupt stored state (not a windowed one) fails its records as a fold does."""
+    stores = Stored(), Stored()
+    for store in stores:
+        store.rows["minute", "a"] = b'{"v":5,"w":[]}'
+    runs = [runner(True, stores[0], False), runner(False, stores[1], False)]
+    stream = Stream()
+    for _ in range(2):  # the first loads the state (general path), the second finds it cached
+        outcome = step(runs, stream.batch([(0, 0, "a", [(0, 1)], False, 0)]))
+        assert outcome.dead_letters == 1 and outcome.rejected == {("minute", "TypeError"): 1}
+    assert seen(runs[0], stores[0]) == seen(runs[1], stores[1])
