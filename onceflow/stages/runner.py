@@ -49,6 +49,7 @@ from onceflow.stages.single_fold import FoldSegment
 from onceflow.stages.state import AggregateState, StateTable, TopicPartition
 from onceflow.stages.watermark import RowLoader
 from onceflow.stages.window_clock import IDLE_TIMEOUT, StateLoader, WindowClock
+from onceflow.stages.window_fold import WindowSegment
 from onceflow.stages.windows import empty_windows, fold_windowed
 
 #: Claims each key's home partition if it has none yet; answers every key's home.
@@ -81,8 +82,6 @@ class PipelineRunner:
         self.tables = [StateTable(spec, max_states) for spec in pipeline.aggregates]
         self._segments = segments(pipeline, self.tables)
         self._first = self._segments[pipeline.topics[0]]
-        self._fused = {topic: fused for topic, steps in self._segments.items()
-                       if (fused := FoldSegment.of(steps, claim is not None)) is not None}
         self._load = load
         self._claim = claim
         self._dead_letter_topic = dead_letter_topic
@@ -95,6 +94,13 @@ class PipelineRunner:
         self.side = SideOutputs(self.written)  # dead letters and late events: the same
         self.clocks = {t: WindowClock(t, idle_timeout, load_rows, hold_new)
                        for t in self.tables if t.spec.window is not None}
+        self._fused: dict[str, FoldSegment | WindowSegment] = {}  # the common shapes, fused
+        for topic, steps in self._segments.items():
+            fused = FoldSegment.of(steps, claim is not None) or WindowSegment.of(
+                steps, claim is not None, self.clocks, self.side, late_topic, pipeline.id,
+                dead_letter_max_value)
+            if fused is not None:
+                self._fused[topic] = fused
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.

@@ -67,24 +67,30 @@ class PartitionWatermark:
         self.low = min(self.roots.values(), default=None)
 
     def observe(self, root: RootPartition, ts: int) -> bool:
-        """An event of ``root``; True when the partition's maxima changed."""
+        """An event of ``root``; True when the partition's maxima changed (once per value
+        reaching a windowed stage: written lean)."""
         roots = self.roots
         seen = roots.get(root)
         if seen is not None and ts <= seen:
             return False
         roots[root] = ts
-        if self.top is None or ts > self.top:
-            self.top = ts
-        if seen is None or seen == self.low:
-            self.low = min(roots.values())
-        top, low = self.top, self.low
-        assert top is not None and low is not None
-        if self.held_until is not None:
-            if top < self.held_until:
+        top = self.top
+        if top is None or ts > top:
+            top = self.top = ts
+        low = self.low
+        if seen is None or seen == low:  # one root (the usual case): this event's time
+            low = self.low = ts if len(roots) == 1 else min(roots.values())
+        assert low is not None
+        held = self.held_until
+        if held is not None:
+            if top < held:
                 return True
             self.held_until = None
-        mark = max(low, top - self.idle_ms)
-        if self.value is None or mark > self.value:
+        mark = top - self.idle_ms  # max(low, top - idle_ms)
+        if low > mark:
+            mark = low
+        value = self.value
+        if value is None or mark > value:
             self.value = mark
         return True
 

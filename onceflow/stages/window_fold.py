@@ -1,0 +1,258 @@
+"""Segments ending in windowed aggregates, run fused for speed: stateless steps, then
+one or more tumbling-window aggregates in a row, and nothing after them (the chain
+example's aggregator: per-minute counts feeding daily counts).
+
+The general path (``runner.PipelineRunner``) builds a plan per record, checks
+its keys, then applies it through ``windows.fold_windowed`` and three layers
+of watermark calls per value. Here a record whose keys are all cached is
+folded straight from its values by the same rules, in the same order: per
+aggregate, every value counts towards the stage's watermark (replays and
+stopped values too), values at or below the route's watermark are dropped
+as replays, windows the watermark passed close (history rows), a value whose
+window closed already is late (counted, routed to the late topic, and
+stopped with the replays: later aggregates never see it), the rest folded;
+every new state is installed only once the whole record folded (a failing
+fold or a key homed elsewhere installs nothing). Anything else (a key not
+cached or not a string, a replay whose late events were written before)
+answers the record's plan for the general path.
+``tests/unit/test_window_fold.py`` checks it against the general path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from onceflow.stages.lineage import Position
+from onceflow.stages.outcome import (
+    BatchOutcome,
+    ConsumedRecord,
+    KeyHomedElsewhere,
+    Output,
+    StageFailure,
+    late_event,
+)
+from onceflow.stages.plan import Fold, Head, Plan
+from onceflow.stages.segments import AGGREGATE, REPUBLISH, Segment, through
+from onceflow.stages.side_outputs import SideOutputs
+from onceflow.stages.state import StateTable
+from onceflow.stages.window_clock import WindowClock
+
+UNKNOWN = object()  # a key's earliest open window, not read yet
+
+
+class WindowStage:
+    """One windowed aggregate of the segment, its parts at hand."""
+
+    __slots__ = ("clock", "event_time", "fold", "id", "init", "key", "size", "span", "table")
+
+    def __init__(self, stage: str, key: Callable[[Any], Any], table: StateTable,
+                 clock: WindowClock):
+        window = table.spec.window
+        assert window is not None
+        self.id, self.key, self.table, self.clock = stage, key, table, clock
+        self.fold, self.init = table.spec.fold, table.spec.init
+        self.event_time = window.event_time_ms
+        self.size = window.size_ms
+        self.span = window.size_ms + window.allowed_lateness_ms  # a window's start to its close
+
+
+class WindowSegment:
+    """A segment of map, filter and flat-map steps ending in windowed aggregates only."""
+
+    def __init__(self, steps: Segment, check_home: bool, clocks: dict[StateTable, WindowClock],
+                 side: SideOutputs, late_topic: str, pipeline_id: str, max_value: int):
+        first = next(i for i, (kind, *_) in enumerate(steps) if kind is AGGREGATE)
+        self.stateless = [(kind, stage, fn) for kind, stage, fn, _, _ in steps[:first]
+                          if fn is not None]
+        self.stages = []
+        for _, stage, key, table, _ in steps[first:]:
+            assert key is not None and table is not None
+            self.stages.append(WindowStage(stage, key, table, clocks[table]))
+        self.check_home = check_home
+        self.side = side
+        self.late_topic, self.pipeline_id, self.max_value = late_topic, pipeline_id, max_value
+
+    @classmethod
+    def of(cls, steps: Segment, check_home: bool, clocks: dict[StateTable, WindowClock],
+           side: SideOutputs, late_topic: str, pipeline_id: str, max_value: int
+           ) -> WindowSegment | None:
+        """The fused form of ``steps``, or None if they have another shape."""
+        kinds = [kind for kind, *_ in steps]
+        if AGGREGATE not in kinds or REPUBLISH in kinds:
+            return None
+        first = kinds.index(AGGREGATE)
+        if any(kind is not AGGREGATE or table is None or table.spec.window is None
+               for kind, _, _, table, _ in steps[first:]):
+            return None
+        return cls(steps, check_home, clocks, side, late_topic, pipeline_id, max_value)
+
+    def run(self, record: ConsumedRecord, head: Head, outcome: BatchOutcome) -> Plan | None:
+        """Fold the record's values; answers its plan instead when the general path must
+        (see the module). StageFailure as the general path raises it."""
+        _, root, route, values, positions = head
+        stage = ""
+        keyed: list[list[Any]] = []
+        try:
+            for kind, stage, fn in self.stateless:  # noqa: B007 (the except)
+                values, positions = through(kind, fn, values, positions)
+            for window_stage in self.stages:
+                stage = window_stage.id
+                keyed.append(list(map(window_stage.key, values)))
+        except Exception as error:
+            raise StageFailure(stage, error) from error
+        general = len(self.side.late) > 0
+        for window_stage, keys in zip(self.stages, keyed, strict=True):
+            states = window_stage.table.states
+            for key in keys:
+                if type(key) is not str or key not in states:
+                    general = True
+        if general:
+            return Plan(record, root, route, [
+                Fold(window_stage.table, keys, positions, values)
+                for window_stage, keys in zip(self.stages, keyed, strict=True)])
+        self._fold(record, head, keyed, values, positions, outcome)
+        return None
+
+    def _fold(self, record: ConsumedRecord, head: Head, keyed: list[list[Any]],
+              values: list[Any], positions: list[Position], outcome: BatchOutcome) -> None:
+        """``runner.PipelineRunner._apply`` for this shape, with ``fold_windowed`` and the
+        watermark's observe inlined.
+
+        Per key, the record works on one copy of the open windows (made at its first
+        change: the stored state is never mutated, units roll back) and keeps their
+        earliest start, so a rising watermark with nothing due costs a comparison; the
+        state is built once, when installed. Every position of a record has one length
+        (each flat-map adds one level to all), so a later stage's stopped values are a
+        set.
+        """
+        _, root, route, _, _ = head
+        fed_from = (record.topic, record.partition)
+        check_home = self.check_home
+        stopped: set[Position] = set()
+        staged: list[tuple[WindowStage, dict[str, list[Any]]]] = []
+        counts: list[tuple[dict[str, int], str, int]] = []
+        late_outputs: list[Output] = []
+        for window_stage, keys in zip(self.stages, keyed, strict=True):
+            stage_id, states = window_stage.id, window_stage.table.states
+            fold, init, event_time = window_stage.fold, window_stage.init, window_stage.event_time
+            size, span = window_stage.size, window_stage.span
+            clock = window_stage.clock
+            clock.meet(fed_from)
+            stage_mark = clock.watermark
+            mark, idle_ms, marks_dirty = (stage_mark.partitions[fed_from], stage_mark.idle_ms,
+                                          stage_mark.dirty)
+            observe = mark.observe
+            # key -> [open windows, closed to, own copy, earliest start (UNKNOWN: not read),
+            #         position, closed windows, open windows changed]
+            new: dict[str, list[Any]] = {}
+            replayed: set[Position] = set()
+            late: set[Position] = set()
+            folded = 0
+            for key, pos, value in zip(keys, positions, values, strict=False):  # equal lengths
+                try:  # StageWatermark.observe, inlined
+                    ts = int(event_time(value))
+                    if mark.held_until == -1:
+                        mark.held_until = ts + idle_ms
+                    if observe(root, ts):
+                        marks_dirty.add(fed_from)
+                    watermark = mark.value
+                except Exception as error:
+                    raise StageFailure(stage_id, error) from error
+                if stopped and pos in stopped:
+                    continue
+                current = new.get(key)
+                if current is None:
+                    state = states[key]
+                    if check_home and state.home != fed_from:
+                        raise StageFailure(stage_id, KeyHomedElsewhere(
+                            key, fed_from, state.home or fed_from))
+                    seen = state.watermarks.get(route)
+                    if seen is not None and pos <= seen:
+                        replayed.add(pos)
+                        continue
+                    windows = state.value
+                    try:  # as fold_windowed reads it
+                        closed_to = windows["max_ts"]
+                        current = new[key] = [windows["open"], closed_to, False, UNKNOWN, pos,
+                                              None, False]
+                    except Exception as error:
+                        raise StageFailure(stage_id, error) from error
+                elif pos <= current[4]:
+                    replayed.add(pos)
+                    continue
+                current[4] = pos
+                try:  # windows.fold_windowed, inlined
+                    start = ts - ts % size
+                    closed_to = current[1]
+                    if watermark is not None and (closed_to is None or watermark > closed_to):
+                        last_start = watermark - span  # windows starting there or before close
+                        first = current[3]
+                        if first is UNKNOWN:  # min(map(int, ...), default=None): 4x as dear
+                            first = None
+                            for slot in current[0]:
+                                start_ms = int(slot)
+                                if first is None or start_ms < first:
+                                    first = start_ms
+                            current[3] = first
+                        if first is not None and first <= last_start:
+                            opened = current[0]
+                            due = [s for s in opened if int(s) <= last_start]
+                            closed = sorted((int(s), opened[s]) for s in due)
+                            opened = current[0] = {s: v for s, v in opened.items()
+                                                   if int(s) > last_start}
+                            current[2] = True
+                            current[3] = min(map(int, opened), default=None)
+                            current[5] = [*(current[5] or ()), *closed]
+                            current[6] = True
+                        closed_to = current[1] = watermark
+                    late_by = None if closed_to is None else closed_to - start - span
+                    if late_by is None or late_by < 0:
+                        opened = current[0]
+                        if not current[2]:
+                            opened = current[0] = dict(opened)
+                            current[2] = True
+                        slot = str(start)  # JSON object keys are strings
+                        if slot in opened:
+                            opened[slot] = fold(opened[slot], value)
+                        else:
+                            opened[slot] = fold(init(), value)
+                            current[6] = True
+                            first = current[3]
+                            if first is not UNKNOWN and (first is None or start < first):
+                                current[3] = start
+                        late_by = None
+                except Exception as error:
+                    raise StageFailure(stage_id, error) from error
+                if late_by is None:
+                    folded += 1
+                    continue
+                late.add(pos)
+                late_outputs.append(late_event(
+                    self.late_topic, record, stage_id, key, pos, late_by, root, self.max_value,
+                    self.pipeline_id, len(late_outputs)))
+            staged.append((window_stage, new))
+            if folded:
+                counts.append((outcome.folded, stage_id, folded))
+            if replayed:
+                counts.append((outcome.duplicates, stage_id, len(replayed)))
+                stopped |= replayed
+            if late:
+                counts.append((outcome.late, stage_id, len(late)))
+                stopped |= late
+        for window_stage, new in staged:
+            table, clock = window_stage.table, window_stage.clock
+            states, dirty, history = table.states, table.dirty, table.closed
+            for key, (opened, closed_to, _, _, pos, closed, reopened) in new.items():
+                state = states[key]
+                state.value = windows = {"open": opened, "max_ts": closed_to}
+                state.watermarks[route] = pos
+                dirty.add(key)
+                clock.note(key, fed_from, windows, reopened)
+                if closed:
+                    for start, final in closed:
+                        history[(key, start)] = final
+        for counter, stage_id, n in counts:
+            counter[stage_id] += n
+        if late_outputs:
+            outcome.outputs.extend(self.side.placed(late_outputs, record))
