@@ -52,7 +52,8 @@ class WindowStage:
         assert window is not None
         self.id, self.key, self.table, self.clock = stage, key, table, clock
         self.fold, self.init = table.spec.fold, table.spec.init
-        self.event_time = window.event_time_ms
+        # Any: what a user's function answers is checked by int(), compiled or not
+        self.event_time: Callable[[Any], Any] = window.event_time_ms
         self.size = window.size_ms
         self.span = window.size_ms + window.allowed_lateness_ms  # a window's start to its close
 
@@ -171,7 +172,7 @@ class WindowSegment:
                     if seen is not None and pos <= seen:
                         replayed.add(pos)
                         continue
-                    windows = state.value
+                    windows: Any = state.value  # Any: a damaged state fails as on the general path
                     try:  # as fold_windowed reads it
                         closed_to = windows["max_ts"]
                         current = new[key] = [windows["open"], closed_to, False, UNKNOWN, pos,
@@ -243,14 +244,14 @@ class WindowSegment:
         for window_stage, new in staged:
             table, clock = window_stage.table, window_stage.clock
             states, dirty, history = table.states, table.dirty, table.closed
-            for key, (opened, closed_to, _, _, pos, closed, reopened) in new.items():
+            for key, (opened, closed_to, _, _, pos, closing, reopened) in new.items():
                 state = states[key]
-                state.value = windows = {"open": opened, "max_ts": closed_to}
+                state.value = installed = {"open": opened, "max_ts": closed_to}
                 state.watermarks[route] = pos
                 dirty.add(key)
-                clock.note(key, fed_from, windows, reopened)
-                if closed:
-                    for start, final in closed:
+                clock.note(key, fed_from, installed, reopened)
+                if closing:
+                    for start, final in closing:
                         history[(key, start)] = final
         for counter, stage_id, n in counts:
             counter[stage_id] += n

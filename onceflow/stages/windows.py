@@ -89,7 +89,7 @@ def fold_windowed(
     window: Tumbling,
     init: Callable[[], Any],
     fold: Callable[[Any, Any], Any],
-    state: dict[str, Any],
+    state: Any,  # a windowed state, or a damaged one that fails here as a fold would
     value: Any,
     watermark: int | None = None,
     ts: int | None = None,  # the value's event time, if the caller read it already
@@ -103,7 +103,8 @@ def fold_windowed(
     state built per value.)
     """
     if ts is None:
-        ts = int(window.event_time_ms(value))
+        read: Callable[[Any], Any] = window.event_time_ms  # int() checks, compiled or not
+        ts = int(read(value))
     start = ts - ts % window.size_ms
     closes_at = start + window.size_ms + window.allowed_lateness_ms
     closed_to, opened = state["max_ts"], state["open"]
