@@ -77,6 +77,10 @@ class ChaosOptions:
     #: A report's events cross the hop as one record (``republish(unit=True)``); False:
     #: one record each (``robot_chain.normalize_per_value``).
     units: bool = True
+    #: Strike a process only while every process of its consumer group is settled (holds
+    #: an assignment, no rebalance under way): no kill lands in a rebalance, so a
+    #: partition's outage is bounded (a kill, the session timeout, one rejoin).
+    settled_kills: bool = False
 
 
 @dataclass
@@ -185,9 +189,13 @@ class _Chaos:
 
     async def _kill_loop(self, name: str, kills: int, seed: float) -> None:
         rng, worker = random.Random(seed), self.workers[name]
+        group = [w for other, w in self.workers.items()
+                 if other.startswith("republisher") == name.startswith("republisher")]
         for n in range(kills):
             await worker.assigned()
             await asyncio.sleep(rng.uniform(0.3, 3.0))
+            while self.o.settled_kills and not all(w.settled() for w in group):
+                await asyncio.sleep(rng.uniform(0.3, 3.0))
             if worker.exited() is not None:
                 raise RuntimeError(f"{name} exited by itself; see {worker.logs[-1]}")
             worker.kill()

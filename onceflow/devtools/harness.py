@@ -27,6 +27,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from onceflow.runtime.kafka_security import PLAINTEXT, KafkaSecurity, client_kwargs
 
 ASSIGNED = re.compile(r"partitions assigned: \[\(")
+#: A rebalance under way for this member: aiokafka revokes before every assignment.
+REVOKING = "Revoking previously assigned partitions"
 
 
 class WorkerProcess:
@@ -86,6 +88,13 @@ class WorkerProcess:
             await asyncio.sleep(0.05)
         raise RuntimeError(f"{self._name} got no partitions in {timeout:.0f}s; see "
                            f"{self.logs[-1]}{self.log_tail()}")
+
+    def settled(self) -> bool:
+        """True if the current process holds an assignment and no rebalance is under way
+        for it (its last rebalance line is an assignment, not a revoke)."""
+        text = self.logs[-1].read_text(errors="replace")
+        starts = [match.start() for match in ASSIGNED.finditer(text)]
+        return bool(starts) and text.rfind(REVOKING) < starts[-1]
 
     def log_tail(self, lines: int = 40) -> str:
         """The current log's last lines, for a failure message: pytest's temporary
