@@ -2,7 +2,7 @@
 
 The runner's per-record work is plain Python: mypyc, which ships with mypy,
 compiles these modules unchanged (their type hints become C types) and runs
-them 17% (aggregate path) to 32% (windowed path) faster: ``benchmarks/RESULTS.md``.
+them about 16% (aggregate path) to 23% (windowed path) faster: ``benchmarks/RESULTS.md``.
 ``make`` builds them in place (``scripts/compile_stages.py``, which loads this file
 without importing the package, whose import runs ``check``); ``make pure`` removes
 them. The pure-Python modules stay the source of truth and work alone.
