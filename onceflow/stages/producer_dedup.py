@@ -157,8 +157,16 @@ class SequenceTables:
 
     def prepare(self, records: Iterable[ConsumedRecord]) -> None:
         """Load the tables of source partitions not cached yet, in one batched read."""
-        missing = {(r.topic, r.partition) for r in records
-                   if r.topic in self._sources and (r.topic, r.partition) not in self.partitions}
+        missing = set()
+        last: ConsumedRecord | None = None  # records come in runs of one partition
+        for record in records:
+            if last is not None and record.partition == last.partition and \
+                    record.topic == last.topic:
+                continue
+            last = record
+            tp = (record.topic, record.partition)
+            if record.topic in self._sources and tp not in self.partitions:
+                missing.add(tp)
         if not missing:
             return
         keys = {f"{topic}|{partition}": (topic, partition) for topic, partition in missing}

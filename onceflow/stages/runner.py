@@ -101,6 +101,7 @@ class PipelineRunner:
                 dead_letter_max_value)
             if fused is not None:
                 self._fused[topic] = fused
+        self._counting = [f for f in self._fused.values() if isinstance(f, FoldSegment)]
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.
@@ -112,6 +113,8 @@ class PipelineRunner:
         letters too: each input partition's are written in its order).
         """
         outcome = BatchOutcome()
+        for fold_segment in self._counting:  # a batch that raised left its counts behind
+            fold_segment.folded = fold_segment.replayed = 0
         held: list[Plan | tuple[ConsumedRecord, Exception]] = []
         missing: dict[StateTable, dict[str, TopicPartition]] = {}  # key -> first feeder
         next_offsets = outcome.next_offsets
@@ -162,6 +165,8 @@ class PipelineRunner:
                 self._apply(entry, outcome)
             except StageFailure as failure:
                 self._dead_letter(outcome, entry.record, failure)
+        for fold_segment in self._counting:
+            fold_segment.count(outcome)
         if sequences is not None:
             sequences.count(outcome)
         outcome.side_skipped, self.side.skipped = self.side.skipped, 0

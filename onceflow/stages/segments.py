@@ -74,8 +74,9 @@ def through(kind: int, fn: Callable[[Any], Any], values: list[Any], positions: l
     if len(values) == 1:  # the usual case: one input value
         outs = list(fn(values[0]))
         pos = positions[0]
-        return outs, [(*pos, j) for j in range(len(outs))]
+        # concatenation: compiled, ``(*pos, j)`` builds a list and copies it to a tuple
+        return outs, [pos + (j,) for j in range(len(outs))]  # noqa: RUF005
     fanned = [list(fn(value)) for value in values]
     return ([out for outs in fanned for out in outs],
-            [(*pos, j) for pos, outs in zip(positions, fanned, strict=True)
+            [pos + (j,) for pos, outs in zip(positions, fanned, strict=True)  # noqa: RUF005
              for j in range(len(outs))])

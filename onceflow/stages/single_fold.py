@@ -33,6 +33,15 @@ class FoldSegment:
                           if fn is not None]
         self.stage, self.key, self.table = stage, key, table
         self.check_home = check_home
+        self.folded = self.replayed = 0  # this batch's, until ``count`` moves them
+
+    def count(self, outcome: BatchOutcome) -> None:
+        """Move this batch's counts into the outcome (one update per batch, not per record)."""
+        if self.folded:
+            outcome.folded[self.table.spec.id] += self.folded
+        if self.replayed:
+            outcome.duplicates[self.table.spec.id] += self.replayed
+        self.folded = self.replayed = 0
 
     @classmethod
     def of(cls, steps: Segment, check_home: bool) -> FoldSegment | None:
@@ -63,16 +72,19 @@ class FoldSegment:
         for key in keys:
             if type(key) is not str or key not in states:
                 return Plan(record, root, route, [Fold(self.table, keys, positions, values)])
-        fold_values(self.table, keys, positions, values, route, (record.topic, record.partition),
-                    self.check_home, outcome)
+        folded, replayed = fold_values(self.table, keys, positions, values, route,
+                                       (record.topic, record.partition), self.check_home)
+        self.folded += folded
+        self.replayed += replayed
         return None
 
 
 def fold_values(table: StateTable, keys: list[Any], positions: list[Position],
-                values: list[Any], route: Route, fed_from: TopicPartition, check_home: bool,
-                outcome: BatchOutcome) -> None:
-    """Fold one record's values (their keys cached); StageFailure, with nothing installed,
-    if a fold raises or a key is homed on another partition."""
+                values: list[Any], route: Route, fed_from: TopicPartition, check_home: bool
+                ) -> tuple[int, int]:
+    """Fold one record's values (their keys cached): (values folded, replays dropped);
+    StageFailure, with nothing installed, if a fold raises or a key is homed on another
+    partition."""
     spec, states = table.spec, table.states
     fold: Callable[[Any, Any], Any] = spec.fold
     new: dict[str, list[Any]] = {}  # key -> [state value, highest position folded]
@@ -104,7 +116,4 @@ def fold_values(table: StateTable, keys: list[Any], positions: list[Position],
         state.value = value
         state.watermarks[route] = pos
         dirty.add(key)
-    if folded:
-        outcome.folded[spec.id] += folded
-    if replayed:
-        outcome.duplicates[spec.id] += replayed
+    return folded, replayed
