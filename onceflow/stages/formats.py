@@ -13,6 +13,7 @@ like an envelope with an empty source chain.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,9 +162,11 @@ def parser_for(topic: str, fmt: Format) -> Parser:
 #: 19 digits in a row may be an integer beyond 64 bits, which orjson reads as a float
 #: (silently rounded: a lost count); the json module reads it exactly. Looked for as
 #: 19 zeros in the value with every ASCII digit made "0" and every other byte " ":
-#: ``bytes.translate`` and ``in`` are 4x faster than the regex ``\d{19}``.
+#: ``bytes.translate`` and a literal's search are 5x faster than the regex ``\d{19}``.
+#: The literal is searched by ``re`` (a prefix search), not ``in``: on text rich in
+#: shorter numbers (13-digit timestamps) ``in`` steps one byte at a time, 1.7x as dear.
 _DIGITS_AS_ZERO = bytes(b"0"[0] if 0x30 <= i <= 0x39 else b" "[0] for i in range(256))
-_LONG_NUMBER = b"0" * 19
+_LONG_NUMBER = re.compile(b"0" * 19)
 
 
 def json_value(value: bytes) -> Any:
@@ -175,7 +178,7 @@ def json_value(value: bytes) -> Any:
     nesting deeper than 1024), so the result, and the error of a value that
     is not JSON, stay the json module's.
     """
-    if _LONG_NUMBER in value.translate(_DIGITS_AS_ZERO):
+    if _LONG_NUMBER.search(value.translate(_DIGITS_AS_ZERO)) is not None:
         return json.loads(value)
     try:
         return orjson.loads(value)
