@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.outcome import ConsumedRecord
+from onceflow.stages.record_meta import RecordMeta as RecordMeta  # the README names it here
 
 #: ``"envelope"``, ``"json"``, ``"bytes"``, ``"str"`` or a deserializer of the value bytes.
 Format = str | Callable[[bytes], Any]
@@ -33,34 +34,6 @@ ENVELOPE_MARK = (FORMAT_HEADER, b"envelope")
 
 #: Parses one record: (the value decode gets, the envelope if the record is one).
 Parser = Callable[[ConsumedRecord], tuple[Any, Envelope | None]]
-
-
-@dataclass(frozen=True, slots=True)
-class RecordMeta:
-    """What Kafka says about a source record, for a pipeline built ``with_meta=True``.
-
-    ``timestamp_ms`` is the record's Kafka timestamp (create or log-append
-    time, as the topic is configured); ``envelope`` is the parsed envelope on
-    an ``envelope`` topic (event id, event time, key, source chain), on a raw
-    topic the chain of a plain onceflow output (``onceflow.stages.origin``),
-    else None.
-    """
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]  # Kafka allows a null value
-    timestamp_ms: int | None
-    envelope: Envelope | None = None
-
-    def header(self, name: str) -> bytes | None:
-        """The last value of header ``name``, or None when the record has none."""
-        found = None
-        for header, value in self.headers:
-            if header == name:
-                found = value
-        return found
 
 
 @dataclass(frozen=True, slots=True)
