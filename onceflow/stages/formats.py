@@ -21,7 +21,7 @@ import orjson
 from google.protobuf.message import DecodeError
 
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.stages.outcome import ConsumedRecord
+from onceflow.stages.outcome import ConsumedHeader, ConsumedRecord
 
 #: ``"envelope"``, ``"json"``, ``"bytes"``, ``"str"`` or a deserializer of the value bytes.
 Format = str | Callable[[bytes], Any]
@@ -49,7 +49,7 @@ class RecordMeta:
     partition: int
     offset: int
     key: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]  # Kafka allows a null value
+    headers: tuple[ConsumedHeader, ...]  # Kafka allows a null value
     timestamp_ms: int | None
     envelope: Envelope | None = None
 
@@ -187,7 +187,7 @@ _RAW: dict[str, Callable[[bytes], Any]] = {
     "json": json_value, "str": bytes.decode, "bytes": lambda value: value}
 
 
-def is_marked(headers: Sequence[tuple[str, bytes | None]] | None) -> bool:
+def is_marked(headers: Sequence[ConsumedHeader] | None) -> bool:
     """True if the record carries onceflow's envelope header."""
     return bool(headers) and any(h == FORMAT_HEADER and v == b"envelope" for h, v in headers or ())
 
