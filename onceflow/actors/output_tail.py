@@ -31,8 +31,7 @@ from aiokafka import TopicPartition as KafkaPartition
 
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.messages import Flush, Pending, ResumeOutputs
-from onceflow.stages.origin import Header
-from onceflow.stages.outcome import Output
+from onceflow.stages.outcome import ConsumedHeader, Output
 from onceflow.stages.output_tail import Origin, TailScan, Written, windows, written_origin
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.side_outputs import LateFound, SideOrigin, late_value, side_partition
@@ -223,10 +222,10 @@ class TailReader:
         return await fetched_high_watermarks(self._options, dict.fromkeys(tps, 0), self._timeout)
 
     async def _read(self, consumer: AIOKafkaConsumer, tp: KafkaPartition, start: int, end: int
-                    ) -> list[tuple[bytes | None, Sequence[Header]]]:
+                    ) -> list[tuple[bytes | None, Sequence[ConsumedHeader]]]:
         """The records at offsets [start, end)."""
         consumer.seek(tp, start)
-        records: list[tuple[bytes | None, Sequence[Header]]] = []
+        records: list[tuple[bytes | None, Sequence[ConsumedHeader]]] = []
         deadline = time.monotonic() + self._timeout
         while await consumer.position(tp) < end:
             if time.monotonic() > deadline:

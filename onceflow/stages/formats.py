@@ -22,7 +22,7 @@ import orjson
 from google.protobuf.message import DecodeError
 
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.stages.outcome import ConsumedRecord
+from onceflow.stages.outcome import ConsumedHeader, ConsumedRecord
 from onceflow.stages.record_meta import RecordMeta as RecordMeta  # the README names it here
 
 #: ``"envelope"``, ``"json"``, ``"bytes"``, ``"str"`` or a deserializer of the value bytes.
@@ -163,7 +163,7 @@ _RAW: dict[str, Callable[[bytes], Any]] = {
     "json": json_value, "str": bytes.decode, "bytes": lambda value: value}
 
 
-def is_marked(headers: Sequence[tuple[str, bytes | None]] | None) -> bool:
+def is_marked(headers: Sequence[ConsumedHeader] | None) -> bool:
     """True if the record carries onceflow's envelope header."""
     return bool(headers) and any(h == FORMAT_HEADER and v == b"envelope" for h, v in headers or ())
 

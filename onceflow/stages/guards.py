@@ -16,14 +16,14 @@ from typing import Any
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.formats import FormatError
-from onceflow.stages.outcome import ConsumedRecord, StageFailure
+from onceflow.stages.outcome import ConsumedHeader, ConsumedRecord, StageFailure
 from onceflow.stages.state import StateTable
 
 #: Most hops a source chain may have (onceflow's own chains grow by one per republish hop).
 MAX_HOPS = 100
 
 
-def check_header_names(headers: Sequence[tuple[str, bytes | None]]) -> None:
+def check_header_names(headers: Sequence[ConsumedHeader]) -> None:
     """FormatError for a header name that is not UTF-8.
 
     Kafka header names are strings; a hand-made batch can still hold any bytes

@@ -16,10 +16,9 @@ from collections.abc import Sequence
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.formats import FormatError
+from onceflow.stages.outcome import ConsumedHeader
 
 Header = tuple[str, bytes]
-#: A consumed record's header: Kafka allows a null value.
-ReadHeader = tuple[str, bytes | None]
 CHAIN_HEADER = "onceflow-chain"
 EVENT_ID_HEADER = "onceflow-event-id"
 EVENT_TIME_HEADER = "onceflow-event-time-ms"
@@ -61,7 +60,7 @@ def plain_headers(chain: Sequence[SourceRef], event_id: str, event_time_ms: int
     )
 
 
-def header(headers: Sequence[ReadHeader] | None, name: str) -> bytes | None:
+def header(headers: Sequence[ConsumedHeader] | None, name: str) -> bytes | None:
     """The last value of header ``name``, None if absent."""
     found = None
     for key, value in headers or ():
@@ -71,7 +70,7 @@ def header(headers: Sequence[ReadHeader] | None, name: str) -> bytes | None:
 
 
 def chain_envelope(key: bytes | None, timestamp_ms: int | None,
-                   headers: Sequence[ReadHeader] | None) -> Envelope | None:
+                   headers: Sequence[ConsumedHeader] | None) -> Envelope | None:
     """For a raw record written by a plain republish: an envelope holding its chain (no
     payload), so the runner roots it where the chain starts; None for any other record.
 

@@ -17,6 +17,10 @@ from typing import NamedTuple, Protocol
 
 from onceflow.stages.state import TopicPartition
 
+#: A consumed record's header: Kafka allows a null value (those onceflow produces,
+#: ``Output.headers``, have none).
+ConsumedHeader = tuple[str, bytes | None]
+
 
 class ConsumedRecord(Protocol):
     """What the runner needs of a Kafka record (aiokafka's ConsumerRecord fits)."""
@@ -32,7 +36,7 @@ class ConsumedRecord(Protocol):
     @property
     def key(self) -> bytes | None: ...
     @property
-    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
+    def headers(self) -> Sequence[ConsumedHeader]: ...
     @property
     def timestamp(self) -> int | None: ...
 

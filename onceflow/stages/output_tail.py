@@ -31,17 +31,18 @@ from google.protobuf.message import DecodeError
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.formats import is_marked
 from onceflow.stages.lineage import Position
-from onceflow.stages.origin import CHAIN_HEADER, Header, decode_chain, header
+from onceflow.stages.origin import CHAIN_HEADER, decode_chain, header
+from onceflow.stages.outcome import ConsumedHeader
 from onceflow.stages.state import TopicPartition
 
 #: Input partition -> the highest (offset, fan-out index) already written for it.
 Written = dict[TopicPartition, Position]
 #: Where a record of an output came from: (value, headers) -> input partition and position.
-Origin = Callable[[bytes | None, Sequence[Header] | None],
+Origin = Callable[[bytes | None, Sequence[ConsumedHeader] | None],
                   tuple[TopicPartition, Position] | None]
 
 
-def written_origin(value: bytes | None, headers: Sequence[Header] | None
+def written_origin(value: bytes | None, headers: Sequence[ConsumedHeader] | None
                    ) -> tuple[TopicPartition, Position] | None:
     """The input partition and position a onceflow output came from: the last hop of its
     chain (the ``onceflow-chain`` header of a plain output, or the envelope's chain), with
@@ -87,13 +88,13 @@ class TailScan:
     open: set[TopicPartition] = field(default_factory=set)
     #: Late events past the committed offsets (``side_outputs.LateMarks``), when
     #: ``late_of`` reads them.
-    late_of: Callable[[Sequence[Header] | None], Any] | None = None
+    late_of: Callable[[Sequence[ConsumedHeader] | None], Any] | None = None
     late: dict[TopicPartition, dict[int, dict[Any, int]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.open = set(self.committed)
 
-    def feed(self, records: Iterable[tuple[bytes | None, Sequence[Header] | None]]) -> None:
+    def feed(self, records: Iterable[tuple[bytes | None, Sequence[ConsumedHeader] | None]]) -> None:
         """One chunk of (value, headers); chunks newest first."""
         settled = set()
         for value, headers in records:

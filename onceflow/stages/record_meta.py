@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages.outcome import ConsumedHeader
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +29,7 @@ class RecordMeta:
     partition: int
     offset: int
     key: bytes | None
-    headers: tuple[tuple[str, bytes | None], ...]  # Kafka allows a null value
+    headers: tuple[ConsumedHeader, ...]  # Kafka allows a null value
     timestamp_ms: int | None
     envelope: Envelope | None = None
 

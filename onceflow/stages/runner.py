@@ -281,9 +281,7 @@ class PipelineRunner:
             table = step.table
             spec, states = table.spec, table.states
             fold, window = spec.fold, spec.window
-            # Any: what a user's function answers is checked by int(), compiled or not
-            event_time: Callable[[Any], Any] | None = \
-                window.event_time_ms if window is not None else None
+            event_time = window.event_time_ms if window is not None else None
             clock = self.clocks[table] if window is not None else None
             if clock is not None:
                 clock.meet(fed_from)

@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 from onceflow.stages.lineage import Position
-from onceflow.stages.origin import Header, header
-from onceflow.stages.outcome import ConsumedRecord, Output
+from onceflow.stages.origin import header
+from onceflow.stages.outcome import ConsumedHeader, ConsumedRecord, Output
 from onceflow.stages.republish import WrittenOutputs
 from onceflow.stages.state import TopicPartition
 
@@ -51,7 +51,7 @@ LateValue = tuple[str, Position]
 LateFound = dict[TopicPartition, dict[int, dict[LateValue, int]]]
 
 
-def late_value(headers: Sequence[Header] | None) -> tuple[LateValue, int] | None:
+def late_value(headers: Sequence[ConsumedHeader] | None) -> tuple[LateValue, int] | None:
     """The stage and position of a late event (and its index); None for a dead letter."""
     stage, position = header(headers, STAGE), header(headers, POSITION)
     if stage is None or position is None:
@@ -75,7 +75,7 @@ class SideOrigin:
     def __init__(self, pipeline_id: str):
         self._pipeline = pipeline_id.encode(errors="backslashreplace")
 
-    def __call__(self, value: bytes | None, headers: Sequence[Header] | None
+    def __call__(self, value: bytes | None, headers: Sequence[ConsumedHeader] | None
                  ) -> tuple[TopicPartition, Position] | None:
         if header(headers, PIPELINE) != self._pipeline:
             return None

@@ -52,8 +52,7 @@ class WindowStage:
         assert window is not None
         self.id, self.key, self.table, self.clock = stage, key, table, clock
         self.fold, self.init = table.spec.fold, table.spec.init
-        # Any: what a user's function answers is checked by int(), compiled or not
-        self.event_time: Callable[[Any], Any] = window.event_time_ms
+        self.event_time = window.event_time_ms
         self.size = window.size_ms
         self.span = window.size_ms + window.allowed_lateness_ms  # a window's start to its close
 

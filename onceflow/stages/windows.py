@@ -28,7 +28,9 @@ class Tumbling:
     """Fixed, non-overlapping windows of ``size_ms``; ``event_time_ms`` reads a value's time."""
 
     size_ms: int
-    event_time_ms: Callable[[Any], int]
+    # Any, not int: a user's function may answer anything, read through int() (the same
+    # error for a bad answer, compiled or pure); compiled code checks hints at run time.
+    event_time_ms: Callable[[Any], Any]
     allowed_lateness_ms: int = 0
 
     def __post_init__(self) -> None:
@@ -103,8 +105,7 @@ def fold_windowed(
     state built per value.)
     """
     if ts is None:
-        read: Callable[[Any], Any] = window.event_time_ms  # int() checks, compiled or not
-        ts = int(read(value))
+        ts = int(window.event_time_ms(value))
     start = ts - ts % window.size_ms
     closes_at = start + window.size_ms + window.allowed_lateness_ms
     closed_to, opened = state["max_ts"], state["open"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -127,3 +128,30 @@ def test_an_old_state_keeps_its_closed_windows_closed() -> None:
     assert step.late_by_ms == 5 and step.state == old
     step = fold_windowed(window, lambda: 0, lambda n, _: n + 1, old, 2 * MINUTE + 1, None)
     assert step.state == {"open": {str(2 * MINUTE): 5}, "max_ts": 2 * MINUTE + 5}
+
+
+@pytest.mark.parametrize("general", [False, True], ids=["fused", "general"])
+def test_an_event_time_is_read_through_int_compiled_or_pure(general: bool) -> None:
+    # A user's event-time function may answer anything: int() reads it, so a numeric
+    # string or a float folds and anything else dead-letters with int()'s error, on the
+    # fused path (a cached key, nothing after the windowed aggregate) as on the general
+    # one (a republish after it). An int hint on Tumbling.event_time_ms would make compiled
+    # code check the answer first: "int object expected; got str".
+    pipeline = (
+        Pipeline("w", topics=("in",), decode=lambda e: json.loads(e.payload))
+        .map("same", lambda r: r)
+        .aggregate("per_minute", key=lambda r: r["k"], init=lambda: 0, fold=lambda s, _: s + 1,
+                   window=Tumbling(MINUTE, event_time_ms=lambda r: r["t"])))
+    if general:
+        pipeline = pipeline.republish("out", "out")
+    run = TestRun(pipeline)
+    run.feed([Record({"k": "a", "t": MINUTE})])  # loads the key's state: cached after
+    run.feed([Record({"k": "a", "t": t}) for t in ("61000", 62_000.9, "x", None)])
+    assert run.states("per_minute")["a"] == {"open": {str(MINUTE): 3}, "max_ts": 62_000}
+    assert [d.headers["onceflow.reason"] for d in run.outputs(run.dead_letter_topic)] == [
+        "stage 'per_minute': ValueError: invalid literal for int() with base 10: 'x'",
+        "stage 'per_minute': TypeError: int() argument must be a string, a bytes-like object "
+        "or a real number, not 'NoneType'"]
+    window = Tumbling(MINUTE, event_time_ms=lambda r: r["t"])
+    step = fold_windowed(window, lambda: 0, lambda n, _: n + 1, empty_windows(), {"t": "61000"})
+    assert step.state == {"open": {str(MINUTE): 1}, "max_ts": None}
