@@ -176,17 +176,17 @@ class SequenceTables:
             self.partitions[tp] = PartitionSequences() if row is None else \
                 PartitionSequences.decode(row)
 
-    def replayed(self, record: ConsumedRecord) -> bool:
+    def replayed(self, consumed: TopicPartition, offset: int) -> bool:
         """True for a source record below its table's offset: classified before, its effects
         durable or in memory, so it is skipped whole. Otherwise the table now covers it."""
-        table = self.partitions.get((record.topic, record.partition))
+        table = self.partitions.get(consumed)
         if table is None:
             return False  # not a source topic
-        if record.offset < table.next_offset:
+        if offset < table.next_offset:
             self._replayed += 1
             return True
-        table.next_offset = record.offset + 1
-        self.dirty.add((record.topic, record.partition))
+        table.next_offset = offset + 1
+        self.dirty.add(consumed)
         return False
 
     def admit(self, record: ConsumedRecord, value: Any) -> bool:

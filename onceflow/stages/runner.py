@@ -123,16 +123,18 @@ class PipelineRunner:
             records = list(records)
             sequences.prepare(records)
         for record in records:
-            next_offsets[(record.topic, record.partition)] = record.offset + 1
-            if sequences is not None and sequences.replayed(record):
+            topic, offset = record.topic, record.offset  # a consumer's record: read once
+            fed_from = (topic, record.partition)
+            next_offsets[fed_from] = offset + 1
+            if sequences is not None and sequences.replayed(fed_from, offset):
                 continue
-            fused = self._fused.get(record.topic)
+            fused = self._fused.get(topic)
             try:
                 if fused is None or held or missing:
                     plan = self._plan(record)
                 else:  # the common shape, folded without a plan while its keys are cached
                     head = self._head(record)
-                    plan = None if head is None else fused.run(record, head, outcome)
+                    plan = None if head is None else fused.run(record, fed_from, head, outcome)
                     if plan is None:
                         continue
             except (StageFailure, FormatError) as failure:
@@ -147,7 +149,7 @@ class PipelineRunner:
                 self._reject(outcome, record, failure, held)
                 continue
             for table, key in new_keys:
-                missing.setdefault(table, {}).setdefault(key, (record.topic, record.partition))
+                missing.setdefault(table, {}).setdefault(key, fed_from)
             if held or missing:
                 held.append(plan)
                 continue
@@ -290,8 +292,9 @@ class PipelineRunner:
             replayed: set[Position] = set()
             late: set[Position] = set()
             folded = 0
-            # Parallel lists of one length (built so by _plan): strict=True costs 0.1 us.
-            for key, pos, value in zip(step.keys, step.positions, step.values, strict=False):
+            # Parallel lists of one length (built so by _plan); no strict=: compiled, zip with
+            # a keyword is a generic iterator.
+            for key, pos, value in zip(step.keys, step.positions, step.values):  # noqa: B905
                 if clock is not None:  # replays, and values an upstream aggregate stopped, too:
                     try:  # the watermark is a function of the partition's records alone
                         ts = int(event_time(value))  # type: ignore[misc]

@@ -65,7 +65,7 @@ def through(kind: int, fn: Callable[[Any], Any], values: list[Any], positions: l
     A flat-map's ``j``-th output of a value at ``pos`` is at ``(*pos, j)``.
     """
     if kind is MAP:
-        return list(map(fn, values)), positions
+        return [fn(value) for value in values], positions  # compiled, a loop beats map()
     if kind is FILTER:
         kept = [bool(fn(value)) for value in values]
         return ([value for value, keep in zip(values, kept, strict=True) if keep],

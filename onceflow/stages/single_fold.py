@@ -55,7 +55,8 @@ class FoldSegment:
             return None
         return cls(steps, check_home)
 
-    def run(self, record: ConsumedRecord, head: Head, outcome: BatchOutcome) -> Plan | None:
+    def run(self, record: ConsumedRecord, fed_from: TopicPartition, head: Head,
+            outcome: BatchOutcome) -> Plan | None:
         """Fold the record's values; answers its plan instead when a key is not cached or
         not a string (the runner checks, loads and applies it). StageFailure as the
         general path raises it."""
@@ -65,7 +66,8 @@ class FoldSegment:
             for kind, stage, fn in self.stateless:  # noqa: B007 (the except)
                 values, positions = through(kind, fn, values, positions)
             stage = self.stage
-            keys = list(map(self.key, values))
+            key_of = self.key
+            keys = [key_of(value) for value in values]  # compiled, a loop beats map()
         except Exception as error:
             raise StageFailure(stage, error) from error
         states = self.table.states
@@ -73,7 +75,7 @@ class FoldSegment:
             if type(key) is not str or key not in states:
                 return Plan(record, root, route, [Fold(self.table, keys, positions, values)])
         folded, replayed = fold_values(self.table, keys, positions, values, route,
-                                       (record.topic, record.partition), self.check_home)
+                                       fed_from, self.check_home)
         self.folded += folded
         self.replayed += replayed
         return None
@@ -89,7 +91,8 @@ def fold_values(table: StateTable, keys: list[Any], positions: list[Position],
     fold: Callable[[Any, Any], Any] = spec.fold
     new: dict[str, list[Any]] = {}  # key -> [state value, highest position folded]
     replayed = folded = 0
-    for key, pos, value in zip(keys, positions, values, strict=False):  # equal lengths
+    # equal lengths; no strict=: compiled, zip with a keyword is a generic iterator
+    for key, pos, value in zip(keys, positions, values):  # noqa: B905
         current = new.get(key)
         if current is None:
             state = states[key]

@@ -35,7 +35,7 @@ from onceflow.stages.outcome import (
 from onceflow.stages.plan import Fold, Head, Plan
 from onceflow.stages.segments import AGGREGATE, REPUBLISH, Segment, through
 from onceflow.stages.side_outputs import SideOutputs
-from onceflow.stages.state import StateTable
+from onceflow.stages.state import StateTable, TopicPartition
 from onceflow.stages.window_clock import WindowClock
 
 UNKNOWN = object()  # a key's earliest open window, not read yet
@@ -87,7 +87,8 @@ class WindowSegment:
             return None
         return cls(steps, check_home, clocks, side, late_topic, pipeline_id, max_value)
 
-    def run(self, record: ConsumedRecord, head: Head, outcome: BatchOutcome) -> Plan | None:
+    def run(self, record: ConsumedRecord, fed_from: TopicPartition, head: Head,
+            outcome: BatchOutcome) -> Plan | None:
         """Fold the record's values; answers its plan instead when the general path must
         (see the module). StageFailure as the general path raises it."""
         _, root, route, values, positions = head
@@ -98,11 +99,12 @@ class WindowSegment:
                 values, positions = through(kind, fn, values, positions)
             for window_stage in self.stages:
                 stage = window_stage.id
-                keyed.append(list(map(window_stage.key, values)))
+                key_of = window_stage.key
+                keyed.append([key_of(value) for value in values])  # compiled: beats map()
         except Exception as error:
             raise StageFailure(stage, error) from error
         general = len(self.side.late) > 0
-        for window_stage, keys in zip(self.stages, keyed, strict=True):
+        for window_stage, keys in zip(self.stages, keyed):  # noqa: B905 (keyed: one per stage)
             states = window_stage.table.states
             for key in keys:
                 if type(key) is not str or key not in states:
@@ -111,11 +113,12 @@ class WindowSegment:
             return Plan(record, root, route, [
                 Fold(window_stage.table, keys, positions, values)
                 for window_stage, keys in zip(self.stages, keyed, strict=True)])
-        self._fold(record, head, keyed, values, positions, outcome)
+        self._fold(record, fed_from, head, keyed, values, positions, outcome)
         return None
 
-    def _fold(self, record: ConsumedRecord, head: Head, keyed: list[list[Any]],
-              values: list[Any], positions: list[Position], outcome: BatchOutcome) -> None:
+    def _fold(self, record: ConsumedRecord, fed_from: TopicPartition, head: Head,
+              keyed: list[list[Any]], values: list[Any], positions: list[Position],
+              outcome: BatchOutcome) -> None:
         """``runner.PipelineRunner._apply`` for this shape, with ``fold_windowed`` and the
         watermark's observe inlined.
 
@@ -127,13 +130,12 @@ class WindowSegment:
         set.
         """
         _, root, route, _, _ = head
-        fed_from = (record.topic, record.partition)
         check_home = self.check_home
         stopped: set[Position] = set()
         staged: list[tuple[WindowStage, dict[str, list[Any]]]] = []
         counts: list[tuple[dict[str, int], str, int]] = []
         late_outputs: list[Output] = []
-        for window_stage, keys in zip(self.stages, keyed, strict=True):
+        for window_stage, keys in zip(self.stages, keyed):  # noqa: B905 (one per stage)
             stage_id, states = window_stage.id, window_stage.table.states
             fold, init, event_time = window_stage.fold, window_stage.init, window_stage.event_time
             size, span = window_stage.size, window_stage.span
@@ -142,19 +144,19 @@ class WindowSegment:
             stage_mark = clock.watermark
             mark, idle_ms, marks_dirty = (stage_mark.partitions[fed_from], stage_mark.idle_ms,
                                           stage_mark.dirty)
-            observe = mark.observe
             # key -> [open windows, closed to, own copy, earliest start (UNKNOWN: not read),
             #         position, closed windows, open windows changed]
             new: dict[str, list[Any]] = {}
             replayed: set[Position] = set()
             late: set[Position] = set()
             folded = 0
-            for key, pos, value in zip(keys, positions, values, strict=False):  # equal lengths
+            # equal lengths; no strict=: compiled, zip with a keyword is a generic iterator
+            for key, pos, value in zip(keys, positions, values):  # noqa: B905
                 try:  # StageWatermark.observe, inlined
                     ts = int(event_time(value))
                     if mark.held_until == -1:
                         mark.held_until = ts + idle_ms
-                    if observe(root, ts):
+                    if mark.observe(root, ts):  # compiled: a direct call (a bound method is not)
                         marks_dirty.add(fed_from)
                     watermark = mark.value
                 except Exception as error:
