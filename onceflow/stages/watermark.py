@@ -255,6 +255,9 @@ class OpenWindows:
 
 def earliest_close(opened: Mapping[str, object], size_ms: int, lateness_ms: int) -> int | None:
     """When the earliest of a state's open windows closes; None without one."""
-    if not opened:
-        return None
-    return min(map(int, opened)) + size_ms + lateness_ms
+    first: int | None = None
+    for slot in opened:  # a loop: compiled, min(map(int, ...)) is two generic calls
+        start = int(slot)
+        if first is None or start < first:
+            first = start
+    return None if first is None else first + size_ms + lateness_ms
