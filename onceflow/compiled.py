@@ -6,8 +6,9 @@ them about 16% (aggregate path) to 23% (windowed path) faster: ``benchmarks/RESU
 ``make`` builds them in place (``scripts/compile_stages.py``, which loads this file
 without importing the package, whose import runs ``check``); ``make pure`` removes
 them. The pure-Python modules stay the source of truth and work alone.
-Classes whose objects users keep stay out (``RecordMeta`` has its own module):
-a compiled class cannot be copied or pickled as a dataclass can.
+Classes whose objects users build or keep stay out (``stages.declarations``:
+``Tumbling``, ``ProducerDedup``; ``stages.record_meta``): a compiled class cannot
+be copied or pickled as a dataclass can (``tests/unit/test_user_values.py``).
 
 A compiled module shadows its ``.py``: an edit would silently not run. So the
 build records a hash of each source, and importing ``onceflow.stages`` refuses a

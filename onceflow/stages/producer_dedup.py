@@ -27,47 +27,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from onceflow.stages.declarations import Extract
+from onceflow.stages.declarations import ProducerDedup as ProducerDedup  # declared by users
 from onceflow.stages.formats import FormatError
 from onceflow.stages.outcome import BatchOutcome, ConsumedRecord
 from onceflow.stages.state import TopicPartition
 
 #: The stage id under which the tables are stored (refused as a user stage id).
 SEQUENCE_STAGE = "__producer_seq__"
-DEFAULT_IDLE_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week
 MAX_PRODUCER = 1000  # characters of a producer id
-#: A header name, or a function of the record's parsed value (before ``decode``).
-Extract = str | Callable[[Any], Any]
 NO_STORE = ("dedup= needs a store for the producer sequences and the pipeline has no "
             "aggregate: name one with ProducerDedup(..., store='redis')")
 #: Reads stored rows by key ``topic|partition``; absent keys are absent.
 SequenceLoader = Callable[[Sequence[str]], Mapping[str, bytes]]
-
-
-@dataclass(frozen=True)
-class ProducerDedup:
-    """Declares how a source record names its producer, sequence and (optionally) epoch.
-
-    ``store`` keeps the tables (default: the first aggregate's store; a
-    pipeline without aggregates must name one). ``idle_timeout_ms``: a
-    producer with no record for that long (by record timestamps) is forgotten.
-    """
-
-    producer: Extract
-    sequence: Extract
-    epoch: Extract | None = None
-    store: str | None = None
-    idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS
-
-    def __post_init__(self) -> None:
-        for name in ("producer", "sequence", "epoch"):
-            extract = getattr(self, name)
-            if not (isinstance(extract, str) or callable(extract)
-                    or (name == "epoch" and extract is None)):
-                raise ValueError(f"dedup {name}: expected a header name or a function of the "
-                                 f"parsed value, got {extract!r}")
-        if not isinstance(self.idle_timeout_ms, int) or self.idle_timeout_ms < 1:
-            raise ValueError(f"dedup idle_timeout_ms: expected a positive integer, "
-                             f"got {self.idle_timeout_ms!r}")
 
 
 @dataclass(slots=True)

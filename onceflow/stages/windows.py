@@ -19,30 +19,9 @@ another watermark, keeps its late decisions consistent: ``side_outputs``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-
-@dataclass(frozen=True)
-class Tumbling:
-    """Fixed, non-overlapping windows of ``size_ms``; ``event_time_ms`` reads a value's time."""
-
-    size_ms: int
-    # Any, not int: a user's function may answer anything, read through int() (the same
-    # error for a bad answer, compiled or pure); compiled code checks hints at run time.
-    event_time_ms: Callable[[Any], Any]
-    allowed_lateness_ms: int = 0
-
-    def __post_init__(self) -> None:
-        if self.size_ms <= 0 or self.allowed_lateness_ms < 0:
-            raise ValueError("window size must be > 0 and allowed lateness >= 0")
-
-    def start_of(self, ts: int) -> int:
-        return ts - ts % self.size_ms
-
-    def closes_at(self, start: int) -> int:
-        """The event time at which the window starting at ``start`` closes."""
-        return start + self.size_ms + self.allowed_lateness_ms
+from onceflow.stages.declarations import Tumbling as Tumbling  # declared by users
 
 
 def empty_windows() -> dict[str, Any]:

@@ -4,11 +4,8 @@ dead-letter warnings rate-limited per stage."""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import json
 import logging
-import pickle
 from typing import Any
 
 import pytest
@@ -74,17 +71,6 @@ def test_the_first_step_sees_key_headers_timestamp_and_position() -> None:
     assert meta == RecordMeta("in", 0, 0, b"dev-1", (("site", b"north"),), 1_700, None)
     assert (seen[1][1].partition, seen[1][1].offset, seen[2][1].offset) == (2, 0, 1)
 
-
-def test_a_record_meta_is_a_plain_value_compiled_or_not() -> None:
-    """Users keep metas: they copy, pickle and replace as dataclasses do (a class of a
-    compiled module would not: ``record_meta`` is not compiled)."""
-    meta = RecordMeta("in", 1, 7, b"k", (("site", b"north"), ("gone", None)), 1_700)
-    assert copy.copy(meta) == meta
-    assert copy.deepcopy(meta) == meta
-    assert pickle.loads(pickle.dumps(meta)) == meta
-    assert dataclasses.replace(meta, offset=8).offset == 8
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        meta.offset = 9  # type: ignore[misc]
 
 
 def test_an_envelope_topic_with_meta_shows_the_envelope() -> None:

@@ -1,0 +1,66 @@
+"""What a pipeline declares besides its steps: its windows and its producer dedup.
+
+Plain Python, never compiled (``onceflow.compiled``): users build, keep, copy
+and pickle these values, and a class mypyc compiles cannot be copied or
+pickled as a dataclass can. ``stages.windows`` and ``stages.producer_dedup``,
+which are compiled, read them and export them too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_IDLE_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week
+#: A header name, or a function of the record's parsed value (before ``decode``).
+Extract = str | Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Tumbling:
+    """Fixed, non-overlapping windows of ``size_ms``; ``event_time_ms`` reads a value's time."""
+
+    size_ms: int
+    # Any, not int: a user's function may answer anything, read through int() (the same
+    # error for a bad answer, compiled or pure); compiled code checks hints at run time.
+    event_time_ms: Callable[[Any], Any]
+    allowed_lateness_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0 or self.allowed_lateness_ms < 0:
+            raise ValueError("window size must be > 0 and allowed lateness >= 0")
+
+    def start_of(self, ts: int) -> int:
+        return ts - ts % self.size_ms
+
+    def closes_at(self, start: int) -> int:
+        """The event time at which the window starting at ``start`` closes."""
+        return start + self.size_ms + self.allowed_lateness_ms
+
+
+@dataclass(frozen=True)
+class ProducerDedup:
+    """Declares how a source record names its producer, sequence and (optionally) epoch.
+
+    ``store`` keeps the tables (default: the first aggregate's store; a
+    pipeline without aggregates must name one). ``idle_timeout_ms``: a
+    producer with no record for that long (by record timestamps) is forgotten.
+    """
+
+    producer: Extract
+    sequence: Extract
+    epoch: Extract | None = None
+    store: str | None = None
+    idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS
+
+    def __post_init__(self) -> None:
+        for name in ("producer", "sequence", "epoch"):
+            extract = getattr(self, name)
+            if not (isinstance(extract, str) or callable(extract)
+                    or (name == "epoch" and extract is None)):
+                raise ValueError(f"dedup {name}: expected a header name or a function of the "
+                                 f"parsed value, got {extract!r}")
+        if not isinstance(self.idle_timeout_ms, int) or self.idle_timeout_ms < 1:
+            raise ValueError(f"dedup idle_timeout_ms: expected a positive integer, "
+                             f"got {self.idle_timeout_ms!r}")
