@@ -135,7 +135,7 @@ def parser_for(topic: str, fmt: Format) -> Parser:
 #: 19 digits in a row may be an integer beyond 64 bits, which orjson reads as a float
 #: (silently rounded: a lost count); the json module reads it exactly. Looked for as
 #: 19 zeros in the value with every ASCII digit made "0" and every other byte " ":
-#: ``bytes.translate`` and a literal's search are 5x faster than the regex ``\d{19}``.
+#: ``bytes.translate`` and a literal's search are 4x faster than the regex ``\d{19}``.
 #: The literal is searched by ``re`` (a prefix search), not ``in``: on text rich in
 #: shorter numbers (13-digit timestamps) ``in`` steps one byte at a time, 1.7x as dear.
 _DIGITS_AS_ZERO = bytes(b"0"[0] if 0x30 <= i <= 0x39 else b" "[0] for i in range(256))
