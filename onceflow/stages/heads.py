@@ -15,6 +15,7 @@ from onceflow.stages.outcome import ConsumedRecord, StageFailure
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.plan import Head
 from onceflow.stages.producer_dedup import SequenceTables
+from onceflow.stages.state import TopicPartition
 from onceflow.stages.units import expand, unit_of
 
 
@@ -29,26 +30,29 @@ class Heads:
         self._first = self._readers[pipeline.topics[0]]
         self.sequences = sequences
 
-    def __call__(self, record: ConsumedRecord) -> Head | None:
+    def __call__(self, record: ConsumedRecord, fed_from: TopicPartition, offset: int
+                 ) -> Head | None:
         """Parse, producer dedup, origin and decode: the record's first values (one, or a
-        unit's items) and their positions (parallel lists); None for a producer duplicate."""
-        reader: Reader = self._readers.get(record.topic) or self._first
-        if record.headers:
-            check_header_names(record.headers)
+        unit's items) and their positions (parallel lists); None for a producer duplicate.
+        ``fed_from`` and ``offset``: the record's, read once by the caller (a consumer
+        record's attributes are read generically, compiled or not)."""
+        reader: Reader = self._readers.get(fed_from[0]) or self._first
+        headers = record.headers
+        if headers:
+            check_header_names(headers)
         value, envelope = reader.parse(record)  # FormatError: a dead letter naming the formats
-        if envelope is None and record.headers:  # a plain output of another onceflow step:
-            envelope = chain_envelope(record.key, record.timestamp, record.headers)  # its chain
+        if envelope is None and headers:  # a plain output of another onceflow step: its chain
+            envelope = chain_envelope(record.key, record.timestamp, headers)
         if envelope is not None and envelope.source_chain:
             check_chain(envelope, record)
         unit = unit_of(envelope)  # several values (stages.units), checked
-        if self.sequences is not None and not self.sequences.admit(record, value):
+        if self.sequences is not None and not self.sequences.admit(fed_from, record, value):
             return None
         if envelope is None:  # a raw record is its own root (origin_of, without the call)
-            root = route = (record.topic, record.partition)
-            position: Position = (record.offset,)
+            root = route = fed_from
+            position: Position = (offset,)
         else:
-            root, route, position = origin_of(envelope, record.topic, record.partition,
-                                              record.offset)
+            root, route, position = origin_of(envelope, fed_from[0], fed_from[1], offset)
         try:
             if unit is not None:  # as if its items came one record each
                 return (envelope, root, route, *expand(reader, unit, record, position))

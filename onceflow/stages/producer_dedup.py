@@ -121,6 +121,7 @@ class SequenceTables:
         self.dirty: set[TopicPartition] = set()
         self._replayed = 0
         self._duplicates = 0
+        self._idle_ms = spec.idle_timeout_ms  # read once: spec is a plain (uncompiled) class
         #: Producer and sequence functions when both are functions and there is no epoch:
         #: a str producer and an int sequence are taken as they are (what the full path
         #: would make of them); anything else takes the full path and its errors.
@@ -161,9 +162,10 @@ class SequenceTables:
         self.dirty.add(consumed)
         return False
 
-    def admit(self, record: ConsumedRecord, value: Any) -> bool:
-        """False for a producer duplicate; ``value`` is the record parsed in its format."""
-        table = self.partitions.get((record.topic, record.partition))
+    def admit(self, consumed: TopicPartition, record: ConsumedRecord, value: Any) -> bool:
+        """False for a producer duplicate; ``value`` is the record parsed in its format,
+        ``consumed`` its topic and partition."""
+        table = self.partitions.get(consumed)
         if table is None:
             return True
         spec = self.spec
@@ -178,7 +180,7 @@ class SequenceTables:
                                  f"(at most {MAX_PRODUCER})")
             sequence = _integer(record, value, spec.sequence, "sequence")
             epoch = 0 if spec.epoch is None else _integer(record, value, spec.epoch, "epoch")
-        if table.admit(producer, epoch, sequence, record.timestamp, spec.idle_timeout_ms):
+        if table.admit(producer, epoch, sequence, record.timestamp, self._idle_ms):
             return True
         self._duplicates += 1
         return False

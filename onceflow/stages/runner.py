@@ -133,7 +133,7 @@ class PipelineRunner:
                 if fused is None or held or missing:
                     plan = self._plan(record)
                 else:  # the common shape, folded without a plan while its keys are cached
-                    head = self._head(record)
+                    head = self._head(record, fed_from, offset)
                     plan = None if head is None else fused.run(record, fed_from, head, outcome)
                     if plan is None:
                         continue
@@ -206,7 +206,7 @@ class PipelineRunner:
 
     def _plan(self, record: ConsumedRecord) -> Plan | None:
         """The record through the stateless steps; None for a producer duplicate."""
-        head = self._head(record)
+        head = self._head(record, (record.topic, record.partition), record.offset)
         if head is None:
             return None
         envelope, root, route, values, positions = head

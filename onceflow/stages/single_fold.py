@@ -32,6 +32,7 @@ class FoldSegment:
         self.stateless = [(kind, stage, fn) for kind, stage, fn, _, _ in stateless
                           if fn is not None]
         self.stage, self.key, self.table = stage, key, table
+        self.fold: Callable[[Any, Any], Any] = table.spec.fold  # read once (spec: uncompiled)
         self.check_home = check_home
         self.folded = self.replayed = 0  # this batch's, until ``count`` moves them
 
@@ -74,21 +75,20 @@ class FoldSegment:
         for key in keys:
             if type(key) is not str or key not in states:
                 return Plan(record, root, route, [Fold(self.table, keys, positions, values)])
-        folded, replayed = fold_values(self.table, keys, positions, values, route,
+        folded, replayed = fold_values(self.table, self.fold, keys, positions, values, route,
                                        fed_from, self.check_home)
         self.folded += folded
         self.replayed += replayed
         return None
 
 
-def fold_values(table: StateTable, keys: list[Any], positions: list[Position],
-                values: list[Any], route: Route, fed_from: TopicPartition, check_home: bool
-                ) -> tuple[int, int]:
+def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[Any],
+                positions: list[Position], values: list[Any], route: Route,
+                fed_from: TopicPartition, check_home: bool) -> tuple[int, int]:
     """Fold one record's values (their keys cached): (values folded, replays dropped);
     StageFailure, with nothing installed, if a fold raises or a key is homed on another
     partition."""
-    spec, states = table.spec, table.states
-    fold: Callable[[Any, Any], Any] = spec.fold
+    states = table.states
     new: dict[str, list[Any]] = {}  # key -> [state value, highest position folded]
     replayed = folded = 0
     # equal lengths; no strict=: compiled, zip with a keyword is a generic iterator
@@ -97,8 +97,8 @@ def fold_values(table: StateTable, keys: list[Any], positions: list[Position],
         if current is None:
             state = states[key]
             if check_home and state.home != fed_from:
-                raise StageFailure(spec.id, KeyHomedElsewhere(key, fed_from,
-                                                              state.home or fed_from))
+                raise StageFailure(table.spec.id, KeyHomedElsewhere(key, fed_from,
+                                                                    state.home or fed_from))
             mark = state.watermarks.get(route)
             if mark is not None and pos <= mark:
                 replayed += 1
@@ -111,7 +111,7 @@ def fold_values(table: StateTable, keys: list[Any], positions: list[Position],
         try:
             current[0] = fold(current[0], value)
         except Exception as error:
-            raise StageFailure(spec.id, error) from error
+            raise StageFailure(table.spec.id, error) from error
         folded += 1
     dirty = table.dirty
     for key, (value, pos) in new.items():
