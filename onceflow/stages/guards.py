@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.formats import FormatError
-from onceflow.stages.outcome import ConsumedHeader, ConsumedRecord, StageFailure
-from onceflow.stages.state import StateTable
+from onceflow.stages.lineage import Position, RootPartition
+from onceflow.stages.outcome import ConsumedHeader, StageFailure
+from onceflow.stages.state import StateTable, TopicPartition
 
 #: Most hops a source chain may have (onceflow's own chains grow by one per republish hop).
 MAX_HOPS = 100
@@ -51,23 +51,23 @@ def _escaped(name: str) -> bool:
     return True
 
 
-def check_chain(envelope: Envelope, record: ConsumedRecord) -> None:
-    """FormatError for a source chain no onceflow step can have written.
+def check_chain(hops: int, root: RootPartition, position: Position, consumed: TopicPartition,
+                offset: int) -> None:
+    """FormatError for a source chain no onceflow step can have written: ``hops`` entries,
+    the ``root`` and ``position`` it gives a record consumed from ``consumed`` at ``offset``
+    (``lineage.origin_of``).
 
     Its root cannot be the partition it is consumed from at or after its own
     offset (an output is written after its input); such a chain would set the
     record's watermarks ahead of the partition and make later records look like
     copies. More than ``MAX_HOPS`` hops would grow every state it reaches.
     """
-    chain = envelope.source_chain
-    if len(chain) > MAX_HOPS:
-        raise FormatError("chain", f"source chain of {len(chain)} hops (at most {MAX_HOPS})")
-    root = chain[0]
-    if (root.offset >= record.offset and root.partition == record.partition
-            and root.topic == record.topic):
-        raise FormatError("chain", f"source chain rooted at {root.topic}/{root.partition}/"
-                          f"{root.offset}, not before the record itself ({record.topic}/"
-                          f"{record.partition}/{record.offset}): forged or corrupt")
+    if hops > MAX_HOPS:
+        raise FormatError("chain", f"source chain of {hops} hops (at most {MAX_HOPS})")
+    if position[0] >= offset and root == consumed:
+        raise FormatError("chain", f"source chain rooted at {root[0]}/{root[1]}/"
+                          f"{position[0]}, not before the record itself ({consumed[0]}/"
+                          f"{consumed[1]}/{offset}): forged or corrupt")
 
 
 def unknown_keys(shares: Iterable[tuple[StateTable, Sequence[Any]]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from onceflow.stages.formats import Reader, hop_reader, itself, meta_of, source_reader
 from onceflow.stages.guards import check_chain, check_header_names
-from onceflow.stages.lineage import Position, origin_of
+from onceflow.stages.lineage import Position, chain_origin
 from onceflow.stages.origin import chain_envelope
 from onceflow.stages.outcome import ConsumedRecord, StageFailure
 from onceflow.stages.pipeline import Pipeline
@@ -43,19 +43,20 @@ class Heads:
         value, envelope = reader.parse(record)  # FormatError: a dead letter naming the formats
         if envelope is None and headers:  # a plain output of another onceflow step: its chain
             envelope = chain_envelope(record.key, record.timestamp, headers)
-        if envelope is not None and envelope.source_chain:
-            check_chain(envelope, record)
-        unit = unit_of(envelope)  # several values (stages.units), checked
-        if self.sequences is not None and not self.sequences.admit(fed_from, record, value):
-            return None
-        if envelope is None:  # a raw record is its own root (origin_of, without the call)
+        if envelope is None or not (chain := envelope.source_chain):  # its own root
             root = route = fed_from
             position: Position = (offset,)
         else:
-            root, route, position = origin_of(envelope, fed_from[0], fed_from[1], offset)
+            root, route, position = chain_origin(chain)
+            check_chain(len(chain), root, position, fed_from, offset)
+        unit = unit_of(envelope)  # several values (stages.units), checked
+        if self.sequences is not None and not self.sequences.admit(fed_from, record, value):
+            return None
         try:
             if unit is not None:  # as if its items came one record each
-                return (envelope, root, route, *expand(reader, unit, record, position))
+                assert envelope is not None
+                return (envelope, root, route, *expand(reader, envelope, unit, record,
+                                                       position))
             if reader.decode is not itself:
                 value = reader.decode(value)
         except Exception as error:

@@ -24,7 +24,9 @@ chain's route is its root partition, as before routes existed.
 
 from __future__ import annotations
 
-from onceflow.protos.envelope_pb2 import Envelope
+from collections.abc import Sequence
+
+from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 
 RootPartition = tuple[str, int]
 #: ``(root, partition)`` for a root partition, or ``("<root>/<p>>...><last hop topic>",
@@ -51,16 +53,23 @@ def root_of(envelope: Envelope | None, topic: str, partition: int, offset: int) 
 def origin_of(envelope: Envelope | None, topic: str, partition: int, offset: int) -> tuple[
     RootPartition, Route, Position
 ]:
-    """``root_of`` and ``route_of`` in one call (the runner's per-record path)."""
-    if envelope is None or not envelope.source_chain:
+    """``root_of`` and ``route_of`` in one call."""
+    chain = None if envelope is None else envelope.source_chain  # read once: built per read
+    if not chain:
         return (topic, partition), (topic, partition), (offset,)
-    chain = envelope.source_chain
+    return chain_origin(chain)
+
+
+def chain_origin(chain: Sequence[SourceRef]) -> tuple[RootPartition, Route, Position]:
+    """``origin_of`` of a record with this non-empty source chain (the runner's per-record
+    path: a protobuf field is built anew each time it is read, so it reads each once)."""
     if len(chain) == 1:  # one hop (a republisher's output): its root is its route
         ref = chain[0]
         root = (ref.topic, ref.partition)
         return root, root, (ref.offset, ref.index)
-    root, position = root_of(envelope, topic, partition, offset)
-    return root, route_of(envelope, topic, partition), position
+    first = chain[0]
+    root = (first.topic, first.partition)
+    return root, route_of_chain(chain), (first.offset, *(ref.index for ref in chain))
 
 
 def route_of(envelope: Envelope | None, topic: str, partition: int) -> Route:
@@ -71,7 +80,11 @@ def route_of(envelope: Envelope | None, topic: str, partition: int) -> Route:
     """
     if envelope is None or not envelope.source_chain:
         return topic, partition
-    chain = envelope.source_chain
+    return route_of_chain(envelope.source_chain)
+
+
+def route_of_chain(chain: Sequence[SourceRef]) -> Route:
+    """``route_of`` a non-empty source chain."""
     *path, last = chain
     if not path:
         return last.topic, last.partition

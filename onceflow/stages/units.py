@@ -25,45 +25,52 @@ from onceflow.stages.lineage import Position
 from onceflow.stages.outcome import ConsumedRecord
 
 
-def unit_of(envelope: Envelope | None) -> Envelope | None:
-    """The envelope if it is a unit (None if not); FormatError for a unit no republish
-    step can have written.
+def unit_of(envelope: Envelope | None) -> tuple[list[Item], list[int]] | None:
+    """A unit's items and their indexes, read once (None if the envelope is no unit);
+    FormatError for a unit no republish step can have written.
 
     Its items' positions come from its source chain, so it needs one, and
     their indexes must rise (fan-out order): items out of order would fold
     a value after a later one and take it for a copy.
     """
-    if envelope is None or not envelope.items:
+    if envelope is None:
+        return None
+    items = list(envelope.items)  # each access of a protobuf field builds its value anew
+    if not items:
         return None
     if not envelope.source_chain:
         raise FormatError("unit", "a unit (envelope with items) without a source chain: "
                           "forged or corrupt")
+    indexes = [item.index for item in items]
     last = -1
-    for item in envelope.items:
-        if item.index <= last:
-            raise FormatError("unit", f"unit item index {item.index} after {last}: items must "
+    for index in indexes:
+        if index <= last:
+            raise FormatError("unit", f"unit item index {index} after {last}: items must "
                               "be in fan-out order")
-        last = item.index
-    return envelope
+        last = index
+    return items, indexes
 
 
-def expand(reader: Reader, envelope: Envelope, record: ConsumedRecord, position: Position
-           ) -> tuple[list[Any], list[Position]]:
-    """A checked unit's items as the first step's values, with their positions.
+def expand(reader: Reader, envelope: Envelope, unit: tuple[list[Item], list[int]],
+           record: ConsumedRecord, position: Position) -> tuple[list[Any], list[Position]]:
+    """A checked unit's items (``unit_of``) as the first step's values, with their
+    positions.
 
     A decoder that reads only the payload gets each item's payload; any
     other gets the envelope the item would have been alone (``item_view``).
     A failing decode fails the whole record (one dead letter, as for a
     record of one value).
     """
+    items, indexes = unit
     base = position[:-1]
-    positions = [(*base, item.index) for item in envelope.items]
+    # concatenation: compiled, ``(*base, index)`` builds a list and copies it to a tuple
+    positions = [base + (index,) for index in indexes]  # noqa: RUF005
     fast = reader.payload
     if fast is not None and not reader.with_meta:
-        return [fast(item.payload) for item in envelope.items], positions
+        return [fast(item.payload) for item in items], positions
     template = _template(envelope)
     values: list[Any] = []
-    for item in envelope.items:
+    for item in items:
         view = item_view(template, item)
         value = reader.decode(view)
         values.append((value, meta_of(record, view)) if reader.with_meta else value)
