@@ -127,11 +127,14 @@ class WindowSegment:
         earliest start, so a rising watermark with nothing due costs a comparison; the
         state is built once, when installed. Every position of a record has one length
         (each flat-map adds one level to all), so a later stage's stopped values are a
-        set.
+        set. A key's earliest open start comes from the clock's open-window index while
+        the record has not changed the key's windows and the index lists the key for this
+        partition (it is kept for every installed state, as the sweep needs it), else from
+        the windows themselves.
         """
         _, root, route, _, _ = head
         check_home = self.check_home
-        stopped: set[Position] = set()
+        stopped: set[Position] | None = None  # made when a stage stops a value
         staged: list[tuple[WindowStage, dict[str, list[Any]]]] = []
         counts: list[tuple[dict[str, int], str, int]] = []
         late_outputs: list[Output] = []
@@ -141,15 +144,15 @@ class WindowSegment:
             size, span = window_stage.size, window_stage.span
             clock = window_stage.clock
             clock.meet(fed_from)
+            open_keys = clock.open.keys
             stage_mark = clock.watermark
             mark, idle_ms, marks_dirty = (stage_mark.partitions[fed_from], stage_mark.idle_ms,
                                           stage_mark.dirty)
             # key -> [open windows, closed to, own copy, earliest start (UNKNOWN: not read),
             #         position, closed windows, open windows changed]
             new: dict[str, list[Any]] = {}
-            replayed: set[Position] = set()
-            late: set[Position] = set()
-            folded = 0
+            halted: list[Position] = []  # replays and late values (a position occurs once)
+            folded = replayed = late = 0
             # equal lengths; no strict=: compiled, zip with a keyword is a generic iterator
             for key, pos, value in zip(keys, positions, values):  # noqa: B905
                 try:  # StageWatermark.observe, inlined
@@ -161,7 +164,7 @@ class WindowSegment:
                     watermark = mark.value
                 except Exception as error:
                     raise StageFailure(stage_id, error) from error
-                if stopped and pos in stopped:
+                if stopped is not None and pos in stopped:
                     continue
                 current = new.get(key)
                 if current is None:
@@ -171,7 +174,8 @@ class WindowSegment:
                             key, fed_from, state.home or fed_from))
                     seen = state.watermarks.get(route)
                     if seen is not None and pos <= seen:
-                        replayed.add(pos)
+                        replayed += 1
+                        halted.append(pos)
                         continue
                     windows: Any = state.value  # Any: a damaged state fails as on the general path
                     try:  # as fold_windowed reads it
@@ -181,7 +185,8 @@ class WindowSegment:
                     except Exception as error:
                         raise StageFailure(stage_id, error) from error
                 elif pos <= current[4]:
-                    replayed.add(pos)
+                    replayed += 1
+                    halted.append(pos)
                     continue
                 current[4] = pos
                 try:  # windows.fold_windowed, inlined
@@ -190,12 +195,17 @@ class WindowSegment:
                     if watermark is not None and (closed_to is None or watermark > closed_to):
                         last_start = watermark - span  # windows starting there or before close
                         first = current[3]
-                        if first is UNKNOWN:  # min(map(int, ...), default=None): 4x as dear
-                            first = None
-                            for slot in current[0]:
-                                start_ms = int(slot)
-                                if first is None or start_ms < first:
-                                    first = start_ms
+                        if first is UNKNOWN:  # the index is the installed windows', so
+                            known = None if current[2] else open_keys.get(key)  # not a copy's
+                            if known is not None and known[0] == fed_from and \
+                                    known[1] is not None:
+                                first = known[1] - span
+                            else:  # a loop: min(map(int, ...), default=None) is 4x as dear
+                                first = None
+                                for slot in current[0]:
+                                    start_ms = int(slot)
+                                    if first is None or start_ms < first:
+                                        first = start_ms
                             current[3] = first
                         if first is not None and first <= last_start:
                             opened = current[0]
@@ -229,7 +239,8 @@ class WindowSegment:
                 if late_by is None:
                     folded += 1
                     continue
-                late.add(pos)
+                late += 1
+                halted.append(pos)
                 late_outputs.append(late_event(
                     self.late_topic, record, stage_id, key, pos, late_by, root, self.max_value,
                     self.pipeline_id, len(late_outputs)))
@@ -237,11 +248,13 @@ class WindowSegment:
             if folded:
                 counts.append((outcome.folded, stage_id, folded))
             if replayed:
-                counts.append((outcome.duplicates, stage_id, len(replayed)))
-                stopped |= replayed
+                counts.append((outcome.duplicates, stage_id, replayed))
             if late:
-                counts.append((outcome.late, stage_id, len(late)))
-                stopped |= late
+                counts.append((outcome.late, stage_id, late))
+            if halted:
+                if stopped is None:
+                    stopped = set()
+                stopped.update(halted)
         for window_stage, new in staged:
             table, clock = window_stage.table, window_stage.clock
             states, dirty, history = table.states, table.dirty, table.closed
