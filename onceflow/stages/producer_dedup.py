@@ -131,14 +131,14 @@ class SequenceTables:
     def prepare(self, records: Iterable[ConsumedRecord]) -> None:
         """Load the tables of source partitions not cached yet, in one batched read."""
         missing = set()
-        last: ConsumedRecord | None = None  # records come in runs of one partition
+        last_topic, last_partition = None, -1  # records come in runs of one partition
         for record in records:
-            if last is not None and record.partition == last.partition and \
-                    record.topic == last.topic:
+            topic, partition = record.topic, record.partition  # each read once
+            if partition == last_partition and topic == last_topic:
                 continue
-            last = record
-            tp = (record.topic, record.partition)
-            if record.topic in self._sources and tp not in self.partitions:
+            last_topic, last_partition = topic, partition
+            tp = (topic, partition)
+            if topic in self._sources and tp not in self.partitions:
                 missing.add(tp)
         if not missing:
             return

@@ -78,8 +78,12 @@ class PartitionWatermark:
         if top is None or ts > top:
             top = self.top = ts
         low = self.low
-        if seen is None or seen == low:  # one root (the usual case): this event's time
-            low = self.low = ts if len(roots) == 1 else min(roots.values())
+        if seen is None or seen == low:  # the lowest root moved (or a new one came)
+            low = ts
+            for other in roots.values():  # a loop: compiled, min() is a generic call
+                if other < low:
+                    low = other
+            self.low = low
         assert low is not None
         held = self.held_until
         if held is not None:
