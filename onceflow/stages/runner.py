@@ -122,10 +122,16 @@ class PipelineRunner:
         if sequences is not None:
             records = list(records)
             sequences.prepare(records)
+        # Runs of one partition (getmany's): a key per run, its next offset noted at its end.
+        fed_from: TopicPartition = ("", -1)
+        last = -1
         for record in records:
-            topic, offset = record.topic, record.offset  # a consumer's record: read once
-            fed_from = (topic, record.partition)
-            next_offsets[fed_from] = offset + 1
+            topic, partition, offset = record.topic, record.partition, record.offset  # once
+            if partition != fed_from[1] or topic != fed_from[0]:
+                if last >= 0:
+                    next_offsets[fed_from] = last + 1
+                fed_from = (topic, partition)
+            last = offset
             if sequences is not None and sequences.replayed(fed_from, offset):
                 continue
             fused = self._fused.get(topic)
@@ -157,6 +163,8 @@ class PipelineRunner:
                 self._apply(plan, outcome)
             except StageFailure as failure:
                 self._dead_letter(outcome, plan.record, failure)
+        if last >= 0:
+            next_offsets[fed_from] = last + 1
         for table, feeders in missing.items():
             self._load_into(table, dict(sorted(feeders.items())))
         for entry in held:
