@@ -93,4 +93,4 @@ def route_of_chain(chain: Sequence[SourceRef]) -> Route:
 
 def event_id(root: RootPartition, position: Position) -> str:
     """A deterministic id: the same event re-sent after a crash keeps its id."""
-    return f"{root[0]}/{root[1]}/{'.'.join(map(str, position))}"
+    return f"{root[0]}/{root[1]}/{'.'.join([str(index) for index in position])}"  # not map()

@@ -9,7 +9,7 @@ place: the envelope and its chain (``lineage``), the plain format's headers
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from onceflow.protos.envelope_pb2 import Envelope
@@ -87,6 +87,11 @@ def republished(
     """
     if step.unit:
         return _units(step, envelope, record, root, values, time_ms, key)
+    # The user's functions, as what they are: compiled, a hint is checked at run time, and
+    # what they return is the protobuf's to accept or refuse (a numpy integer, say).
+    encode: Callable[[Any], Any] = step.encode
+    key_of: Callable[[Any], Any] | None = step.key
+    event_time: Callable[[Any], Any] | None = step.event_time_ms
     positions: list[Position] = []
     outputs: list[Output] = []
     partition = step.partition_of(record.topic, record.partition)
@@ -105,10 +110,10 @@ def republished(
             continue
         out = Envelope(
             event_id=event_id(root, pos),
-            event_time_ms=(step.event_time_ms(value) if step.event_time_ms
+            event_time_ms=(event_time(value) if event_time is not None
                            else times[pos[hop]] if times else time_ms),
-            key=step.key(value) if step.key else key,
-            payload=step.encode(value),
+            key=key_of(value) if key_of is not None else key,
+            payload=encode(value),
             payload_type=step.payload_type,
         )
         # The source chain grows by one hop: this record, output j (built in place, cheaper
@@ -142,6 +147,9 @@ def _units(
     """``republished`` for a unit step: one envelope per run of consecutive values with one
     key (and one source item, for a consumed unit: a unit's items share their chain), cut
     into several past ``UNIT_MAX_BYTES``; each unit's position is its first value's."""
+    encode: Callable[[Any], Any] = step.encode  # as in ``republished``
+    key_of: Callable[[Any], Any] | None = step.key
+    event_time: Callable[[Any], Any] | None = step.event_time_ms
     positions: list[Position] = []
     units: list[Envelope] = []
     prior = envelope.source_chain if envelope is not None else ()
@@ -151,13 +159,13 @@ def _units(
     topic, in_partition, offset = record.topic, record.partition, record.offset
     fan = _fan_out(values, hop) if times else None
     items = None
-    run: tuple[str, int] | None = None
+    run: tuple[Any, int] | None = None
     size = 0
     for n, (pos, value) in enumerate(values):
         j = fan[n] if fan is not None else n
-        out_key = step.key(value) if step.key else key
+        out_key = key_of(value) if key_of is not None else key
         source = pos[hop] if times else -1
-        payload = step.encode(value)
+        payload = encode(value)
         size += len(payload)
         if run != (out_key, source) or size > UNIT_MAX_BYTES:
             run, size = (out_key, source), len(payload)
@@ -173,7 +181,7 @@ def _units(
             positions.append(pos)
         assert items is not None
         items.add(index=j, payload=payload, event_id=event_id(root, pos),
-                  event_time_ms=(step.event_time_ms(value) if step.event_time_ms
+                  event_time_ms=(event_time(value) if event_time is not None
                                  else times[source] if times else time_ms))
     return positions, [Output(step.topic, unit.key.encode() or None, unit.SerializeToString(),
                               (ENVELOPE_MARK,), partition) for unit in units]

@@ -233,3 +233,34 @@ def test_what_units_refuse_at_build_time() -> None:
         counted.republish("r", "out", unit=True)
     counted.repartition("hop", key=str).republish("r", "out", unit=True)  # another segment
     counted.republish("r", "out")  # per value: fine
+
+
+class Millis:
+    """An integer type that is not ``int`` (as numpy's are): protobuf takes it by ``__index__``."""
+
+    def __init__(self, value: int):
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+@pytest.mark.parametrize("unit", [True, False])
+def test_republish_takes_what_protobuf_takes_from_user_functions(unit: bool) -> None:
+    """The republish step is compiled, and compiled code checks hints at run time: what
+    the user's event time, key and encode functions return goes to protobuf as it is,
+    so an event time of an integer type other than ``int`` is republished, compiled or
+    not (read through the step's ``int`` hint, it raised TypeError compiled)."""
+    pipeline = (Pipeline("odd", topics=("raw",), format="json")
+                .flat_map("fan", lambda report: report["outs"])
+                .republish("out", "norm", key=lambda out: out["k"],
+                           event_time_ms=lambda out: Millis(out["t"]), unit=unit))
+    outs = [{"k": "a", "t": 5}, {"k": "a", "t": 7}]
+    outputs = run(pipeline, [Rec("raw", 0, 0, json.dumps({"outs": outs}).encode())])
+    envelopes = [Envelope.FromString(out.value or b"") for out in outputs]
+    if unit:
+        assert [(i.event_time_ms, json.loads(i.payload)) for i in envelopes[0].items] == [
+            (5, outs[0]), (7, outs[1])]
+    else:
+        assert [(e.event_time_ms, json.loads(e.payload)) for e in envelopes] == [
+            (5, outs[0]), (7, outs[1])]
