@@ -1,8 +1,9 @@
 """The record path's modules compiled to C by mypyc, and the check that they are current.
 
 The runner's per-record work is plain Python: mypyc, which ships with mypy,
-compiles these modules unchanged (their type hints become C types) and runs
-them about 16% (aggregate path) to 23% (windowed path) faster: ``benchmarks/RESULTS.md``.
+compiles these modules unchanged (their type hints become C types), and they
+take about 30% (aggregate and republish paths) to 37% (windowed path) less time per
+record: ``benchmarks/RESULTS.md``.
 ``make`` builds them in place (``scripts/compile_stages.py``, which loads this file
 without importing the package, whose import runs ``check``); ``make pure`` removes
 them. The pure-Python modules stay the source of truth and work alone.
