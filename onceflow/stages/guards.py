@@ -55,7 +55,7 @@ def check_chain(hops: int, root: RootPartition, position: Position, consumed: To
                 offset: int) -> None:
     """FormatError for a source chain no onceflow step can have written: ``hops`` entries,
     the ``root`` and ``position`` it gives a record consumed from ``consumed`` at ``offset``
-    (``lineage.origin_of``).
+    (``lineage.chain_origin``).
 
     Its root cannot be the partition it is consumed from at or after its own
     offset (an output is written after its input); such a chain would set the

@@ -50,19 +50,10 @@ def root_of(envelope: Envelope | None, topic: str, partition: int, offset: int) 
     return (root.topic, root.partition), (root.offset, *(ref.index for ref in chain))
 
 
-def origin_of(envelope: Envelope | None, topic: str, partition: int, offset: int) -> tuple[
-    RootPartition, Route, Position
-]:
-    """``root_of`` and ``route_of`` in one call."""
-    chain = None if envelope is None else envelope.source_chain  # read once: built per read
-    if not chain:
-        return (topic, partition), (topic, partition), (offset,)
-    return chain_origin(chain)
-
-
 def chain_origin(chain: Sequence[SourceRef]) -> tuple[RootPartition, Route, Position]:
-    """``origin_of`` of a record with this non-empty source chain (the runner's per-record
-    path: a protobuf field is built anew each time it is read, so it reads each once)."""
+    """``root_of`` and ``route_of`` of a record with this non-empty source chain, in one
+    call (the runner's per-record path: a protobuf field is built anew each time it is
+    read, so it reads each once)."""
     if len(chain) == 1:  # one hop (a republisher's output): its root is its route
         ref = chain[0]
         root = (ref.topic, ref.partition)
