@@ -1,22 +1,18 @@
 """Applies batches of consumed records to a pipeline's in-memory states.
 
-Pure logic, no I/O: the runtime hands in records, a loader for states not
-yet in memory, and gets back what to produce, what to dead-letter and which
-offsets the batch covered. Each record is one unit: every value it fans out
-to is folded into every aggregate, or none is (its new states are staged
-and only then installed).
+Pure logic, no I/O: the runtime hands in records, a loader for states not yet in memory, and gets
+back what to produce, what to dead-letter and which offsets the batch covered. Each record is one
+unit: every value it fans out to is folded into every aggregate, or none is (its new states are
+staged and only then installed).
 
-A pipeline with repartition steps runs as segments: the source topics feed
-the first, each repartition topic the next; the runner picks a record's
-segment by the topic it was consumed from.
+A pipeline with repartition steps runs as segments: the source topics feed the first, each
+repartition topic the next; the runner picks a record's segment by the topic it was consumed from.
 
-Key homes: when several workers may share the pipeline's consumer group,
-each aggregate state may be fed from one input partition only (its *home*,
-claimed atomically in the store when the key is first seen). Two workers
-folding one key from two partitions would each write their own copy of the
-state and the last write would win, losing the other's folds; a record
-whose key is homed on another partition is dead-lettered instead, with a
-reason that says to repartition.
+Key homes: when several workers may share the pipeline's consumer group, each aggregate state may
+be fed from one input partition only (its *home*, claimed atomically in the store when the key is
+first seen). Two workers folding one key from two partitions would each write their own copy of the
+state and the last write would win, losing the other's folds; a record whose key is homed on
+another partition is dead-lettered instead, with a reason that says to repartition.
 """
 
 from __future__ import annotations
@@ -107,10 +103,10 @@ class PipelineRunner:
         """Apply records in order; states not in memory are loaded in one batch.
 
         Records are applied as they are planned while every key they touch
-        is cached (the steady state). From the first record that needs a
-        load, records are held back, the missing states loaded in one
-        batched read, and the held-back records applied in their order (dead
-        letters too: each input partition's are written in its order).
+        is cached (the steady state). From the first record that needs a load,
+        records are held back, the missing states loaded in one batched read, and
+        the held-back records applied in their order (dead letters too: each input
+        partition's are written in its order), fused where their topic is.
         """
         outcome = BatchOutcome()
         for fold_segment in self._counting:  # a batch that raised left its counts behind
@@ -167,12 +163,16 @@ class PipelineRunner:
             next_offsets[fed_from] = last + 1
         for table, feeders in missing.items():
             self._load_into(table, dict(sorted(feeders.items())))
-        for entry in held:
+        for entry in held:  # in order; on the fused path where their topic has one
             if isinstance(entry, tuple):
                 self._dead_letter(outcome, entry[0], entry[1])
                 continue
             try:
-                self._apply(entry, outcome)
+                record = entry.record
+                fused = self._fused.get(record.topic)
+                if fused is None or not fused.apply(entry, (record.topic, record.partition),
+                                                    outcome):
+                    self._apply(entry, outcome)
             except StageFailure as failure:
                 self._dead_letter(outcome, entry.record, failure)
         for fold_segment in self._counting:

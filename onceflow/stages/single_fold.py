@@ -81,6 +81,23 @@ class FoldSegment:
         self.replayed += replayed
         return None
 
+    def apply(self, plan: Plan, fed_from: TopicPartition, outcome: BatchOutcome) -> bool:
+        """Fold a plan of this segment's shape (a record held back while states loaded)
+        as ``run`` would have (its counts moved by ``count``, as ``run``'s); False, with
+        nothing done, if a key is not cached or not a string (the runner applies it on
+        the general path)."""
+        share = plan.order[0]
+        assert len(plan.order) == 1 and type(share) is Fold and share.table is self.table
+        states = self.table.states
+        for key in share.keys:
+            if type(key) is not str or key not in states:
+                return False
+        folded, replayed = fold_values(self.table, self.fold, share.keys, share.positions,
+                                       share.values, plan.route, fed_from, self.check_home)
+        self.folded += folded
+        self.replayed += replayed
+        return True
+
 
 def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[Any],
                 positions: list[Position], values: list[Any], route: Route,

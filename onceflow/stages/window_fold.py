@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from onceflow.stages.lineage import Position
+from onceflow.stages.lineage import Position, RootPartition, Route
 from onceflow.stages.outcome import (
     BatchOutcome,
     ConsumedRecord,
@@ -113,12 +113,32 @@ class WindowSegment:
             return Plan(record, root, route, [
                 Fold(window_stage.table, keys, positions, values)
                 for window_stage, keys in zip(self.stages, keyed, strict=True)])
-        self._fold(record, fed_from, head, keyed, values, positions, outcome)
+        self._fold(record, fed_from, root, route, keyed, values, positions, outcome)
         return None
 
-    def _fold(self, record: ConsumedRecord, fed_from: TopicPartition, head: Head,
-              keyed: list[list[Any]], values: list[Any], positions: list[Position],
-              outcome: BatchOutcome) -> None:
+    def apply(self, plan: Plan, fed_from: TopicPartition, outcome: BatchOutcome) -> bool:
+        """Fold a plan of this segment's shape (a record held back while states loaded)
+        as ``run`` would have; False, with nothing done, when the general path must apply
+        it (see the module)."""
+        if len(self.side.late) > 0:
+            return False
+        keyed: list[list[Any]] = []
+        for window_stage, share in zip(self.stages, plan.order, strict=True):
+            assert type(share) is Fold and share.table is window_stage.table
+            states = window_stage.table.states
+            for key in share.keys:
+                if type(key) is not str or key not in states:
+                    return False
+            keyed.append(share.keys)
+        first = plan.order[0]
+        assert type(first) is Fold  # every share has the same values and positions
+        self._fold(plan.record, fed_from, plan.root, plan.route, keyed, first.values,
+                   first.positions, outcome)
+        return True
+
+    def _fold(self, record: ConsumedRecord, fed_from: TopicPartition, root: RootPartition,
+              route: Route, keyed: list[list[Any]], values: list[Any],
+              positions: list[Position], outcome: BatchOutcome) -> None:
         """``runner.PipelineRunner._apply`` for this shape, with ``fold_windowed`` and the
         watermark's observe inlined.
 
@@ -132,7 +152,6 @@ class WindowSegment:
         partition (it is kept for every installed state, as the sweep needs it), else from
         the windows themselves.
         """
-        _, root, route, _, _ = head
         check_home = self.check_home
         stopped: set[Position] | None = None  # made when a stage stops a value
         staged: list[tuple[WindowStage, dict[str, list[Any]]]] = []
