@@ -71,14 +71,9 @@ class FoldSegment:
             keys = [key_of(value) for value in values]  # compiled, a loop beats map()
         except Exception as error:
             raise StageFailure(stage, error) from error
-        states = self.table.states
-        for key in keys:
-            if type(key) is not str or key not in states:
-                return Plan(record, root, route, [Fold(self.table, keys, positions, values)])
-        folded, replayed = fold_values(self.table, self.fold, keys, positions, values, route,
-                                       fed_from, self.check_home)
-        self.folded += folded
-        self.replayed += replayed
+        if not self.table.holds(keys):
+            return Plan(record, root, route, [Fold(self.table, keys, positions, values)])
+        self._fold(keys, positions, values, route, fed_from)
         return None
 
     def apply(self, plan: Plan, fed_from: TopicPartition, outcome: BatchOutcome) -> bool:
@@ -88,15 +83,17 @@ class FoldSegment:
         the general path)."""
         share = plan.order[0]
         assert len(plan.order) == 1 and type(share) is Fold and share.table is self.table
-        states = self.table.states
-        for key in share.keys:
-            if type(key) is not str or key not in states:
-                return False
-        folded, replayed = fold_values(self.table, self.fold, share.keys, share.positions,
-                                       share.values, plan.route, fed_from, self.check_home)
+        if not self.table.holds(share.keys):
+            return False
+        self._fold(share.keys, share.positions, share.values, plan.route, fed_from)
+        return True
+
+    def _fold(self, keys: list[Any], positions: list[Position], values: list[Any],
+              route: Route, fed_from: TopicPartition) -> None:
+        folded, replayed = fold_values(self.table, self.fold, keys, positions, values, route,
+                                       fed_from, self.check_home)
         self.folded += folded
         self.replayed += replayed
-        return True
 
 
 def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[Any],

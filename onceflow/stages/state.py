@@ -77,6 +77,12 @@ class StateTable:
         self.encoded_bytes = 0  # the cached states' sizes as last loaded or encoded
         self.evictions = 0
 
+    def holds(self, keys: list[Any]) -> bool:
+        """Whether every key is a string whose state is cached: the fused paths fold only
+        then (the runner checks, loads and applies anything else)."""
+        states = self.states
+        return all(type(key) is str and key in states for key in keys)
+
     def install(self, key: str, state: AggregateState) -> None:
         """Cache a state just loaded (or new), as the most recent."""
         old = self.states.get(key)

@@ -103,13 +103,9 @@ class WindowSegment:
                 keyed.append([key_of(value) for value in values])  # compiled: beats map()
         except Exception as error:
             raise StageFailure(stage, error) from error
-        general = len(self.side.late) > 0
-        for window_stage, keys in zip(self.stages, keyed):  # noqa: B905 (keyed: one per stage)
-            states = window_stage.table.states
-            for key in keys:
-                if type(key) is not str or key not in states:
-                    general = True
-        if general:
+        cached = all(window_stage.table.holds(keys)  # keyed: one per stage
+                     for window_stage, keys in zip(self.stages, keyed))  # noqa: B905
+        if len(self.side.late) > 0 or not cached:
             return Plan(record, root, route, [
                 Fold(window_stage.table, keys, positions, values)
                 for window_stage, keys in zip(self.stages, keyed, strict=True)])
@@ -125,10 +121,8 @@ class WindowSegment:
         keyed: list[list[Any]] = []
         for window_stage, share in zip(self.stages, plan.order, strict=True):
             assert type(share) is Fold and share.table is window_stage.table
-            states = window_stage.table.states
-            for key in share.keys:
-                if type(key) is not str or key not in states:
-                    return False
+            if not window_stage.table.holds(share.keys):
+                return False
             keyed.append(share.keys)
         first = plan.order[0]
         assert type(first) is Fold  # every share has the same values and positions
