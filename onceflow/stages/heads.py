@@ -14,7 +14,7 @@ from onceflow.stages.origin import chain_envelope
 from onceflow.stages.outcome import ConsumedRecord, StageFailure
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.plan import Head
-from onceflow.stages.producer_dedup import SequenceTables
+from onceflow.stages.producer_dedup import PartitionSequences, SequenceTables
 from onceflow.stages.state import TopicPartition
 from onceflow.stages.units import expand, unit_of
 
@@ -30,12 +30,13 @@ class Heads:
         self._first = self._readers[pipeline.topics[0]]
         self.sequences = sequences
 
-    def __call__(self, record: ConsumedRecord, fed_from: TopicPartition, offset: int
-                 ) -> Head | None:
+    def __call__(self, record: ConsumedRecord, fed_from: TopicPartition, offset: int,
+                 table: PartitionSequences | None) -> Head | None:
         """Parse, producer dedup, origin and decode: the record's first values (one, or a
         unit's items) and their positions (parallel lists); None for a producer duplicate.
         ``fed_from`` and ``offset``: the record's, read once by the caller (a consumer
-        record's attributes are read generically, compiled or not)."""
+        record's attributes are read generically, compiled or not); ``table``: its
+        partition's producer sequences (``SequenceTables.table_of``), if it has them."""
         reader: Reader = self._readers.get(fed_from[0]) or self._first
         headers = record.headers
         if headers:
@@ -50,7 +51,8 @@ class Heads:
             root, route, position = chain_origin(chain)
             check_chain(len(chain), root, position, fed_from, offset)
         unit = unit_of(envelope)  # several values (stages.units), checked
-        if self.sequences is not None and not self.sequences.admit(fed_from, record, value):
+        if table is not None and self.sequences is not None and \
+                not self.sequences.admit(table, record, value):
             return None
         try:
             if unit is not None:  # as if its items came one record each

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from onceflow.stages.declarations import Extract
 from onceflow.stages.declarations import ProducerDedup as ProducerDedup  # declared by users
@@ -36,6 +36,8 @@ from onceflow.stages.state import TopicPartition
 #: The stage id under which the tables are stored (refused as a user stage id).
 SEQUENCE_STAGE = "__producer_seq__"
 MAX_PRODUCER = 1000  # characters of a producer id
+MIN_I64: Final = -(2**63)  # sequences and epochs are 64-bit
+MAX_I64: Final = 2**63 - 1
 NO_STORE = ("dedup= needs a store for the producer sequences and the pipeline has no "
             "aggregate: name one with ProducerDedup(..., store='redis')")
 #: Reads stored rows by key ``topic|partition``; absent keys are absent.
@@ -66,7 +68,8 @@ class PartitionSequences:
         if entry is None or entry[2] < self.newest_ms - idle_timeout_ms:  # new, or forgotten
             self.producers[producer] = [epoch, sequence, seen]
             return True
-        entry[2] = max(entry[2], seen)
+        if seen > entry[2]:
+            entry[2] = seen
         if epoch > entry[0] or (epoch == entry[0] and sequence > entry[1]):
             entry[0], entry[1] = epoch, sequence
             return True
@@ -122,11 +125,23 @@ class SequenceTables:
         self._replayed = 0
         self._duplicates = 0
         self._idle_ms = spec.idle_timeout_ms  # read once: spec is a plain (uncompiled) class
-        #: Producer and sequence functions when both are functions and there is no epoch:
-        #: a str producer and an int sequence are taken as they are (what the full path
-        #: would make of them); anything else takes the full path and its errors.
-        self._direct = (spec.producer, spec.sequence) if (
-            callable(spec.producer) and callable(spec.sequence) and spec.epoch is None) else None
+        #: Producer and sequence functions, both functions and no epoch: a str producer and
+        #: an int sequence are taken as they are (what the full path would make of them);
+        #: anything else takes the full path and its errors.
+        producer, sequence = spec.producer, spec.sequence
+        self._direct = callable(producer) and callable(sequence) and spec.epoch is None
+        self._producer: Callable[[Any], Any] = producer if callable(producer) else str
+        self._sequence: Callable[[Any], Any] = sequence if callable(sequence) else str
+
+    def table_of(self, consumed: TopicPartition, records: Iterable[ConsumedRecord]
+                 ) -> PartitionSequences | None:
+        """The table of a source partition whose run of records starts (None for another
+        topic); the first missing one loads every table ``records`` (the batch) lacks."""
+        table = self.partitions.get(consumed)
+        if table is None and consumed[0] in self._sources:
+            self.prepare(records)
+            table = self.partitions[consumed]
+        return table
 
     def prepare(self, records: Iterable[ConsumedRecord]) -> None:
         """Load the tables of source partitions not cached yet, in one batched read."""
@@ -149,31 +164,31 @@ class SequenceTables:
             self.partitions[tp] = PartitionSequences() if row is None else \
                 PartitionSequences.decode(row)
 
-    def replayed(self, consumed: TopicPartition, offset: int) -> bool:
-        """True for a source record below its table's offset: classified before, its effects
-        durable or in memory, so it is skipped whole. Otherwise the table now covers it."""
-        table = self.partitions.get(consumed)
-        if table is None:
-            return False  # not a source topic
-        if offset < table.next_offset:
-            self._replayed += 1
-            return True
-        table.next_offset = offset + 1
-        self.dirty.add(consumed)
-        return False
+    def covered(self, consumed: TopicPartition, table: PartitionSequences, start: int,
+                replays: int) -> None:
+        """A run of ``consumed``'s records ended: its table's next offset moved from
+        ``start`` (the run's records at or above it were classified), ``replays`` records
+        below it were skipped whole (classified before, their effects durable or in
+        memory)."""
+        if table.next_offset != start:
+            self.dirty.add(consumed)
+        self._replayed += replays
 
-    def admit(self, consumed: TopicPartition, record: ConsumedRecord, value: Any) -> bool:
+    def admit(self, table: PartitionSequences, record: ConsumedRecord, value: Any) -> bool:
         """False for a producer duplicate; ``value`` is the record parsed in its format,
-        ``consumed`` its topic and partition."""
-        table = self.partitions.get(consumed)
-        if table is None:
-            return True
-        spec = self.spec
-        ids = self._direct_ids(value) if self._direct is not None else None
-        if ids is not None:
-            producer, sequence = ids
+        ``table`` its partition's (``table_of``)."""
+        producer: Any = None
+        sequence: Any = None
+        if self._direct:  # the usual case: a str and a 64-bit int, taken as they are
+            try:
+                producer, sequence = self._producer(value), self._sequence(value)
+            except Exception:
+                producer = None  # the full path reads them again, with its errors
+        if type(producer) is str and len(producer) <= MAX_PRODUCER and \
+                type(sequence) is int and MIN_I64 <= sequence <= MAX_I64:
             epoch = 0
         else:
+            spec = self.spec
             producer = str(_extract(record, value, spec.producer, "producer"))
             if len(producer) > MAX_PRODUCER:  # it would sit in every write of the table's row
                 raise DedupError(f"dedup: the producer id is {len(producer)} characters long "
@@ -184,20 +199,6 @@ class SequenceTables:
             return True
         self._duplicates += 1
         return False
-
-    def _direct_ids(self, value: Any) -> tuple[str, int] | None:
-        """Producer and sequence straight from the functions when they answer a str and a
-        64-bit int (the usual case, as the full path would take them); None otherwise,
-        and the full path reads them again with its checks and errors."""
-        assert self._direct is not None
-        try:
-            producer, sequence = self._direct[0](value), self._direct[1](value)
-        except Exception:
-            return None
-        if type(producer) is str and len(producer) <= MAX_PRODUCER and \
-                type(sequence) is int and -(2**63) <= sequence < 2**63:
-            return producer, sequence
-        return None
 
     def count(self, outcome: BatchOutcome) -> None:
         """Move this batch's counts into the outcome (stage ``source``)."""
@@ -245,7 +246,7 @@ def _extract(record: ConsumedRecord, value: Any, extract: Extract, what: str) ->
 
 def _integer(record: ConsumedRecord, value: Any, extract: Extract, what: str) -> int:
     found = _extract(record, value, extract, what)
-    if type(found) is int and -(2**63) <= found < 2**63:  # the usual case, checked first
+    if type(found) is int and MIN_I64 <= found <= MAX_I64:  # the usual case, checked first
         return found
     try:
         if isinstance(found, (bool, float)):
@@ -253,7 +254,7 @@ def _integer(record: ConsumedRecord, value: Any, extract: Extract, what: str) ->
         number = int(found)
     except (ValueError, TypeError) as error:
         raise DedupError(f"dedup: the {what} must be an integer, got {_short(found)}") from error
-    if not -(2**63) <= number < 2**63:  # a forged huge one would outrank every later record
+    if not MIN_I64 <= number <= MAX_I64:  # a forged huge one would outrank every later record
         raise DedupError(f"dedup: the {what} must fit in 64 bits, got {_short(found)}")
     return number
 

@@ -37,7 +37,7 @@ from onceflow.stages.outcome import (
 )
 from onceflow.stages.pipeline import Aggregate, Pipeline, Republish
 from onceflow.stages.plan import Emit, Fold, Plan, is_stopped
-from onceflow.stages.producer_dedup import SequenceLoader, SequenceTables
+from onceflow.stages.producer_dedup import PartitionSequences, SequenceLoader, SequenceTables
 from onceflow.stages.republish import WrittenOutputs, defaults, republished
 from onceflow.stages.segments import AGGREGATE, REPUBLISH, segments, through
 from onceflow.stages.side_outputs import SideOutputs
@@ -116,26 +116,38 @@ class PipelineRunner:
         next_offsets = outcome.next_offsets
         sequences = self.sequences
         if sequences is not None:
-            records = list(records)
-            sequences.prepare(records)
-        # Runs of one partition (getmany's): a key per run, its next offset noted at its end.
+            records = list(records)  # read again if a producer-sequence table must load
+        # Runs of one partition (getmany's): a key and a producer-sequence table per run,
+        # its next offset noted at its end.
         fed_from: TopicPartition = ("", -1)
         last = -1
+        sequence_table: PartitionSequences | None = None
+        start = replays = 0  # the table's next offset when the run began; records skipped
         for record in records:
             topic, partition, offset = record.topic, record.partition, record.offset  # once
             if partition != fed_from[1] or topic != fed_from[0]:
                 if last >= 0:
                     next_offsets[fed_from] = last + 1
+                    if sequence_table is not None:
+                        assert sequences is not None
+                        sequences.covered(fed_from, sequence_table, start, replays)
                 fed_from = (topic, partition)
+                if sequences is not None:
+                    sequence_table = sequences.table_of(fed_from, records)
+                    start = 0 if sequence_table is None else sequence_table.next_offset
+                    replays = 0
             last = offset
-            if sequences is not None and sequences.replayed(fed_from, offset):
-                continue
+            if sequence_table is not None:  # a source record below it was classified: skipped
+                if offset < sequence_table.next_offset:  # whole
+                    replays += 1
+                    continue
+                sequence_table.next_offset = offset + 1
             fused = self._fused.get(topic)
             try:
                 if fused is None or held or missing:
-                    plan = self._plan(record)
+                    plan = self._plan(record, fed_from, sequence_table)
                 else:  # the common shape, folded without a plan while its keys are cached
-                    head = self._head(record, fed_from, offset)
+                    head = self._head(record, fed_from, offset, sequence_table)
                     plan = None if head is None else fused.run(record, fed_from, head, outcome)
                     if plan is None:
                         continue
@@ -161,6 +173,9 @@ class PipelineRunner:
                 self._dead_letter(outcome, plan.record, failure)
         if last >= 0:
             next_offsets[fed_from] = last + 1
+            if sequence_table is not None:
+                assert sequences is not None
+                sequences.covered(fed_from, sequence_table, start, replays)
         for table, feeders in missing.items():
             self._load_into(table, dict(sorted(feeders.items())))
         for entry in held:  # in order; on the fused path where their topic has one
@@ -212,9 +227,11 @@ class PipelineRunner:
         if self.sequences is not None:
             self.sequences.forget()
 
-    def _plan(self, record: ConsumedRecord) -> Plan | None:
-        """The record through the stateless steps; None for a producer duplicate."""
-        head = self._head(record, (record.topic, record.partition), record.offset)
+    def _plan(self, record: ConsumedRecord, fed_from: TopicPartition,
+              sequence_table: PartitionSequences | None) -> Plan | None:
+        """The record through the stateless steps; None for a producer duplicate.
+        ``sequence_table``: its partition's producer sequences, if it has them."""
+        head = self._head(record, fed_from, record.offset, sequence_table)
         if head is None:
             return None
         envelope, root, route, values, positions = head

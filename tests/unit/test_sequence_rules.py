@@ -96,6 +96,21 @@ def test_sequence_rows_are_written_last_in_a_snapshot() -> None:
     assert [r.stage_id for r in write_order(rows)] == ["second", "first", SEQUENCE_STAGE]
 
 
+def test_records_below_a_durable_row_are_skipped_whole_and_counted() -> None:
+    """After a crash the records the written row covers are replays: skipped before any
+    step (the re-send among them not counted again), the rest classified as before."""
+    run = TestRun(_pipeline(), partitions=2, batch_size=3)
+    run.feed([_report("a", 1, 1), _report("a", 2, 10), _report("a", 2, 10),
+              _report("b", 1, 100, partition=1)])
+    run.persist()  # rows cover all four; nothing committed
+    run.feed([_report("a", 3, 1000), _report("b", 1, 100, partition=1)])
+    run.crash()  # replays all six: four skipped whole
+    assert run.states("total") == {"d": 1111}
+    assert run.counters["source.duplicates"] == 4
+    run.persist()
+    assert run.producer_duplicates == 2
+
+
 def test_missing_sequence_is_a_dead_letter_and_the_run_goes_on() -> None:
     run = TestRun(_pipeline())
     run.feed([Record({"d": "d", "n": 1}, headers=[("pid", b"a")]), _report("a", 1, 2)])
