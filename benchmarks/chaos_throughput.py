@@ -6,12 +6,18 @@ chaos`` (republisher flat-mapping reports 1 -> ~3 into a topic, windowed
 aggregator with two tumbling stages) with all input produced up front
 (``--duration 0``), the two processes SIGKILLed ``--kills`` times in all.
 
-Three ratios, each on one footing for both sides:
+Three ratios, each on one footing for both sides (and a second baseline):
 
 - **steady state**: input records over the time from the aggregator's first
   processed record to its last (the chain's first and last output; both
   workers' record counters are read from their ``/metrics`` every 100 ms),
   beside the raw loop's records/s from its first record to its last;
+- **hand-written chain**, on the steady-state footing: the same topology
+  written by hand at least once (``raw_chain.py``: two processes, one
+  record per report between them, in-memory windows; no dedup, no state
+  store, no lateness), run before the onceflow chain on the same input;
+  input records over its aggregator's first to last record, beside the raw
+  loop, and the onceflow chain's steady rate as a fraction of it;
 - **end to end**: input records over the time from the start of both
   worker processes until the aggregator's last commit (seen in its
   ``/metrics``; process starts, group joins, the persistence and commit
@@ -41,6 +47,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
+from raw_chain import measure_chain
 from throughput import PARTITIONS, measure_raw
 
 from onceflow.devtools import harness, services
@@ -165,6 +172,9 @@ def main() -> None:
         spawned = time.monotonic()
         raw = measure_raw(kafka.address, baseline, args.messages)
         raw_life = time.monotonic() - spawned
+        hand_topic = "baseline-normalized"
+        asyncio.run(harness.create_topic(kafka.address, hand_topic, PARTITIONS))
+        hand = measure_chain(kafka.address, baseline, hand_topic, args.messages)
         options = ChaosOptions(messages=args.messages, duration=0, kills=args.kills,
                                seed=args.seed, store=args.store, units=not args.per_value)
         probe.start()
@@ -184,6 +194,8 @@ def main() -> None:
     end_to_end = done - t0
     chain_e2e, raw_e2e = args.messages / end_to_end, raw["records"] / raw_life
     whole = args.messages / report.elapsed
+    hand_span = hand["aggregator"]["last"] - hand["aggregator"]["first"]
+    hand_rate = args.messages / hand_span
     text = "\n".join([
         f"## chaos_throughput.py --store {args.store}, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         "",
@@ -202,6 +214,10 @@ def main() -> None:
         f"({raw['seconds']:.2f} s) | {steady:,.0f} ({last - first:.2f} s) "
         f"| **{steady / raw_rate:.3f}** |" if not kills else
         "| steady state | n/a with kills (each restart resets the counters) | | |",
+        f"| steady state, hand-written at-least-once chain instead (`raw_chain.py`: "
+        f"json.loads, one record per report, in-memory windows; no dedup, no state store; "
+        f"no kills): first to last record (its aggregator's) | {raw_rate:,.0f} "
+        f"| {hand_rate:,.0f} ({hand_span:.2f} s) | **{hand_rate / raw_rate:.3f}** |",
         f"| end to end: process start to done (chain: to the aggregator's last commit"
         f"{', as the harness saw it' if kills else ''}) "
         f"| {raw_e2e:,.0f} ({raw_life:.2f} s) | {chain_e2e:,.0f} ({end_to_end:.2f} s) "
@@ -210,11 +226,24 @@ def main() -> None:
         f"figure) / raw steady | {raw_rate:,.0f} | {whole:,.0f} ({report.elapsed:.1f} s) "
         f"| {whole / raw_rate:.3f} |",
         "",
+        "onceflow chain / hand-written chain, steady state: "
+        + (f"**{steady / hand_rate:.3f}**" if not kills else "n/a with kills") + ".",
+        "",
         "CPU time of each worker process (user + system, until its last reading before "
         "it stopped; start-up included): "
         + (", ".join(f"{name} {probe.cpu[name]:.2f} s ("
                      f"{probe.cpu[name] / args.messages * 1e6:.1f} us per input record)"
                      for name in NAMES) if not kills else "n/a with kills") + ".",
+        "",
+        "The hand-written chain's processes (user + system, start-up included): "
+        + ", ".join(f"{name} {hand[name]['cpu']:.2f} s "
+                    f"({hand[name]['cpu'] / args.messages * 1e6:.1f} us per input record)"
+                    for name in NAMES)
+        + f"; its aggregator folded {hand['aggregator']['events']:,} events "
+        f"(the stream holds {report.events:,}). Its moments, s after both were started: "
+        + ", ".join(f"{name} first record {hand[name]['first'] - hand['started']['at']:.2f}, "
+                    f"last {hand[name]['last'] - hand['started']['at']:.2f} "
+                    f"({hand[name]['records']:,} records)" for name in NAMES) + ".",
         "",
         "Timeline of the chain, seconds after both worker processes were started:",
         "",
