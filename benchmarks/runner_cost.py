@@ -5,7 +5,8 @@ robots path (py-spy, see RESULTS.md), so its per-record cost bounds the
 worker. This runs ``PipelineRunner.process`` (the worker's own runner) over
 the robot stream in batches of 2,000 records, as ``getmany`` hands them over,
 with every 50th batch encoding the dirty states as a snapshot would (no
-store, no Kafka). Baseline in the same run: ``json.loads`` of each value.
+store, no Kafka), and the worker's garbage-collector settings
+(``runtime.worker.tune_gc``). Baseline in the same run: ``json.loads`` of each value.
 
 ``--pipeline normalize`` runs the chaos topology's republisher instead (flat-map
 1 -> ~3, a unit per report, or an envelope per output with ``--per-value``);
@@ -35,6 +36,7 @@ from onceflow.examples.robot_chain import build_normalize, build_windows
 from onceflow.examples.robots import build
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.pipeline import Pipeline
+from onceflow.runtime.worker import tune_gc
 from onceflow.stages.runner import PipelineRunner
 
 BATCH, PARTITIONS = 2000, 4
@@ -116,6 +118,7 @@ def main() -> None:
     PIPELINE, UNITS = args.pipeline, not args.per_value
     stream = records(args.messages, args.pipeline)
     batch_list = [stream[i:i + BATCH] for i in range(0, len(stream), BATCH)]
+    tune_gc()  # the worker's collector settings; the stream is frozen (a worker holds none)
     if args.profile:
         profiler = cProfile.Profile()
         profiler.runcall(onceflow_pass, batch_list)
