@@ -3,7 +3,8 @@
 A worker's pipeline actor thread holds the GIL ~87% of the time on the
 robots path (py-spy, see RESULTS.md), so its per-record cost bounds the
 worker. This runs ``PipelineRunner.process`` (the worker's own runner) over
-the robot stream in batches of 2,000 records, as ``getmany`` hands them over,
+the robot stream in batches of 2,000 records, as ``getmany`` hands them over
+(each partition's records in a run),
 with every 50th batch encoding the dirty states as a snapshot would (no
 store, no Kafka), and the worker's garbage-collector settings
 (``runtime.worker.tune_gc``). Baseline in the same run: ``json.loads`` of each value.
@@ -28,6 +29,7 @@ import json
 import pstats
 import time
 from collections.abc import Callable
+from operator import attrgetter
 
 from aiokafka.structs import ConsumerRecord
 
@@ -117,7 +119,9 @@ def main() -> None:
     global PIPELINE, UNITS
     PIPELINE, UNITS = args.pipeline, not args.per_value
     stream = records(args.messages, args.pipeline)
-    batch_list = [stream[i:i + BATCH] for i in range(0, len(stream), BATCH)]
+    # getmany's batches: each partition's records in a run (stable: in offset order)
+    batch_list = [sorted(stream[i:i + BATCH], key=attrgetter("partition"))
+                  for i in range(0, len(stream), BATCH)]
     tune_gc()  # the worker's collector settings; the stream is frozen (a worker holds none)
     if args.profile:
         profiler = cProfile.Profile()
