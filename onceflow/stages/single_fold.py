@@ -102,6 +102,11 @@ def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[A
     """Fold one record's values (their keys cached): (values folded, replays dropped);
     StageFailure, with nothing installed, if a fold raises or a key is homed on another
     partition."""
+    if not keys:
+        return 0, 0
+    if keys.count(keys[0]) == len(keys):  # one key: a record's values usually share it
+        return _fold_one_key(table, fold, keys[0], positions, values, route, fed_from,
+                             check_home)
     states = table.states
     new: dict[str, list[Any]] = {}  # key -> [state value, highest position folded]
     replayed = folded = 0
@@ -133,4 +138,34 @@ def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[A
         state.value = value
         state.watermarks[route] = pos
         dirty.add(key)
+    return folded, replayed
+
+
+def _fold_one_key(table: StateTable, fold: Callable[[Any, Any], Any], key: str,
+                  positions: list[Position], values: list[Any], route: Route,
+                  fed_from: TopicPartition, check_home: bool) -> tuple[int, int]:
+    """``fold_values`` for values of one key: the state folded in a local, no table of
+    new states."""
+    state = table.states[key]
+    if check_home and state.home != fed_from:
+        raise StageFailure(table.spec.id, KeyHomedElsewhere(key, fed_from,
+                                                            state.home or fed_from))
+    value = state.value
+    last = state.watermarks.get(route)  # the highest position folded
+    replayed = folded = 0
+    for pos, item in zip(positions, values):  # noqa: B905 (as in fold_values)
+        if last is not None and pos <= last:
+            replayed += 1
+            continue
+        last = pos
+        try:
+            value = fold(value, item)
+        except Exception as error:
+            raise StageFailure(table.spec.id, error) from error
+        folded += 1
+    if folded:
+        assert last is not None
+        state.value = value
+        state.watermarks[route] = last
+        table.dirty.add(key)
     return folded, replayed
