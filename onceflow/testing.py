@@ -48,6 +48,7 @@ from onceflow.stages.state import (
     AggregateState,
     StateTable,
     TopicPartition,
+    compact_json,
     decode_state,
     encode_state,
 )
@@ -191,7 +192,7 @@ class TestRun:
         for table in self.runner.tables:
             stage = table.spec.id
             for (key, start), value in table.take_closed().items():
-                self._history[(stage, key, start)] = json.dumps(value).encode()
+                self._history[(stage, key, start)] = compact_json(value)
             for key, data in table.take_dirty(self._snapshots).items():
                 self._stored[(stage, key)] = data
             table.written(self._snapshots)  # in memory, written at once

@@ -9,7 +9,6 @@ flushes: a snapshot covers exactly the batches received before it.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,7 +40,7 @@ from onceflow.stages.outcome import DEAD_LETTER_MAX_VALUE
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
 from onceflow.stages.runner import PipelineRunner
-from onceflow.stages.state import AggregateState, TopicPartition, decode_state
+from onceflow.stages.state import AggregateState, TopicPartition, compact_json, decode_state
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stages.window_clock import IDLE_TIMEOUT
 from onceflow.stores.base import StateStore
@@ -296,7 +295,7 @@ def snapshot_rows(runner: PipelineRunner, sequence_store: str | None,
                 table.spec.id,
                 table.spec.store,
                 dirty,
-                {slot: json.dumps(value).encode() for slot, value in closed.items()},
+                {slot: compact_json(value) for slot, value in closed.items()},
             ))
     for clock in runner.clocks.values():  # the open-window index first, watermarks last
         store = clock.table.spec.store

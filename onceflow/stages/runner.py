@@ -120,6 +120,7 @@ class PipelineRunner:
         # Runs of one partition (getmany's): a key and a producer-sequence table per run,
         # its next offset noted at its end.
         fed_from: TopicPartition = ("", -1)
+        fused: FoldSegment | WindowSegment | None = None  # the run's topic's fused segment
         last = -1
         sequence_table: PartitionSequences | None = None
         start = replays = 0  # the table's next offset when the run began; records skipped
@@ -132,6 +133,7 @@ class PipelineRunner:
                         assert sequences is not None
                         sequences.covered(fed_from, sequence_table, start, replays)
                 fed_from = (topic, partition)
+                fused = self._fused.get(topic)
                 if sequences is not None:
                     sequence_table = sequences.table_of(fed_from, records)
                     start = 0 if sequence_table is None else sequence_table.next_offset
@@ -142,7 +144,6 @@ class PipelineRunner:
                     replays += 1
                     continue
                 sequence_table.next_offset = offset + 1
-            fused = self._fused.get(topic)
             try:
                 if fused is None or held or missing:
                     plan = self._plan(record, fed_from, sequence_table)

@@ -12,6 +12,8 @@ import json
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from onceflow.stages.lineage import Position, Route
 
 if TYPE_CHECKING:
@@ -37,12 +39,28 @@ class AggregateState:
         return f"AggregateState({self.value!r}, {self.watermarks!r}, home={self.home!r})"
 
 
+def compact_json(value: Any) -> bytes:
+    """``json.dumps(value, separators=(",", ":")).encode()``, as ``json.loads`` reads it
+    back, at orjson's speed (5-10x): orjson's bytes when they read back equal to
+    ``value``. Anything else gets the json module's bytes, or its error: NaN (which
+    orjson writes as null), tuples, integers beyond 64 bits, and what the json module
+    refuses but orjson writes (a UUID, a datetime, a dataclass: they read back as
+    something else)."""
+    try:
+        data = orjson.dumps(value)
+        if orjson.loads(data) == value:
+            return data
+    except (TypeError, ValueError):  # orjson's encode and decode errors derive from them
+        pass
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
 def encode_state(state: AggregateState) -> bytes:
     marks = [[topic, partition, list(pos)] for (topic, partition), pos in state.watermarks.items()]
     doc: dict[str, Any] = {"v": state.value, "w": marks}
     if state.home is not None:
         doc["h"] = list(state.home)
-    return json.dumps(doc, separators=(",", ":")).encode()
+    return compact_json(doc)
 
 
 def decode_state(data: bytes) -> AggregateState:
