@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import uuid
+from collections import Counter, OrderedDict
 from datetime import UTC, datetime
 from enum import Enum, IntEnum
 from typing import Any
@@ -69,3 +70,23 @@ def test_the_common_shapes_take_orjsons_bytes() -> None:
     assert compact_json({"open": {"60000": {"ok": 1}}, "max_ts": None}) == \
         b'{"open":{"60000":{"ok":1}},"max_ts":null}'
     assert json.loads(compact_json(Level.HIGH)) == 3  # an int, as json.dumps writes it
+
+
+class Name(str):
+    pass
+
+
+def nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("value", [
+    Counter({"a": 2}), OrderedDict(b=1), Level.HIGH, Name("n"), {"v": [True, None, 1.5]},
+    math.nan, [math.inf, -math.inf], 2**64 - 1, 2**64, -(2**63), -(2**63) - 1,
+    "\ud800 a lone surrogate", {3: "an int key"}, (1, (2, "t")), nested(300)])
+def test_edges_read_back_as_the_json_modules_bytes_do(value: Any) -> None:
+    expected = json.loads(json.dumps(value, separators=(",", ":")))
+    assert same(json.loads(compact_json(value)), expected)
