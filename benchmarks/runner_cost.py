@@ -37,8 +37,8 @@ from onceflow.devtools.robot_stream import generate
 from onceflow.examples.robot_chain import build_normalize, build_windows
 from onceflow.examples.robots import build
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.stages.pipeline import Pipeline
 from onceflow.runtime.worker import tune_gc
+from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.runner import PipelineRunner
 
 BATCH, PARTITIONS = 2000, 4

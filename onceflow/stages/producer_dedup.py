@@ -125,9 +125,10 @@ class SequenceTables:
         self._replayed = 0
         self._duplicates = 0
         self._idle_ms = spec.idle_timeout_ms  # read once: spec is a plain (uncompiled) class
-        #: Producer and sequence functions, both functions and no epoch: a str producer and
-        #: an int sequence are taken as they are (what the full path would make of them);
-        #: anything else takes the full path and its errors.
+        #: Producer and sequence functions, both functions and no epoch (``_direct``; else
+        #: ``str`` stands in, never called): a str producer and an int sequence are taken
+        #: as they are (what the full path would make of them); anything else takes the
+        #: full path and its errors.
         producer, sequence = spec.producer, spec.sequence
         self._direct = callable(producer) and callable(sequence) and spec.epoch is None
         self._producer: Callable[[Any], Any] = producer if callable(producer) else str
