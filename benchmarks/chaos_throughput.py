@@ -28,6 +28,11 @@ Three ratios, each on one footing for both sides (and a second baseline):
   chaos run's wall time, from generating the stream to the end of the
   check, shutdown included.
 
+Without kills it also says where the host's CPU went in the steady state
+(psutil, read with the counters): how busy the cores were, each worker's,
+the broker's and the store's share of a core, and each worker's CPU per
+record it processed between its own first and last record.
+
     python benchmarks/chaos_throughput.py [--messages 30000] [--kills 10] [--store redis]
         [--persistence-interval 500ms] [--commit-interval 2s] [--out RESULTS.md]
 """
@@ -66,13 +71,20 @@ class Probe(threading.Thread):
     """Reads each worker's records counter and committed offsets every ``interval`` s:
     (wall time, records processed, sum of committed offsets) samples."""
 
-    def __init__(self, ports: dict[str, int], interval: float = 0.1):
+    def __init__(self, ports: dict[str, int], services_pids: dict[str, int],
+                 interval: float = 0.1):
         super().__init__(daemon=True)
         self.ports, self.interval = ports, interval
         self.samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in ports}
         self.done = threading.Event()
         self.cpu: dict[str, float] = {}  # CPU seconds (user + system) of the first incarnation
         self._procs: dict[str, psutil.Process] = {}
+        for name, pid in services_pids.items():
+            self._procs[name] = psutil.Process(pid)
+        # (wall time, CPU seconds) per worker and service; the host's (wall time, busy s)
+        self.cpu_samples: dict[str, list[tuple[float, float]]] = {
+            name: [] for name in (*ports, *services_pids)}
+        self.host: list[tuple[float, float]] = []
 
     def _cpu(self, name: str, port: int) -> None:
         proc = self._procs.get(name)
@@ -85,12 +97,23 @@ class Probe(threading.Thread):
             proc = self._procs[name] = found[0]
         try:
             times = proc.cpu_times()
+            used = times.user + times.system
+            if name not in self.ports:  # a service: its children too (Cassandra's JVM)
+                used += sum(child.cpu_times().user + child.cpu_times().system
+                            for child in proc.children(recursive=True))
         except psutil.Error:
             return  # exited: the last reading stays
-        self.cpu[name] = times.user + times.system
+        self.cpu[name] = used
+        self.cpu_samples[name].append((time.time(), self.cpu[name]))
 
     def run(self) -> None:
         while not self.done.is_set():
+            host = psutil.cpu_times()
+            self.host.append((time.time(), host.user + host.nice + host.system + host.irq
+                              + host.softirq + host.steal))
+            for name in self.cpu_samples:
+                if name not in self.ports:
+                    self._cpu(name, 0)
             for name, port in self.ports.items():
                 self._cpu(name, port)
                 try:
@@ -112,6 +135,14 @@ class Probe(threading.Thread):
         first = next(t for t, n, _ in samples if n > 0)
         last = next(t for t, n, _ in samples if n >= final)
         return first, last, final
+
+    def cpu_between(self, series: list[tuple[float, float]], start: float, end: float
+                    ) -> float:
+        """CPU seconds of a series between its last readings at or before ``start`` and
+        ``end`` (read every ``interval``: the window's edges are that coarse)."""
+        def at(moment: float) -> float:
+            return max(((t, c) for t, c in series if t <= moment), default=(0.0, 0.0))[1]
+        return at(end) - at(start)
 
     def committed_at(self, name: str) -> float:
         """When the worker's committed offsets reached their final values (its last commit)."""
@@ -141,6 +172,36 @@ def timeline_rows(report: ChaosReport, probe: Probe, workdir: Path) -> list[str]
     return [f"| {label} | {at - t0:.2f} |" for label, at in sorted(moments, key=lambda m: m[1])]
 
 
+def steady_cpu_lines(probe: Probe, first: float, last: float) -> list[str]:
+    """Where the host's CPU went while the chain ran steadily (the aggregator's first to
+    last record): each process's share of a core, and each worker's CPU per record it
+    processed between its own first and last record."""
+    span = last - first
+    cores = os.cpu_count() or 1
+    busy = probe.cpu_between(probe.host, first, last)
+    used = {name: probe.cpu_between(series, first, last)
+            for name, series in probe.cpu_samples.items()}
+    own = []
+    for name in NAMES:
+        start, end, _ = probe.first_and_last(name)
+        records = [n for t, n, _ in probe.samples[name] if start <= t <= end]
+        done = max(records) - min(records) if records else 0.0
+        if done > 0:
+            cpu = probe.cpu_between(probe.cpu_samples[name], start, end)
+            own.append(f"{name} {cpu / done * 1e6:.1f} us per record it processed "
+                       f"({done:,.0f} records, {end - start:.2f} s)")
+    return [
+        f"Steady state ({span:.2f} s, the aggregator's first to last record, read every "
+        f"{probe.interval:.1f} s): the host's {cores} cores were "
+        f"{busy / (span * cores):.0%} busy; cores used: "
+        + ", ".join(f"{name} {cpu / span:.2f}" for name, cpu in used.items())
+        + f", the rest of the host {max(busy - sum(used.values()), 0.0) / span:.2f}. "
+        "CPU per record in steady state (the counters of records processed move with "
+        "each batch): " + ", ".join(own) + ".",
+        "",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=30_000)
@@ -163,7 +224,7 @@ def main() -> None:
                               "onceflow.persistence.interval": args.persistence_interval,
                               "onceflow.commit.interval": args.commit_interval}
                        for name, port in ports.items()}
-    probe = Probe(ports)
+    probe = Probe(ports, {"broker": kafka.pid, "store": db.pid})
     try:
         stream = generate(args.messages, seed=args.seed, disorder=0.05)
         baseline = "baseline"
@@ -235,6 +296,7 @@ def main() -> None:
                      f"{probe.cpu[name] / args.messages * 1e6:.1f} us per input record)"
                      for name in NAMES) if not kills else "n/a with kills") + ".",
         "",
+        *(steady_cpu_lines(probe, first, last) if not kills else []),
         "The hand-written chain's processes (user + system, start-up included): "
         + ", ".join(f"{name} {hand[name]['cpu']:.2f} s "
                     f"({hand[name]['cpu'] / args.messages * 1e6:.1f} us per input record)"
