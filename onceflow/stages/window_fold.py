@@ -97,10 +97,15 @@ class WindowSegment:
         try:
             for kind, stage, fn in self.stateless:  # noqa: B007 (the except)
                 values, positions = through(kind, fn, values, positions)
+            keys: list[Any] = []
+            last_key_of: Callable[[Any], Any] | None = None
             for window_stage in self.stages:
                 stage = window_stage.id
                 key_of = window_stage.key
-                keyed.append([key_of(value) for value in values])  # compiled: beats map()
+                if key_of is not last_key_of:  # stages keyed alike (minute, day) share a list
+                    keys = [key_of(value) for value in values]  # compiled: beats map()
+                    last_key_of = key_of
+                keyed.append(keys)
         except Exception as error:
             raise StageFailure(stage, error) from error
         cached = all(window_stage.table.holds(keys)  # keyed: one per stage
@@ -166,14 +171,19 @@ class WindowSegment:
             new: dict[str, list[Any]] = {}
             halted: list[Position] = []  # replays and late values (a position occurs once)
             folded = replayed = late = 0
+            moved = False  # the partition's maxima changed: marked dirty once per record
+            slot: str | None = None  # the last window start as a JSON key, and that start
+            slot_start = 0
             # equal lengths; no strict=: compiled, zip with a keyword is a generic iterator
             for key, pos, value in zip(keys, positions, values):  # noqa: B905
                 try:  # StageWatermark.observe, inlined
                     ts = int(event_time(value))
                     if mark.held_until == -1:
                         mark.held_until = ts + idle_ms
-                    if mark.observe(root, ts):  # compiled: a direct call (a bound method is not)
+                    # compiled: a direct call (a bound method is not)
+                    if mark.observe(root, ts) and not moved:
                         marks_dirty.add(fed_from)
+                        moved = True
                     watermark = mark.value
                 except Exception as error:
                     raise StageFailure(stage_id, error) from error
@@ -215,8 +225,8 @@ class WindowSegment:
                                 first = known[1] - span
                             else:  # a loop: min(map(int, ...), default=None) is 4x as dear
                                 first = None
-                                for slot in current[0]:
-                                    start_ms = int(slot)
+                                for open_slot in current[0]:
+                                    start_ms = int(open_slot)
                                     if first is None or start_ms < first:
                                         first = start_ms
                             current[3] = first
@@ -237,7 +247,8 @@ class WindowSegment:
                         if not current[2]:
                             opened = current[0] = dict(opened)
                             current[2] = True
-                        slot = str(start)  # JSON object keys are strings
+                        if slot is None or start != slot_start:  # JSON object keys are
+                            slot, slot_start = str(start), start  # strings: one per window
                         if slot in opened:
                             opened[slot] = fold(opened[slot], value)
                         else:
