@@ -66,9 +66,10 @@ class PartitionWatermark:
         self.top = max(self.roots.values(), default=None)
         self.low = min(self.roots.values(), default=None)
 
-    def observe(self, root: RootPartition, ts: int) -> bool:
-        """An event of ``root``; True when the partition's maxima changed (once per value
-        reaching a windowed stage: written lean)."""
+    def observe(self, root: Any, ts: int) -> bool:
+        """An event of ``root`` (a ``RootPartition``); True when the partition's maxima
+        changed (once per value reaching a windowed stage: written lean; ``Any``: mypyc
+        would keep a tuple[str, int] unboxed and build a new tuple for each dict access)."""
         roots = self.roots
         seen = roots.get(root)
         if seen is not None and ts <= seen:

@@ -36,6 +36,7 @@ from onceflow.stages.plan import Fold, Head, Plan
 from onceflow.stages.segments import AGGREGATE, REPUBLISH, Segment, through
 from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state import StateTable, TopicPartition
+from onceflow.stages.watermark import PartitionWatermark
 from onceflow.stages.window_clock import WindowClock
 
 UNKNOWN = object()  # a key's earliest open window, not read yet
@@ -152,6 +153,11 @@ class WindowSegment:
         the windows themselves.
         """
         check_home = self.check_home
+        # Boxed once: mypyc keeps a tuple[str, int] unboxed and builds a new tuple object
+        # for each dict, set or comparison it meets (about 20 per record here).
+        fed_key: Any = fed_from
+        root_key: Any = root
+        route_key: Any = route
         stopped: set[Position] | None = None  # made when a stage stops a value
         staged: list[tuple[WindowStage, dict[str, list[Any]]]] = []
         counts: list[tuple[dict[str, int], str, int]] = []
@@ -161,11 +167,13 @@ class WindowSegment:
             fold, init, event_time = window_stage.fold, window_stage.init, window_stage.event_time
             size, span = window_stage.size, window_stage.span
             clock = window_stage.clock
-            clock.meet(fed_from)
-            open_keys = clock.open.keys
             stage_mark = clock.watermark
-            mark, idle_ms, marks_dirty = (stage_mark.partitions[fed_from], stage_mark.idle_ms,
-                                          stage_mark.dirty)
+            partitions: dict[Any, PartitionWatermark] = stage_mark.partitions
+            if fed_key not in partitions:
+                clock.meet(fed_from)
+            open_keys: dict[str, Any] = clock.open.keys
+            mark, idle_ms = partitions[fed_key], stage_mark.idle_ms
+            marks_dirty: set[Any] = stage_mark.dirty
             # key -> [open windows, closed to, own copy, earliest start (UNKNOWN: not read),
             #         position, closed windows, open windows changed]
             new: dict[str, list[Any]] = {}
@@ -181,8 +189,8 @@ class WindowSegment:
                     if mark.held_until == -1:
                         mark.held_until = ts + idle_ms
                     # compiled: a direct call (a bound method is not)
-                    if mark.observe(root, ts) and not moved:
-                        marks_dirty.add(fed_from)
+                    if mark.observe(root_key, ts) and not moved:
+                        marks_dirty.add(fed_key)
                         moved = True
                     watermark = mark.value
                 except Exception as error:
@@ -192,10 +200,11 @@ class WindowSegment:
                 current = new.get(key)
                 if current is None:
                     state = states[key]
-                    if check_home and state.home != fed_from:
+                    if check_home and state.home != fed_key:
                         raise StageFailure(stage_id, KeyHomedElsewhere(
                             key, fed_from, state.home or fed_from))
-                    seen = state.watermarks.get(route)
+                    route_marks: dict[Any, Position] = state.watermarks
+                    seen = route_marks.get(route_key)
                     if seen is not None and pos <= seen:
                         replayed += 1
                         halted.append(pos)
@@ -220,7 +229,7 @@ class WindowSegment:
                         first = current[3]
                         if first is UNKNOWN:  # the index is the installed windows', so
                             known = None if current[2] else open_keys.get(key)  # not a copy's
-                            if known is not None and known[0] == fed_from and \
+                            if known is not None and known[0] == fed_key and \
                                     known[1] is not None:
                                 first = known[1] - span
                             else:  # a loop: min(map(int, ...), default=None) is 4x as dear
@@ -282,12 +291,18 @@ class WindowSegment:
         for window_stage, new in staged:
             table, clock = window_stage.table, window_stage.clock
             states, dirty, history = table.states, table.dirty, table.closed
+            open_keys = clock.open.keys
             for key, (opened, closed_to, _, _, pos, closing, reopened) in new.items():
                 state = states[key]
                 state.value = installed = {"open": opened, "max_ts": closed_to}
-                state.watermarks[route] = pos
+                route_marks = state.watermarks
+                route_marks[route_key] = pos
                 dirty.add(key)
-                clock.note(key, fed_from, installed, reopened)
+                # WindowClock.note's own check, with the boxed partition: the same windows
+                # are open as at the key's last note, known for this partition
+                known = None if reopened else open_keys.get(key)
+                if known is None or known[0] != fed_key or known[1] is None:
+                    clock.note(key, fed_from, installed)
                 if closing:
                     for start, final in closing:
                         history[(key, start)] = final
