@@ -96,6 +96,14 @@ class CuttableProxy:
         self.refusing = False
 
     def close(self) -> None:
-        self._server.close()
-        self.cut()
-        self._io.stop()
+        async def stop_listening() -> None:
+            # On the loop: a Server is not thread-safe, and the loop closing a connection at
+            # that moment (a failed TLS handshake) raced its close (Server._wakeup: 'NoneType'
+            # object is not iterable)
+            self._server.close()
+
+        try:
+            self._io.run(stop_listening())
+            self.cut()
+        finally:
+            self._io.stop()

@@ -55,5 +55,7 @@ def tls_broker(directory: Path, client_key_password: str = "client-key-pw"
     try:
         yield TlsBroker(f"127.0.0.1:{proxy_port}", certs, proxy)
     finally:
-        proxy.close()
-        services.stop(kafka)
+        try:
+            proxy.close()
+        finally:  # the broker goes whatever the proxy's close raised
+            services.stop(kafka)
