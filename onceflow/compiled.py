@@ -27,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "stages"
 #: The modules of ``onceflow.stages`` compiled: the record path.
-MODULES = ("formats", "guards", "heads", "lineage", "origin", "outcome", "plan",
+MODULES = ("formats", "general_path", "guards", "heads", "lineage", "origin", "outcome", "plan",
            "producer_dedup", "republish", "runner", "segments", "side_outputs", "single_fold",
            "state", "units", "watermark", "window_clock", "window_fold", "windows")
 #: The group's shared library is ``onceflow/stages/_compiled__mypyc.*.so`` (inside the

@@ -17,26 +17,22 @@ another partition is dead-lettered instead, with a reason that says to repartiti
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 from onceflow.stages.formats import FormatError
+from onceflow.stages.general_path import GeneralPath
 from onceflow.stages.guards import unknown_keys
 from onceflow.stages.heads import Heads
-from onceflow.stages.lineage import Position
 from onceflow.stages.outcome import (
     DEAD_LETTER_MAX_VALUE,
     BatchOutcome,
     ConsumedRecord,
     KeyHomedElsewhere,
-    Output,
     StageFailure,
     dead_letter,
-    late_event,
 )
 from onceflow.stages.pipeline import Aggregate, Pipeline, Republish
-from onceflow.stages.plan import Emit, Fold, Plan, is_stopped
+from onceflow.stages.plan import Emit, Fold, Plan
 from onceflow.stages.producer_dedup import PartitionSequences, SequenceLoader, SequenceTables
 from onceflow.stages.republish import WrittenOutputs, defaults, republished
 from onceflow.stages.segments import AGGREGATE, REPUBLISH, segments, through
@@ -46,7 +42,7 @@ from onceflow.stages.state import AggregateState, StateTable, TopicPartition
 from onceflow.stages.watermark import RowLoader
 from onceflow.stages.window_clock import IDLE_TIMEOUT, StateLoader, WindowClock
 from onceflow.stages.window_fold import WindowSegment
-from onceflow.stages.windows import empty_windows, fold_windowed
+from onceflow.stages.windows import empty_windows
 
 #: Claims each key's home partition if it has none yet; answers every key's home.
 HomeClaimer = Callable[[Aggregate, Mapping[str, TopicPartition]], Mapping[str, TopicPartition]]
@@ -81,7 +77,6 @@ class PipelineRunner:
         self._load = load
         self._claim = claim
         self._dead_letter_topic = dead_letter_topic
-        self._late_topic = late_topic
         self._max_value = dead_letter_max_value
         self.sequences = None if pipeline.dedup is None else SequenceTables(  # producer dedup
             pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
@@ -98,6 +93,8 @@ class PipelineRunner:
             if fused is not None:
                 self._fused[topic] = fused
         self._counting = [f for f in self._fused.values() if isinstance(f, FoldSegment)]
+        self._general = GeneralPath(self.clocks, self.side, claim is not None, late_topic,
+                                    dead_letter_max_value, pipeline.id)
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply records in order; states not in memory are loaded in one batch.
@@ -169,7 +166,7 @@ class PipelineRunner:
                 held.append(plan)
                 continue
             try:
-                self._apply(plan, outcome)
+                self._general.apply(plan, outcome)
             except StageFailure as failure:
                 self._dead_letter(outcome, plan.record, failure)
         if last >= 0:
@@ -188,7 +185,7 @@ class PipelineRunner:
                 fused = self._fused.get(record.topic)
                 if fused is None or not fused.apply(entry, (record.topic, record.partition),
                                                     outcome):
-                    self._apply(entry, outcome)
+                    self._general.apply(entry, outcome)
             except StageFailure as failure:
                 self._dead_letter(outcome, entry.record, failure)
         for fold_segment in self._counting:
@@ -277,131 +274,6 @@ class PipelineRunner:
             homes = self._claim(table.spec, homeless)
             for key in homeless:
                 table.states[key].home = homes[key]
-
-    def _apply(self, plan: Plan, outcome: BatchOutcome) -> None:
-        """Fold one record's values into new states, then install them all at once.
-
-        A value an aggregate finds already folded (a replay), or too late for
-        its window, travels no further: later aggregates and republish steps
-        never see it. That is why states are persisted downstream first
-        (docs/architecture.md, invariant 6: downstream first). Outputs, like
-        states, are kept back until the whole record has applied: a step that
-        fails later dead-letters the record with nothing of it produced
-        (invariant 3).
-        """
-        staged: list[tuple[StateTable, dict[str, list[Any]]]] = []
-        counts: list[tuple[Counter[str], str, int]] = []
-        emitted: list[Output] = []
-        late_outputs: list[Output] = []
-        stopped: list[tuple[int, set[Position]]] = []  # (position length, positions)
-        fed_from = (plan.record.topic, plan.record.partition)
-        check_home = self._claim is not None
-        route, root = plan.route, plan.root
-        forced = self.side.late.of(plan.record) if len(self.side.late) else None
-        first_late = max(forced.values()) + 1 if forced else 0  # above those already written
-        for step in plan.order:
-            if type(step) is Emit:
-                emitted.extend(
-                    out for pos, out in zip(step.positions, step.outputs, strict=True)
-                    if not (stopped and is_stopped(pos, stopped)))
-                continue
-            assert type(step) is Fold
-            table = step.table
-            spec, states = table.spec, table.states
-            fold, window = spec.fold, spec.window
-            event_time = window.event_time_ms if window is not None else None
-            clock = self.clocks[table] if window is not None else None
-            if clock is not None:
-                clock.meet(fed_from)
-            # key -> [state value, position, closed windows, open windows changed]
-            new: dict[str, list[Any]] = {}
-            replayed: set[Position] = set()
-            late: set[Position] = set()
-            folded = 0
-            # Parallel lists of one length (built so by _plan); no strict=: compiled, zip with
-            # a keyword is a generic iterator.
-            for key, pos, value in zip(step.keys, step.positions, step.values):  # noqa: B905
-                if clock is not None:  # replays, and values an upstream aggregate stopped, too:
-                    try:  # the watermark is a function of the partition's records alone
-                        ts = int(event_time(value))  # type: ignore[misc]
-                        watermark = clock.observe(fed_from, root, ts)
-                    except Exception as error:
-                        raise StageFailure(spec.id, error) from error
-                if stopped and is_stopped(pos, stopped):
-                    continue
-                current = new.get(key)
-                if current is None:
-                    state = states[key]
-                    if check_home and state.home != fed_from:
-                        raise StageFailure(spec.id, KeyHomedElsewhere(
-                            key, fed_from, state.home or fed_from))
-                    mark = state.watermarks.get(route)
-                    if mark is not None and pos <= mark:
-                        replayed.add(pos)
-                        continue
-                    current = new[key] = [state.value, pos, None, False]
-                elif pos <= current[1]:
-                    replayed.add(pos)
-                    continue
-                current[1] = pos
-                if forced is not None and (spec.id, pos) in forced:
-                    late.add(pos)  # late in a run before this replay: written already
-                    continue
-                try:
-                    if clock is None:
-                        current[0] = fold(current[0], value)
-                        folded += 1
-                        continue
-                    assert window is not None
-                    result = fold_windowed(window, spec.init, fold, current[0], value, watermark,
-                                           ts)
-                except Exception as error:
-                    raise StageFailure(spec.id, error) from error
-                current[0] = result.state
-                if result.closed:
-                    current[2] = [*(current[2] or ()), *result.closed]
-                    current[3] = True
-                elif result.opened:
-                    current[3] = True
-                if result.late_by_ms is not None:
-                    late.add(pos)
-                    late_outputs.append(self._late(plan, spec, key, pos, result.late_by_ms,
-                                                   first_late + len(late_outputs)))
-                else:
-                    folded += 1
-            staged.append((table, new))
-            if folded:
-                counts.append((outcome.folded, spec.id, folded))
-            if replayed:
-                counts.append((outcome.duplicates, spec.id, len(replayed)))
-                stopped.append((len(next(iter(replayed))), replayed))
-            if late:
-                counts.append((outcome.late, spec.id, len(late)))
-                stopped.append((len(next(iter(late))), late))
-        for table, new in staged:
-            states, dirty = table.states, table.dirty
-            clock = self.clocks.get(table)
-            for key, (value, pos, closed, reopened) in new.items():
-                state = states[key]
-                state.value = value
-                state.watermarks[route] = pos
-                dirty.add(key)
-                if clock is not None:
-                    clock.note(key, fed_from, value, reopened)
-                if closed:
-                    for start, final in closed:
-                        table.closed[(key, start)] = final
-        for counter, stage_id, n in counts:
-            counter[stage_id] += n
-        if emitted:
-            outcome.outputs.extend(emitted)
-        if late_outputs:
-            outcome.outputs.extend(self.side.placed(late_outputs, plan.record, first_late))
-
-    def _late(self, plan: Plan, spec: Aggregate, key: str, pos: Position,
-              late_by_ms: int, index: int) -> Output:
-        return late_event(self._late_topic, plan.record, spec.id, key, pos, late_by_ms,
-                          plan.root, self._max_value, self.pipeline.id, index)
 
     def _dead_letter(
         self, outcome: BatchOutcome, record: ConsumedRecord, reason: Exception

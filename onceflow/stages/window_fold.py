@@ -139,7 +139,7 @@ class WindowSegment:
     def _fold(self, record: ConsumedRecord, fed_from: TopicPartition, root: RootPartition,
               route: Route, keyed: list[list[Any]], values: list[Any],
               positions: list[Position], outcome: BatchOutcome) -> None:
-        """``runner.PipelineRunner._apply`` for this shape, with ``fold_windowed`` and the
+        """``general_path.GeneralPath.apply`` for this shape, with ``fold_windowed`` and the
         watermark's observe inlined.
 
         Per key, the record works on one copy of the open windows (made at its first
