@@ -92,7 +92,7 @@ class PipelineRunner:
                 dead_letter_max_value)
             if fused is not None:
                 self._fused[topic] = fused
-        self._counting = [f for f in self._fused.values() if isinstance(f, FoldSegment)]
+        self._counting = list(self._fused.values())  # each counts its own, per batch
         self._general = GeneralPath(self.clocks, self.side, claim is not None, late_topic,
                                     dead_letter_max_value, pipeline.id)
 
@@ -106,8 +106,8 @@ class PipelineRunner:
         partition's are written in its order), fused where their topic is.
         """
         outcome = BatchOutcome()
-        for fold_segment in self._counting:  # a batch that raised left its counts behind
-            fold_segment.folded = fold_segment.replayed = 0
+        for fused_segment in self._counting:  # a batch that raised left its counts behind
+            fused_segment.reset()
         held: list[Plan | tuple[ConsumedRecord, Exception]] = []
         missing: dict[StateTable, dict[str, TopicPartition]] = {}  # key -> first feeder
         next_offsets = outcome.next_offsets
@@ -188,8 +188,8 @@ class PipelineRunner:
                     self._general.apply(entry, outcome)
             except StageFailure as failure:
                 self._dead_letter(outcome, entry.record, failure)
-        for fold_segment in self._counting:
-            fold_segment.count(outcome)
+        for fused_segment in self._counting:
+            fused_segment.count(outcome)
         if sequences is not None:
             sequences.count(outcome)
         outcome.side_skipped, self.side.skipped = self.side.skipped, 0

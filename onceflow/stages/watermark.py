@@ -66,34 +66,38 @@ class PartitionWatermark:
         self.top = max(self.roots.values(), default=None)
         self.low = min(self.roots.values(), default=None)
 
-    def observe(self, root: Any, ts: int) -> bool:
-        """An event of ``root`` (a ``RootPartition``); True when the partition's maxima
-        changed (once per value reaching a windowed stage: written lean; ``Any``: mypyc
-        would keep a tuple[str, int] unboxed and build a new tuple for each dict access)."""
+    def observe(self, root: Any, ts: Any) -> bool:
+        """An event of ``root`` (a ``RootPartition``) at ``ts`` (an ``int`` object); True
+        when the partition's maxima changed. Once per value reaching a windowed stage, so
+        written lean: both arguments are objects, kept as they are (compiled, a
+        ``tuple[str, int]`` or an ``int`` argument is unboxed, and each dict, attribute
+        or comparison it meets gets a new object)."""
         roots = self.roots
-        seen = roots.get(root)
+        seen: Any = roots.get(root)
         if seen is not None and ts <= seen:
             return False
         roots[root] = ts
-        top = self.top
+        top: Any = self.top
         if top is None or ts > top:
             top = self.top = ts
-        low = self.low
+        low: Any = self.low
         if seen is None or seen == low:  # the lowest root moved (or a new one came)
             low = ts
-            for other in roots.values():  # a loop: compiled, min() is a generic call
+            others: Any = roots.values()
+            for other in others:  # a loop: compiled, min() is a generic call
                 if other < low:
                     low = other
             self.low = low
-        assert low is not None
         held = self.held_until
         if held is not None:
             if top < held:
                 return True
             self.held_until = None
-        mark = top - self.idle_ms  # max(low, top - idle_ms)
-        if low > mark:
-            mark = low
+        mark: int = top  # max(low, top - idle_ms), unboxed
+        mark -= self.idle_ms
+        lowest: int = low
+        if lowest > mark:
+            mark = lowest
         value = self.value
         if value is None or mark > value:
             self.value = mark

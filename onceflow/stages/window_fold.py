@@ -45,7 +45,8 @@ UNKNOWN = object()  # a key's earliest open window, not read yet
 class WindowStage:
     """One windowed aggregate of the segment, its parts at hand."""
 
-    __slots__ = ("clock", "event_time", "fold", "id", "init", "key", "size", "span", "table")
+    __slots__ = ("clock", "event_time", "fold", "folded", "id", "init", "key", "late",
+                 "replayed", "size", "span", "table")
 
     def __init__(self, stage: str, key: Callable[[Any], Any], table: StateTable,
                  clock: WindowClock):
@@ -56,6 +57,7 @@ class WindowStage:
         self.event_time = window.event_time_ms
         self.size = window.size_ms
         self.span = window.size_ms + window.allowed_lateness_ms  # a window's start to its close
+        self.folded = self.replayed = self.late = 0  # this batch's, until ``count`` moves them
 
 
 class WindowSegment:
@@ -73,6 +75,22 @@ class WindowSegment:
         self.check_home = check_home
         self.side = side
         self.late_topic, self.pipeline_id, self.max_value = late_topic, pipeline_id, max_value
+
+    def count(self, outcome: BatchOutcome) -> None:
+        """Move this batch's counts into the outcome (one update per batch, not per record)."""
+        for stage in self.stages:
+            if stage.folded:
+                outcome.folded[stage.id] += stage.folded
+            if stage.replayed:
+                outcome.duplicates[stage.id] += stage.replayed
+            if stage.late:
+                outcome.late[stage.id] += stage.late
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop counts a batch that raised left behind."""
+        for stage in self.stages:
+            stage.folded = stage.replayed = stage.late = 0
 
     @classmethod
     def of(cls, steps: Segment, check_home: bool, clocks: dict[StateTable, WindowClock],
@@ -159,8 +177,7 @@ class WindowSegment:
         root_key: Any = root
         route_key: Any = route
         stopped: set[Position] | None = None  # made when a stage stops a value
-        staged: list[tuple[WindowStage, dict[str, list[Any]]]] = []
-        counts: list[tuple[dict[str, int], str, int]] = []
+        staged: list[tuple[WindowStage, dict[str, list[Any]], int, int, int]] = []
         late_outputs: list[Output] = []
         for window_stage, keys in zip(self.stages, keyed):  # noqa: B905 (one per stage)
             stage_id, states = window_stage.id, window_stage.table.states
@@ -185,11 +202,14 @@ class WindowSegment:
             # equal lengths; no strict=: compiled, zip with a keyword is a generic iterator
             for key, pos, value in zip(keys, positions, values):  # noqa: B905
                 try:  # StageWatermark.observe, inlined
-                    ts = int(event_time(value))
+                    stamp: Any = event_time(value)  # int(stamp), but the object itself
+                    if type(stamp) is not int:  # when it is one: observe keeps it
+                        stamp = int(stamp)
+                    ts: int = stamp
                     if mark.held_until == -1:
                         mark.held_until = ts + idle_ms
                     # compiled: a direct call (a bound method is not)
-                    if mark.observe(root_key, ts) and not moved:
+                    if mark.observe(root_key, stamp) and not moved:
                         marks_dirty.add(fed_key)
                         moved = True
                     watermark = mark.value
@@ -277,18 +297,15 @@ class WindowSegment:
                 late_outputs.append(late_event(
                     self.late_topic, record, stage_id, key, pos, late_by, root, self.max_value,
                     self.pipeline_id, len(late_outputs)))
-            staged.append((window_stage, new))
-            if folded:
-                counts.append((outcome.folded, stage_id, folded))
-            if replayed:
-                counts.append((outcome.duplicates, stage_id, replayed))
-            if late:
-                counts.append((outcome.late, stage_id, late))
+            staged.append((window_stage, new, folded, replayed, late))
             if halted:
                 if stopped is None:
                     stopped = set()
                 stopped.update(halted)
-        for window_stage, new in staged:
+        for window_stage, new, folded, replayed, late in staged:
+            window_stage.folded += folded
+            window_stage.replayed += replayed
+            window_stage.late += late
             table, clock = window_stage.table, window_stage.clock
             states, dirty, history = table.states, table.dirty, table.closed
             open_keys = clock.open.keys
@@ -306,7 +323,5 @@ class WindowSegment:
                 if closing:
                     for start, final in closing:
                         history[(key, start)] = final
-        for counter, stage_id, n in counts:
-            counter[stage_id] += n
         if late_outputs:
             outcome.outputs.extend(self.side.placed(late_outputs, record))
