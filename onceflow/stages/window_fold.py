@@ -21,7 +21,7 @@ answers the record's plan for the general path.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from onceflow.stages.lineage import Position, RootPartition, Route
 from onceflow.stages.outcome import (
@@ -212,7 +212,7 @@ class WindowSegment:
                     if mark.observe(root_key, stamp) and not moved:
                         marks_dirty.add(fed_key)
                         moved = True
-                    watermark = mark.value
+                    watermark: Any = mark.value  # an object: compared with the states' own
                 except Exception as error:
                     raise StageFailure(stage_id, error) from error
                 if stopped is not None and pos in stopped:
@@ -245,7 +245,8 @@ class WindowSegment:
                     start = ts - ts % size
                     closed_to = current[1]
                     if watermark is not None and (closed_to is None or watermark > closed_to):
-                        last_start = watermark - span  # windows starting there or before close
+                        watermark_ms: int = watermark
+                        last_start = watermark_ms - span  # windows starting there or before close
                         first = current[3]
                         if first is UNKNOWN:  # the index is the installed windows', so
                             known = None if current[2] else open_keys.get(key)  # not a copy's
@@ -259,7 +260,7 @@ class WindowSegment:
                                     if first is None or start_ms < first:
                                         first = start_ms
                             current[3] = first
-                        if first is not None and first <= last_start:
+                        if first is not None and cast(int, first) <= last_start:
                             opened = current[0]
                             due = [s for s in opened if int(s) <= last_start]
                             closed = sorted((int(s), opened[s]) for s in due)
@@ -270,8 +271,17 @@ class WindowSegment:
                             current[5] = [*(current[5] or ()), *closed]
                             current[6] = True
                         closed_to = current[1] = watermark
-                    late_by = None if closed_to is None else closed_to - start - span
-                    if late_by is None or late_by < 0:
+                    late_by: Any = None  # None: on time; else by how much it is late
+                    if type(closed_to) is int:  # (compiled: unboxed, no new int objects)
+                        closed_ms: int = closed_to
+                        behind = closed_ms - start - span
+                        if behind >= 0:
+                            late_by = behind
+                    elif closed_to is not None:  # a damaged state: as the general path reads it
+                        late_by = closed_to - start - span
+                        if late_by < 0:
+                            late_by = None
+                    if late_by is None:
                         opened = current[0]
                         if not current[2]:
                             opened = current[0] = dict(opened)
@@ -286,7 +296,6 @@ class WindowSegment:
                             first = current[3]
                             if first is not UNKNOWN and (first is None or start < first):
                                 current[3] = start
-                        late_by = None
                 except Exception as error:
                     raise StageFailure(stage_id, error) from error
                 if late_by is None:
