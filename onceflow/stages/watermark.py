@@ -197,11 +197,11 @@ class OpenWindows:
             if key not in self.keys:
                 self.note(key, tp, None, known=False)
 
-    def note(self, key: str, tp: TopicPartition, closes_at: int | None,
-             known: bool = True) -> None:
+    def note(self, key: str, tp: Any, closes_at: int | None, known: bool = True) -> None:
         """A key's earliest open window now closes at ``closes_at`` (None with ``known``:
-        it has no open window any more)."""
-        old = self.keys.get(key)
+        it has no open window any more); ``tp``: the ``TopicPartition`` feeding it, an object
+        (``WindowClock.note``)."""
+        old: Any = self.keys.get(key)
         if known and closes_at is None:
             if old is not None:
                 del self.keys[key]

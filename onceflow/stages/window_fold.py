@@ -249,7 +249,7 @@ class WindowSegment:
                         last_start = watermark_ms - span  # windows starting there or before close
                         first = current[3]
                         if first is UNKNOWN:  # the index is the installed windows', so
-                            known = None if current[2] else open_keys.get(key)  # not a copy's
+                            known: Any = None if current[2] else open_keys.get(key)  # not a copy's
                             if known is not None and known[0] == fed_key and \
                                     known[1] is not None:
                                 first = known[1] - span
@@ -317,18 +317,13 @@ class WindowSegment:
             window_stage.late += late
             table, clock = window_stage.table, window_stage.clock
             states, dirty, history = table.states, table.dirty, table.closed
-            open_keys = clock.open.keys
             for key, (opened, closed_to, _, _, pos, closing, reopened) in new.items():
                 state = states[key]
                 state.value = installed = {"open": opened, "max_ts": closed_to}
                 route_marks = state.watermarks
                 route_marks[route_key] = pos
                 dirty.add(key)
-                # WindowClock.note's own check, with the boxed partition: the same windows
-                # are open as at the key's last note, known for this partition
-                known = None if reopened else open_keys.get(key)
-                if known is None or known[0] != fed_key or known[1] is None:
-                    clock.note(key, fed_from, installed)
+                clock.note(key, fed_key, installed, reopened)
                 if closing:
                     for start, final in closing:
                         history[(key, start)] = final
