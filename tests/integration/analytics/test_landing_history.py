@@ -69,7 +69,9 @@ def test_follow_counts_any_stage_windowed_once_and_plain_by_latest_state(
 def test_a_plain_stage_over_time_from_its_landed_states(spark: Any, tmp_path: Path) -> None:
     zone = LandingZone(tmp_path, "p", plain=["totals"])
     zone.write_states("totals", {"a": state(3, 5), "b": state(1, 2)}, {})
-    time.sleep(1.2)  # the next flush lands in a later bucket (buckets are >= 1 s)
+    # The next two flushes land in the following bucket (1 s here: the history spans about
+    # one), early in it: two flushes straddling a bucket's end would make a third bucket.
+    time.sleep(1 - time.time() % 1 + 0.02)
     zone.write_states("totals", {"a": state(10, 9), "c": state(4, 1, 1)}, {})
     zone.write_states("totals", {"a": state(3, 5)}, {})  # a replay's older state, written late
     rows = states_over_time(spark, tmp_path, "totals", ["n"])
