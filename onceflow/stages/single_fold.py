@@ -42,10 +42,9 @@ class FoldSegment:
             outcome.folded[self.table.spec.id] += self.folded
         if self.replayed:
             outcome.duplicates[self.table.spec.id] += self.replayed
-        self.reset()
 
     def reset(self) -> None:
-        """Drop counts a batch that raised left behind."""
+        """Start a batch from zero (one that raised left its counts behind)."""
         self.folded = self.replayed = 0
 
     @classmethod

@@ -38,6 +38,7 @@ from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state import StateTable, TopicPartition
 from onceflow.stages.watermark import PartitionWatermark
 from onceflow.stages.window_clock import WindowClock
+from onceflow.stages.windows import closed_to_of
 
 UNKNOWN = object()  # a key's earliest open window, not read yet
 
@@ -85,10 +86,9 @@ class WindowSegment:
                 outcome.duplicates[stage.id] += stage.replayed
             if stage.late:
                 outcome.late[stage.id] += stage.late
-        self.reset()
 
     def reset(self) -> None:
-        """Drop counts a batch that raised left behind."""
+        """Start a batch from zero (one that raised left its counts behind)."""
         for stage in self.stages:
             stage.folded = stage.replayed = stage.late = 0
 
@@ -231,7 +231,7 @@ class WindowSegment:
                         continue
                     windows: Any = state.value  # Any: a damaged state fails as on the general path
                     try:  # as fold_windowed reads it
-                        closed_to = windows["max_ts"]
+                        closed_to = closed_to_of(windows)
                         current = new[key] = [windows["open"], closed_to, False, UNKNOWN, pos,
                                               None, False]
                     except Exception as error:
@@ -272,15 +272,11 @@ class WindowSegment:
                             current[6] = True
                         closed_to = current[1] = watermark
                     late_by: Any = None  # None: on time; else by how much it is late
-                    if type(closed_to) is int:  # (compiled: unboxed, no new int objects)
+                    if closed_to is not None:  # unboxed: no new int objects
                         closed_ms: int = closed_to
                         behind = closed_ms - start - span
                         if behind >= 0:
                             late_by = behind
-                    elif closed_to is not None:  # a damaged state: as the general path reads it
-                        late_by = closed_to - start - span
-                        if late_by < 0:
-                            late_by = None
                     if late_by is None:
                         opened = current[0]
                         if not current[2]:

@@ -41,6 +41,15 @@ class WindowStep(NamedTuple):
     opened: bool = False  # the value opened a window (the key's open windows changed)
 
 
+def closed_to_of(state: Any) -> int | None:
+    """A windowed state's ``max_ts``; TypeError for one that is no int (no onceflow step
+    wrote it: a record meeting it is dead-lettered with this reason)."""
+    closed_to = state["max_ts"]
+    if closed_to is not None and type(closed_to) is not int:
+        raise TypeError(f"windowed state's max_ts {closed_to!r} is not an int")
+    return closed_to
+
+
 def close_due(window: Tumbling, state: dict[str, Any], watermark: int | None
               ) -> WindowStep:
     """Close the windows the stage's ``watermark`` has passed; the state then records it.
@@ -87,7 +96,7 @@ def fold_windowed(
         ts = int(window.event_time_ms(value))
     start = ts - ts % window.size_ms
     closes_at = start + window.size_ms + window.allowed_lateness_ms
-    closed_to, opened = state["max_ts"], state["open"]
+    closed_to, opened = closed_to_of(state), state["open"]
     closed: list[tuple[int, Any]] = []
     rose = watermark is not None and (closed_to is None or watermark > closed_to)
     if rose:
