@@ -52,9 +52,10 @@ import time
 import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
-from raw_chain import measure_chain
+from raw_chain import WIRES, measure_chain
 from throughput import PARTITIONS, measure_raw
 
 from onceflow.devtools import harness, services
@@ -204,6 +205,30 @@ def steady_cpu_lines(probe: Probe, first: float, last: float) -> list[str]:
     ]
 
 
+def hand_lines(name: str, hand: dict[str, dict[str, Any]], events: int, messages: int
+               ) -> str:
+    """A hand-written chain's CPU (whole and steady) and moments, as a paragraph."""
+    return (
+        f"The {name}'s processes (user + system, start-up included): "
+        + ", ".join(f"{role} {hand[role]['cpu']:.2f} s "
+                    f"({hand[role]['cpu'] / messages * 1e6:.1f} us per input record)"
+                    for role in NAMES)
+        + "; between each one's first and last record: "
+        + ", ".join(f"{role} {steady_us(hand[role]):.1f} us per record" for role in NAMES)
+        + f"; its aggregator folded {hand['aggregator']['events']:,} events "
+        f"(the stream holds {events:,}). Its moments, s after both were started: "
+        + ", ".join(f"{role} first record {hand[role]['first'] - hand['started']['at']:.2f}, "
+                    f"last {hand[role]['last'] - hand['started']['at']:.2f} "
+                    f"({hand[role]['records']:,} records)" for role in NAMES) + ".\n")
+
+
+def steady_us(result: dict[str, Any]) -> float:
+    """CPU per record between a hand-written process's first and last record."""
+    cpu: float = result["cpu_last"] - result["cpu_first"]
+    records: int = result["records"]
+    return cpu / max(records, 1) * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--messages", type=int, default=30_000)
@@ -241,9 +266,12 @@ def main() -> None:
             raws.append((result, time.monotonic() - spawned))
         raws.sort(key=lambda run: run[0]["records"] / run[0]["seconds"])
         raw, raw_life = raws[len(raws) // 2]  # the median pass's rate (and its life)
-        hand_topic = "baseline-normalized"
-        asyncio.run(harness.create_topic(kafka.address, hand_topic, PARTITIONS))
-        hand = measure_chain(kafka.address, baseline, hand_topic, args.messages)
+        hands = {}
+        for wire in WIRES:  # the hand-written chain, on its own wire and on onceflow's
+            hand_topic = f"baseline-{wire}"
+            asyncio.run(harness.create_topic(kafka.address, hand_topic, PARTITIONS))
+            hands[wire] = measure_chain(kafka.address, baseline, hand_topic, args.messages,
+                                        wire)
         options = ChaosOptions(messages=args.messages, duration=0, kills=args.kills,
                                seed=args.seed, store=args.store, units=not args.per_value)
         probe.start()
@@ -264,8 +292,12 @@ def main() -> None:
     end_to_end = done - t0
     chain_e2e, raw_e2e = args.messages / end_to_end, raw["records"] / raw_life
     whole = args.messages / report.elapsed
+    hand = hands["json"]
     hand_span = hand["aggregator"]["last"] - hand["aggregator"]["first"]
     hand_rate = args.messages / hand_span
+    wired = hands["envelope"]
+    wired_span = wired["aggregator"]["last"] - wired["aggregator"]["first"]
+    wired_rate = args.messages / wired_span
     text = "\n".join([
         f"## chaos_throughput.py --store {args.store}, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
         "",
@@ -290,6 +322,10 @@ def main() -> None:
         f"json.loads, one record per report, in-memory windows; no dedup, no state store; "
         f"no kills): first to last record (its aggregator's) | {raw_rate:,.0f} "
         f"| {hand_rate:,.0f} ({hand_span:.2f} s) | **{hand_rate / raw_rate:.3f}** |",
+        f"| steady state, the hand-written chain on onceflow's wire (`raw_chain.py`, envelope "
+        f"wire: unit envelopes between the processes, the example's functions; otherwise as "
+        f"above) | {raw_rate:,.0f} | {wired_rate:,.0f} ({wired_span:.2f} s) "
+        f"| **{wired_rate / raw_rate:.3f}** |",
         f"| end to end: process start to done (chain: to the aggregator's last commit"
         f"{', as the harness saw it' if kills else ''}) "
         f"| {raw_e2e:,.0f} ({raw_life:.2f} s) | {chain_e2e:,.0f} ({end_to_end:.2f} s) "
@@ -308,16 +344,9 @@ def main() -> None:
                      for name in NAMES) if not kills else "n/a with kills") + ".",
         "",
         *(steady_cpu_lines(probe, first, last) if not kills else []),
-        "The hand-written chain's processes (user + system, start-up included): "
-        + ", ".join(f"{name} {hand[name]['cpu']:.2f} s "
-                    f"({hand[name]['cpu'] / args.messages * 1e6:.1f} us per input record)"
-                    for name in NAMES)
-        + f"; its aggregator folded {hand['aggregator']['events']:,} events "
-        f"(the stream holds {report.events:,}). Its moments, s after both were started: "
-        + ", ".join(f"{name} first record {hand[name]['first'] - hand['started']['at']:.2f}, "
-                    f"last {hand[name]['last'] - hand['started']['at']:.2f} "
-                    f"({hand[name]['records']:,} records)" for name in NAMES) + ".",
-        "",
+        *(hand_lines(name, chain, report.events, args.messages)
+          for name, chain in (("hand-written chain", hand),
+                              ("hand-written chain on onceflow's wire", wired))),
         "Timeline of the chain, seconds after both worker processes were started:",
         "",
         "| moment | s |",

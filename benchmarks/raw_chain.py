@@ -16,12 +16,27 @@ What it leaves out, so it is a ceiling and not a rival: no dedup of re-sent
 reports (nor of records re-sent after a crash: at least once), no lateness
 or window closing, no state store, no transactions or fencing. Each child
 prints JSON: wall time (``time.time()``) of its first and last record, its
-record count, and its CPU seconds (user + system, start-up included, like
-the onceflow workers' figures). The consumers use ``throughput.raw_child``'s
+record count, its CPU seconds (user + system, start-up included, like
+the onceflow workers' figures), and its CPU seconds at its first and last
+record (its steady state). The consumers use ``throughput.raw_child``'s
 settings.
 
-    python benchmarks/raw_chain.py republisher BOOTSTRAP INPUT OUTPUT EXPECTED
-    python benchmarks/raw_chain.py aggregator BOOTSTRAP INPUT EXPECTED
+The envelope wire (``measure_chain(..., wire="envelope")``) keeps all of that
+but speaks onceflow's wire and runs the example's own functions: the
+per-record work any implementation of this chain must do, and no more.
+- The republisher parses each report (orjson) and flat-maps it with
+  ``robots.fastenings``. It writes one unit envelope per report, as onceflow's
+  republish step does: a protobuf ``Envelope`` with key, payload type, a source
+  chain of one ``SourceRef``, and one ``Item`` per fastening (index,
+  ``encode_fastening`` payload, event id, event time), with the envelope format
+  header.
+- The aggregator parses the envelope and reads the source reference and each
+  item's index (what dedup would compare). It maps each item's payload with
+  ``fastening_of`` and folds it with the example's ``count`` into the minute and
+  the day window of its robot.
+
+    python benchmarks/raw_chain.py republisher BOOTSTRAP INPUT OUTPUT EXPECTED [WIRE]
+    python benchmarks/raw_chain.py aggregator BOOTSTRAP INPUT EXPECTED [WIRE]
 """
 
 from __future__ import annotations
@@ -38,10 +53,17 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from onceflow.examples.robot_chain import encode_fastening, fastening_of
+from onceflow.examples.robots import count, fastenings, new_counts
+from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages.formats import ENVELOPE_MARK
+from onceflow.stages.lineage import event_id
+
 MINUTE_MS = 60_000
 DAY_MS = 86_400_000
 TIMEOUT_S = 600.0
 IN_FLIGHT = 4  # batches awaiting their acks and commit at once
+WIRES = ("json", "envelope")
 #: onceflow's default batch.size: aiokafka's 16 KB holds back a partition's sends while
 #: its one open batch is on the wire
 BATCH_BYTES = 1_048_576
@@ -61,7 +83,24 @@ def _cpu() -> float:
     return times.user + times.system
 
 
-async def republish(bootstrap: str, topic: str, output: str, expected: int) -> dict[str, Any]:
+def envelope_unit(record: Any) -> tuple[bytes, bytes]:
+    """A report as onceflow's republish step writes it: one unit envelope (the
+    envelope wire); its key and value."""
+    report = orjson.loads(record.value)
+    serial = report["serial"]
+    unit = Envelope(key=serial, payload_type="application/json")
+    unit.source_chain.add(topic=record.topic, partition=record.partition,
+                          offset=record.offset, index=0)
+    root = (record.topic, record.partition)
+    items = unit.items
+    for j, fastening in enumerate(fastenings(report)):
+        items.add(index=j, payload=encode_fastening(fastening),
+                  event_id=event_id(root, (record.offset, j)), event_time_ms=fastening.ts)
+    return serial.encode(), unit.SerializeToString()
+
+
+async def republish(bootstrap: str, topic: str, output: str, expected: int,
+                    wire: str = "json") -> dict[str, Any]:
     """Each report as one record of its ``[serial, ok, ts]`` results; a batch's offsets
     committed once its sends are acknowledged and every earlier batch's are committed,
     up to ``IN_FLIGHT`` batches at once (so acks overlap the next batches' work, as a
@@ -86,21 +125,26 @@ async def republish(bootstrap: str, topic: str, output: str, expected: int) -> d
         await consumer.commit(offsets)
         return acked
 
-    last = 0.0
+    last = cpu_first = 0.0
+    headers = [ENVELOPE_MARK] if wire == "envelope" else None
     try:
         while seen < expected:
             batches = await consumer.getmany(timeout_ms=500, max_records=2000)
             if not batches:
                 continue
-            first = first or time.time()
+            if not first:
+                first, cpu_first = time.time(), _cpu()
             sends = []
             for records in batches.values():
                 for record in records:
-                    report = json.loads(record.value)
-                    serial = report["serial"]
-                    value = orjson.dumps([[serial, bool(r["ok"]), r["ts"]]
-                                          for r in report["results"]])
-                    sends.append(await producer.send(output, value, key=serial.encode()))
+                    if wire == "envelope":
+                        key, value = envelope_unit(record)
+                    else:
+                        report = json.loads(record.value)
+                        key = report["serial"].encode()
+                        value = orjson.dumps([[report["serial"], bool(r["ok"]), r["ts"]]
+                                              for r in report["results"]])
+                    sends.append(await producer.send(output, value, key=key, headers=headers))
                 seen += len(records)
             offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
             settled.append(asyncio.ensure_future(
@@ -109,13 +153,30 @@ async def republish(bootstrap: str, topic: str, output: str, expected: int) -> d
                 await settled.popleft()
         while settled:
             last = await settled.popleft()
+        cpu_last = _cpu()
     finally:
         await producer.stop()
         await consumer.stop()
-    return {"records": seen, "first": first, "last": last}
+    return {"records": seen, "first": first, "last": last, "cpu_first": cpu_first,
+            "cpu_last": cpu_last}
 
 
-async def aggregate(bootstrap: str, topic: str, expected: int) -> dict[str, Any]:
+def fold_envelope(value: bytes, minutes: dict[Any, Any], days: dict[Any, Any]) -> None:
+    """A unit envelope folded on the envelope wire (the example's functions)."""
+    unit = Envelope.FromString(value)
+    source = unit.source_chain[0]
+    _ = (source.topic, source.partition, source.offset)  # what dedup would compare
+    for item in unit.items:
+        _ = item.index
+        fastening = fastening_of(item.payload)
+        robot, ts = fastening.robot, fastening.ts  # the declared attrgetter key, event time
+        for windows, size in ((minutes, MINUTE_MS), (days, DAY_MS)):
+            at = (robot, ts - ts % size)
+            windows[at] = count(windows.get(at) or new_counts(), fastening)
+
+
+async def aggregate(bootstrap: str, topic: str, expected: int, wire: str = "json"
+                    ) -> dict[str, Any]:
     """Per-robot minute and day ok/failed counts in dicts; commit per batch.
 
     ``last``: when the last record was folded (before that batch's commit),
@@ -125,51 +186,64 @@ async def aggregate(bootstrap: str, topic: str, expected: int) -> dict[str, Any]
     # (serial, window start): [ok, failed]
     minutes: defaultdict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
     days: defaultdict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+    # the envelope wire's: (robot, window start) -> the example's counts, minutes and days
+    counts: tuple[dict[Any, Any], dict[Any, Any]] = {}, {}
     await consumer.start()
-    seen, first, last = 0, 0.0, 0.0
+    seen, first, last, cpu_first, cpu_last = 0, 0.0, 0.0, 0.0, 0.0
     try:
         while seen < expected:
             batches = await consumer.getmany(timeout_ms=500, max_records=2000)
             if not batches:
                 continue
-            first = first or time.time()
+            if not first:
+                first, cpu_first = time.time(), _cpu()
             for records in batches.values():
                 for record in records:
+                    if wire == "envelope":
+                        fold_envelope(record.value, *counts)
+                        continue
                     for serial, ok, ts in orjson.loads(record.value):
                         at = 0 if ok else 1
                         minutes[serial, ts - ts % MINUTE_MS][at] += 1
                         days[serial, ts - ts % DAY_MS][at] += 1
                 seen += len(records)
-            last = time.time()
+            last, cpu_last = time.time(), _cpu()
             await consumer.commit()
     finally:
         await consumer.stop()
-    events = sum(ok + failed for ok, failed in days.values())
+    if wire == "envelope":
+        events = sum(c["ok"] + c["failed"] for c in counts[1].values())
+        windows = len(counts[0]), len(counts[1])
+    else:
+        events = sum(ok + failed for ok, failed in days.values())
+        windows = len(minutes), len(days)
     return {"records": seen, "first": first, "last": last, "events": events,
-            "minute_windows": len(minutes), "day_windows": len(days)}
+            "minute_windows": windows[0], "day_windows": windows[1], "cpu_first": cpu_first,
+            "cpu_last": cpu_last}
 
 
 def child(argv: list[str]) -> None:
     role, bootstrap, *rest = argv
     if role == "republisher":
-        topic, output, expected = rest
-        result = asyncio.run(republish(bootstrap, topic, output, int(expected)))
+        topic, output, expected, *wire = rest
+        result = asyncio.run(republish(bootstrap, topic, output, int(expected), *wire))
     else:
-        topic, expected = rest
-        result = asyncio.run(aggregate(bootstrap, topic, int(expected)))
+        topic, expected, *wire = rest
+        result = asyncio.run(aggregate(bootstrap, topic, int(expected), *wire))
     print(json.dumps({**result, "cpu": _cpu()}))
 
 
 def measure_chain(bootstrap: str, topic: str, intermediate: str,
-                  expected: int) -> dict[str, dict[str, Any]]:
+                  expected: int, wire: str = "json") -> dict[str, dict[str, Any]]:
     """Both processes started together on an existing ``intermediate`` topic; their results
-    (and ``started``: wall time just before they were spawned).
+    (and ``started``: wall time just before they were spawned). ``wire``: see the module.
 
     Every input record yields one intermediate record, so the aggregator stops
     after ``expected`` records too.
     """
-    argvs = {"republisher": ["republisher", bootstrap, topic, intermediate, str(expected)],
-             "aggregator": ["aggregator", bootstrap, intermediate, str(expected)]}
+    assert wire in WIRES
+    argvs = {"republisher": ["republisher", bootstrap, topic, intermediate, str(expected), wire],
+             "aggregator": ["aggregator", bootstrap, intermediate, str(expected), wire]}
     started = time.time()
     procs = {name: subprocess.Popen([sys.executable, __file__, *argv], stdout=subprocess.PIPE)
              for name, argv in argvs.items()}
