@@ -6,8 +6,12 @@ Two processes, like ``onceflow chaos``'s ``normalize`` and ``windows``
 - **republisher**: getmany on the raw reports, ``json.loads`` each, produce
   one record per report to an intermediate topic (key: the serial; value:
   ``orjson.dumps`` of its ``[serial, ok, ts]`` results, what onceflow's unit
-  carries without the envelope); a batch's offsets committed once its sends are
-  acknowledged, in batch order, with up to four batches awaiting their acks.
+  carries without the envelope), sent as onceflow's producer sends: per
+  partition (Kafka's default partitioner on the key), in as few ``send_batch``
+  batches as hold them (until 2026-11-25, one ``send`` per record, which cost
+  the process about 10 us per record more); a batch's offsets committed once
+  its sends are acknowledged, in batch order, with up to four batches awaiting
+  their acks.
 - **aggregator**: getmany on the intermediate topic, ``orjson.loads`` each,
   fold ok/failed counts per robot per minute and per robot per day into
   in-memory dicts (window start = ts - ts % size), commit per batch.
@@ -29,7 +33,7 @@ per-record work any implementation of this chain must do, and no more.
   republish step does: a protobuf ``Envelope`` with key, payload type, a source
   chain of one ``SourceRef``, and one ``Item`` per fastening (index,
   ``encode_fastening`` payload, event id, event time), with the envelope format
-  header.
+  header. It sends them as on the JSON wire.
 - The aggregator parses the envelope and reads the source reference and each
   item's index (what dedup would compare). It maps each item's payload with
   ``fastening_of`` and folds it with the example's ``count`` into the minute and
@@ -53,6 +57,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from onceflow.actors.producer import key_partition
 from onceflow.examples.robot_chain import encode_fastening, fastening_of
 from onceflow.examples.robots import count, fastenings, new_counts
 from onceflow.protos.envelope_pb2 import Envelope
@@ -99,6 +104,22 @@ def envelope_unit(record: Any) -> tuple[bytes, bytes]:
     return serial.encode(), unit.SerializeToString()
 
 
+async def send_batches(producer: AIOKafkaProducer, topic: str, partition: int,
+                       outputs: list[tuple[bytes, bytes]], headers: list[tuple[str, bytes]]
+                       ) -> list[asyncio.Future[Any]]:
+    """A partition's outputs in as few batches as hold them (``send_batch``, as onceflow's
+    producer sends): each batch's ack future."""
+    acks = []
+    batch = producer.create_batch()
+    for key, value in outputs:
+        if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+            acks.append(await producer.send_batch(batch, topic, partition=partition))
+            batch = producer.create_batch()
+            batch.append(key=key, value=value, timestamp=None, headers=headers)
+    acks.append(await producer.send_batch(batch, topic, partition=partition))
+    return acks
+
+
 async def republish(bootstrap: str, topic: str, output: str, expected: int,
                     wire: str = "json") -> dict[str, Any]:
     """Each report as one record of its ``[serial, ok, ts]`` results; a batch's offsets
@@ -126,7 +147,8 @@ async def republish(bootstrap: str, topic: str, output: str, expected: int,
         return acked
 
     last = cpu_first = 0.0
-    headers = [ENVELOPE_MARK] if wire == "envelope" else None
+    headers = [ENVELOPE_MARK] if wire == "envelope" else []
+    partitions = sorted(await producer.partitions_for(output))
     try:
         while seen < expected:
             batches = await consumer.getmany(timeout_ms=500, max_records=2000)
@@ -135,6 +157,7 @@ async def republish(bootstrap: str, topic: str, output: str, expected: int,
             if not first:
                 first, cpu_first = time.time(), _cpu()
             sends = []
+            lanes: dict[int, list[tuple[bytes, bytes]]] = {}  # partition -> (key, value)s
             for records in batches.values():
                 for record in records:
                     if wire == "envelope":
@@ -144,8 +167,10 @@ async def republish(bootstrap: str, topic: str, output: str, expected: int,
                         key = report["serial"].encode()
                         value = orjson.dumps([[report["serial"], bool(r["ok"]), r["ts"]]
                                               for r in report["results"]])
-                    sends.append(await producer.send(output, value, key=key, headers=headers))
+                    lanes.setdefault(key_partition(key, partitions), []).append((key, value))
                 seen += len(records)
+            for partition, outputs in lanes.items():
+                sends.extend(await send_batches(producer, output, partition, outputs, headers))
             offsets = {tp: records[-1].offset + 1 for tp, records in batches.items()}
             settled.append(asyncio.ensure_future(
                 settle(settled[-1] if settled else None, sends, offsets)))
