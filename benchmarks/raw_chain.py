@@ -56,6 +56,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from common import send_batches
 
 from onceflow.actors.producer import key_partition
 from onceflow.examples.robot_chain import encode_fastening, fastening_of
@@ -102,22 +103,6 @@ def envelope_unit(record: Any) -> tuple[bytes, bytes]:
         items.add(index=j, payload=encode_fastening(fastening),
                   event_id=event_id(root, (record.offset, j)), event_time_ms=fastening.ts)
     return serial.encode(), unit.SerializeToString()
-
-
-async def send_batches(producer: AIOKafkaProducer, topic: str, partition: int,
-                       outputs: list[tuple[bytes, bytes]], headers: list[tuple[str, bytes]]
-                       ) -> list[asyncio.Future[Any]]:
-    """A partition's outputs in as few batches as hold them (``send_batch``, as onceflow's
-    producer sends): each batch's ack future."""
-    acks = []
-    batch = producer.create_batch()
-    for key, value in outputs:
-        if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
-            acks.append(await producer.send_batch(batch, topic, partition=partition))
-            batch = producer.create_batch()
-            batch.append(key=key, value=value, timestamp=None, headers=headers)
-    acks.append(await producer.send_batch(batch, topic, partition=partition))
-    return acks
 
 
 async def republish(bootstrap: str, topic: str, output: str, expected: int,
