@@ -147,7 +147,8 @@ def render(args: argparse.Namespace, runs: list[tuple[Measure, Measure, Measure]
         f"--repeat {args.repeat} --format {args.format}`  ",
         f"Machine: {machine()}; Tansu and Redis started by the benchmark; "
         f"{args.messages:,} plain JSON items, {PARTITIONS} partitions, {PARTS} outputs each "
-        "(keyed by id); runs alternate raw / onceflow.",
+        "(keyed by id); runs alternate raw (one send per record), raw (send_batch), "
+        "onceflow.",
         "",
         "| run | path | input records/s | output records/s | seconds | peak RSS MB |",
         "|---|---|---:|---:|---:|---:|",
