@@ -221,7 +221,8 @@ async def send_batches(producer: AIOKafkaProducer, topic: str, partition: int,
         if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
             acks.append(await producer.send_batch(batch, topic, partition=partition))
             batch = producer.create_batch()
-            batch.append(key=key, value=value, timestamp=None, headers=headers)
+            if batch.append(key=key, value=value, timestamp=None, headers=headers) is None:
+                raise ValueError(f"a record of {len(value)} bytes fits no batch")
     acks.append(await producer.send_batch(batch, topic, partition=partition))
     return acks
 
