@@ -227,7 +227,6 @@ async def send_batches(producer: AIOKafkaProducer, topic: str, partition: int,
     return acks
 
 
-
 async def raw_republish(bootstrap: str, topic: str, output: str, expected: int,
                         same_partition: bool, batched: bool = False) -> dict[str, float]:
     """The hand-written at-least-once republisher the republish benchmarks compare with.
