@@ -7,28 +7,39 @@ fused ``single_fold.FoldSegment``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from onceflow.stages.formats import Reader, hop_reader, itself, meta_of, source_reader
 from onceflow.stages.guards import check_chain, check_header_names
-from onceflow.stages.lineage import Position, chain_origin
+from onceflow.stages.lineage import Position, chain_origin, origin_of_refs
 from onceflow.stages.origin import chain_envelope
 from onceflow.stages.outcome import ConsumedRecord, StageFailure
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.plan import Head
 from onceflow.stages.producer_dedup import PartitionSequences, SequenceTables
 from onceflow.stages.state import TopicPartition
+from onceflow.stages.unit_wire import WireUnit, read_unit
 from onceflow.stages.units import expand, unit_of
 
 
 class Heads:
     """The readers of a pipeline's consumed topics (sources and repartition hops)."""
 
-    def __init__(self, pipeline: Pipeline, sequences: SequenceTables | None):
+    def __init__(self, pipeline: Pipeline, sequences: SequenceTables | None,
+                 without_envelope: Iterable[str] = ()):
+        """``without_envelope``: topics whose steps never read a record's envelope (no
+        republish step); their units are read off the wire (``unit_wire``)."""
         self._readers = {topic: source_reader(topic, pipeline.format_of(topic), pipeline.decode,
                                               pipeline.with_meta) for topic in pipeline.topics}
         self._readers.update({hop.topic: hop_reader(hop.topic, hop.decode)
                               for hop in pipeline.repartitions})
         self._first = self._readers[pipeline.topics[0]]
         self.sequences = sequences
+        envelopes = {*(t for t in pipeline.topics if pipeline.format_of(t) == "envelope"),
+                     *(hop.topic for hop in pipeline.repartitions)}
+        self._wire_topics = {topic for topic in without_envelope if topic in envelopes
+                             and self._readers[topic].payload is not None
+                             and not self._readers[topic].with_meta}
 
     def __call__(self, record: ConsumedRecord, fed_from: TopicPartition, offset: int,
                  table: PartitionSequences | None) -> Head | None:
@@ -41,6 +52,13 @@ class Heads:
         headers = record.headers
         if headers:
             check_header_names(headers)
+        if table is None and fed_from[0] in self._wire_topics:
+            data = record.value
+            wire = read_unit(data) if type(data) is bytes else None
+            if wire is not None:
+                head = _wire_head(wire, reader, fed_from, offset)
+                if head is not None:
+                    return head
         value, envelope = reader.parse(record)  # FormatError: a dead letter naming the formats
         if envelope is None and headers:  # a plain output of another onceflow step: its chain
             envelope = chain_envelope(record.key, record.timestamp, headers)
@@ -65,3 +83,29 @@ class Heads:
             raise StageFailure("decode", error) from error
         return (envelope, root, route,
                 [(value, meta_of(record, envelope)) if reader.with_meta else value], [position])
+
+
+def _wire_head(wire: WireUnit, reader: Reader, fed_from: TopicPartition, offset: int
+               ) -> Head | None:
+    """``Heads.__call__`` of a unit read off the wire, for a topic whose steps take only
+    its items' payloads (no envelope: none of them reads it); None where the unit is
+    one ``unit_of`` refuses, so that protobuf's path refuses it in its words."""
+    chain, indexes, payloads = wire
+    if not chain:
+        return None
+    root, route, position = origin_of_refs(chain)
+    check_chain(len(chain), root, position, fed_from, offset)
+    last = -1
+    for index in indexes:
+        if index <= last:
+            return None
+        last = index
+    base = position[:-1]
+    positions = [base + (index,) for index in indexes]  # noqa: RUF005 (as units.expand)
+    fast = reader.payload
+    assert fast is not None
+    try:
+        values = [fast(payload) for payload in payloads]
+    except Exception as error:
+        raise StageFailure("decode", error) from error
+    return None, root, route, values, positions

@@ -63,6 +63,19 @@ def chain_origin(chain: Sequence[SourceRef]) -> tuple[RootPartition, Route, Posi
     return root, route_of_chain(chain), (first.offset, *(ref.index for ref in chain))
 
 
+def origin_of_refs(chain: list[tuple[str, int, int, int]]
+                   ) -> tuple[RootPartition, Route, Position]:
+    """``chain_origin`` of a non-empty chain read off the wire (``unit_wire.read_unit``):
+    each hop as (topic, partition, offset, index)."""
+    first = chain[0]
+    root = (first[0], first[1])
+    if len(chain) == 1:
+        return root, root, (first[2], first[3])
+    last = chain[-1]
+    route = (">".join([*(f"{ref[0]}/{ref[1]}" for ref in chain[:-1]), last[0]]), last[1])
+    return root, route, (first[2], *(ref[3] for ref in chain))
+
+
 def route_of(envelope: Envelope | None, topic: str, partition: int) -> Route:
     """The path a record consumed from topic/partition travelled, as a watermark key.
 

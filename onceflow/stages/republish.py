@@ -19,6 +19,7 @@ from onceflow.stages.origin import plain_headers
 from onceflow.stages.outcome import ConsumedRecord, Output
 from onceflow.stages.pipeline import Republish
 from onceflow.stages.state import TopicPartition
+from onceflow.stages.unit_wire import ItemFields, Ref, unit_envelope
 
 
 class WrittenOutputs:
@@ -146,19 +147,21 @@ def _units(
 ) -> tuple[list[Position], list[Output]]:
     """``republished`` for a unit step: one envelope per run of consecutive values with one
     key (and one source item, for a consumed unit: a unit's items share their chain), cut
-    into several past ``UNIT_MAX_BYTES``; each unit's position is its first value's."""
+    into several past ``UNIT_MAX_BYTES``; each unit's position is its first value's.
+    Written by ``unit_wire``, or built through protobuf for values it does not write."""
     encode: Callable[[Any], Any] = step.encode  # as in ``republished``
     key_of: Callable[[Any], Any] | None = step.key
     event_time: Callable[[Any], Any] | None = step.event_time_ms
     positions: list[Position] = []
-    units: list[Envelope] = []
-    prior = envelope.source_chain if envelope is not None else ()
+    units: list[tuple[Any, list[Ref], list[ItemFields]]] = []  # key, chain, items
+    prior: list[Ref] = [] if envelope is None else [
+        (ref.topic, ref.partition, ref.offset, ref.index) for ref in envelope.source_chain]
     hop = len(prior)
     times = _item_times(envelope)
     partition = step.partition_of(record.topic, record.partition)
     topic, in_partition, offset = record.topic, record.partition, record.offset
     fan = _fan_out(values, hop) if times else None
-    items = None
+    items: list[ItemFields] = []
     run: tuple[Any, int] | None = None
     size = 0
     for n, (pos, value) in enumerate(values):
@@ -169,22 +172,38 @@ def _units(
         size += len(payload)
         if run != (out_key, source) or size > UNIT_MAX_BYTES:
             run, size = (out_key, source), len(payload)
-            unit = Envelope(key=out_key, payload_type=step.payload_type)
-            chain = unit.source_chain
-            if prior:
-                chain.extend(prior)
-                if times:
-                    chain[-1].index = source
-            chain.add(topic=topic, partition=in_partition, offset=offset, index=j)
-            items = unit.items
-            units.append(unit)
+            chain = list(prior)
+            if times:
+                last_topic, last_partition, last_offset, _ = chain[-1]
+                chain[-1] = (last_topic, last_partition, last_offset, source)
+            chain.append((topic, in_partition, offset, j))
+            items = []
+            units.append((out_key, chain, items))
             positions.append(pos)
-        assert items is not None
-        items.add(index=j, payload=payload, event_id=event_id(root, pos),
-                  event_time_ms=(event_time(value) if event_time is not None
-                                 else times[source] if times else time_ms))
-    return positions, [Output(step.topic, unit.key.encode() or None, unit.SerializeToString(),
-                              (ENVELOPE_MARK,), partition) for unit in units]
+        items.append((j, payload, (event_time(value) if event_time is not None
+                                   else times[source] if times else time_ms),
+                      event_id(root, pos)))
+    outputs: list[Output] = []
+    for out_key, chain, unit_items in units:
+        written = unit_envelope(out_key, step.payload_type, chain, unit_items)
+        if written is None:  # a value unit_wire leaves to protobuf, to accept or refuse
+            unit = _built_unit(out_key, step.payload_type, chain, unit_items)
+            written, out_key = unit.SerializeToString(), unit.key
+        outputs.append(Output(step.topic, out_key.encode() or None, written, (ENVELOPE_MARK,),
+                              partition))
+    return positions, outputs
+
+
+def _built_unit(key: Any, payload_type: str, chain: list[Ref], items: list[ItemFields]
+                ) -> Envelope:
+    """The unit envelope built through protobuf (``unit_wire.unit_envelope``'s reference)."""
+    unit = Envelope(key=key, payload_type=payload_type)
+    for ref_topic, ref_partition, ref_offset, ref_index in chain:
+        unit.source_chain.add(topic=ref_topic, partition=ref_partition, offset=ref_offset,
+                              index=ref_index)
+    for index, payload, item_time, item_id in items:
+        unit.items.add(index=index, payload=payload, event_time_ms=item_time, event_id=item_id)
+    return unit
 
 
 def _item_times(envelope: Envelope | None) -> dict[int, int] | None:

@@ -80,7 +80,9 @@ class PipelineRunner:
         self._max_value = dead_letter_max_value
         self.sequences = None if pipeline.dedup is None else SequenceTables(  # producer dedup
             pipeline.dedup, pipeline.topics, load_sequences, pipeline.dedup_store)
-        self._head = Heads(pipeline, self.sequences)
+        self._head = Heads(pipeline, self.sequences, [  # their steps never read an envelope
+            topic for topic, steps in self._segments.items()
+            if all(kind is not REPUBLISH for kind, *_ in steps)])
         self.written = WrittenOutputs()  # what exclusive republish steps find written
         self.side = SideOutputs(self.written)  # dead letters and late events: the same
         self.clocks = {t: WindowClock(t, idle_timeout, load_rows, hold_new)

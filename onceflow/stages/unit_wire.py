@@ -1,0 +1,230 @@
+"""Unit envelopes written straight in protobuf's wire format, without building messages.
+
+A republish step with ``unit=True`` writes one ``Envelope`` per run of values
+(``stages.units``). Built through protobuf's Python API, each ``items.add``
+looks its keyword names up in the message descriptor and each field set
+crosses into upb: about half of the chain's republisher's time per record
+(``benchmarks/RESULTS.md``, issue 13, eighth session). The envelope uses few
+field types (strings, bytes, int32, int64, nested messages), so this module
+writes them itself, as protobuf's encoder does: fields in number order,
+proto3 defaults (0, empty) left out, negative ints as ten-byte varints.
+``tests/unit/test_unit_wire.py`` pins it to ``SerializeToString`` byte for byte.
+
+Only plain values are written here: a key or event id that is no ``str``,
+an event time that is no ``int`` or outside int64, a payload that is no
+``bytes``, or text that UTF-8 cannot encode answers None, and the caller
+builds the envelope through protobuf (which accepts or refuses the value
+as it always did).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: One-byte varints (0-127), shared.
+_SMALL = [bytes((n,)) for n in range(128)]
+_TWO_64 = 1 << 64
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+# Tags (field number << 3 | wire type): Envelope, SourceRef, Item (envelope.proto).
+_KEY, _PAYLOAD_TYPE, _SOURCE, _ITEM = b"\x1a", b"\x2a", b"\x32", b"\x3a"
+_REF_TOPIC, _REF_PARTITION, _REF_OFFSET, _REF_INDEX = b"\x0a", b"\x10", b"\x18", b"\x20"
+_ITEM_INDEX, _ITEM_PAYLOAD, _ITEM_TIME, _ITEM_ID = b"\x08", b"\x12", b"\x18", b"\x22"
+
+#: A source reference: topic, partition, offset, fan-out index.
+Ref = tuple[str, int, int, int]
+#: A unit item: index, payload, event time (ms), event id.
+ItemFields = tuple[int, Any, Any, Any]
+
+
+def varint(value: int) -> bytes:
+    """Base-128 varint of ``value`` (0 <= value < 2**64)."""
+    if value < 128:
+        return _SMALL[value]
+    out = bytearray()
+    while value > 127:
+        out.append((value & 127) | 128)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _signed(value: int) -> bytes:
+    """An int32 or int64 field's varint: a negative value as its 64-bit two's complement."""
+    return varint(value + _TWO_64 if value < 0 else value)
+
+
+def _delimited(tag: bytes, body: bytes) -> bytes:
+    return tag + varint(len(body)) + body
+
+
+def _ref(ref: Ref) -> bytes:
+    topic, partition, offset, index = ref
+    body = _delimited(_REF_TOPIC, topic.encode()) if topic else b""
+    if partition:
+        body += _REF_PARTITION + _signed(partition)
+    if offset:
+        body += _REF_OFFSET + _signed(offset)
+    if index:
+        body += _REF_INDEX + _signed(index)
+    return _delimited(_SOURCE, body)
+
+
+def _item(fields: ItemFields) -> bytes | None:
+    index, payload, time_ms, event_id = fields
+    if type(payload) is not bytes or type(time_ms) is not int or type(event_id) is not str \
+            or not _INT64_MIN <= time_ms <= _INT64_MAX:
+        return None
+    body = _ITEM_INDEX + _signed(index) if index else b""
+    if payload:
+        body += _delimited(_ITEM_PAYLOAD, payload)
+    if time_ms:
+        body += _ITEM_TIME + _signed(time_ms)
+    if event_id:
+        body += _delimited(_ITEM_ID, event_id.encode())
+    return _delimited(_ITEM, body)
+
+
+def unit_envelope(key: Any, payload_type: str, chain: list[Ref], items: list[ItemFields]
+                  ) -> bytes | None:
+    """``Envelope(key, payload_type, source_chain, items).SerializeToString()``, or None
+    for a value this module does not write (see the module)."""
+    if type(key) is not str:
+        return None
+    try:
+        parts = [_delimited(_KEY, key.encode()) if key else b"",
+                 _delimited(_PAYLOAD_TYPE, payload_type.encode()) if payload_type else b""]
+        parts.extend([_ref(ref) for ref in chain])
+        for fields in items:
+            item = _item(fields)
+            if item is None:
+                return None
+            parts.append(item)
+    except UnicodeEncodeError:  # a lone surrogate: protobuf refuses it in its own words
+        return None
+    return b"".join(parts)
+
+
+#: A consumed unit as ``read_unit`` reads it: its source chain, its items' indexes and
+#: payloads.
+WireUnit = tuple[list[Ref], list[int], list[bytes]]
+_UINT64 = (1 << 64) - 1
+_INT32_SIGN, _TWO_32 = 1 << 31, 1 << 32
+_INT64_SIGN = 1 << 63
+
+
+def read_unit(data: bytes) -> WireUnit | None:
+    """A unit envelope's source chain and items, read as protobuf parses them; None for
+    anything else (no items, a field other than a unit's, a wire type or length that
+    does not fit, text that is not UTF-8): the caller parses those with protobuf, which
+    reads or refuses them in its own words.
+
+    The items' event times and ids are checked (an id must be UTF-8) but not kept: the
+    head reads only indexes and payloads (``stages.units``).
+    """
+    chain: list[Ref] = []
+    indexes: list[int] = []
+    payloads: list[bytes] = []
+    at, end = 0, len(data)
+    try:
+        while at < end:
+            tag = data[at]
+            size, at = _varint(data, at + 1)
+            stop = at + size
+            if stop > end:
+                return None
+            if tag == 0x3A:  # Envelope.items
+                item = _item_of(data, at, stop)
+                if item is None:
+                    return None
+                indexes.append(item[0])
+                payloads.append(item[1])
+            elif tag == 0x32:  # Envelope.source_chain
+                ref = _ref_of(data, at, stop)
+                if ref is None:
+                    return None
+                chain.append(ref)
+            elif tag == 0x1A or tag == 0x2A:  # key, payload type: UTF-8, as protobuf checks
+                data[at:stop].decode()
+            else:
+                return None
+            at = stop
+    except (IndexError, UnicodeDecodeError):
+        return None
+    if not indexes:
+        return None
+    return chain, indexes, payloads
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    """The varint at ``at`` (its low 64 bits, as protobuf keeps them) and the offset after
+    it; IndexError past the end or past ten bytes."""
+    byte = data[at]
+    if byte < 128:
+        return byte, at + 1
+    value, shift = byte & 127, 7
+    while True:
+        at += 1
+        if shift > 63:
+            raise IndexError("varint longer than ten bytes")
+        byte = data[at]
+        value |= (byte & 127) << shift
+        if byte < 128:
+            return value & _UINT64, at + 1
+        shift += 7
+
+
+def _int32(value: int) -> int:
+    value &= _TWO_32 - 1
+    return value - _TWO_32 if value >= _INT32_SIGN else value
+
+
+def _int64(value: int) -> int:
+    return value - _TWO_64 if value >= _INT64_SIGN else value
+
+
+def _ref_of(data: bytes, at: int, end: int) -> Ref | None:
+    topic, partition, offset, index = "", 0, 0, 0
+    while at < end:
+        tag = data[at]
+        value, at = _varint(data, at + 1)
+        if tag == 0x0A:
+            stop = at + value
+            if stop > end:
+                return None
+            topic = data[at:stop].decode()
+            at = stop
+        elif tag == 0x10:
+            partition = _int32(value)
+        elif tag == 0x18:
+            offset = _int64(value)
+        elif tag == 0x20:
+            index = _int32(value)
+        else:
+            return None
+    if at != end:
+        return None
+    return topic, partition, offset, index
+
+
+def _item_of(data: bytes, at: int, end: int) -> tuple[int, bytes] | None:
+    index, payload = 0, b""
+    while at < end:
+        tag = data[at]
+        value, at = _varint(data, at + 1)
+        if tag == 0x12 or tag == 0x22:
+            stop = at + value
+            if stop > end:
+                return None
+            if tag == 0x12:
+                payload = data[at:stop]
+            else:
+                data[at:stop].decode()  # the event id: UTF-8, as protobuf checks
+            at = stop
+        elif tag == 0x08:
+            index = _int32(value)
+        elif tag != 0x18:  # the event time, not kept
+            return None
+    if at != end:
+        return None
+    return index, payload
