@@ -10,7 +10,7 @@ writes them itself, as protobuf's encoder does: fields in number order,
 proto3 defaults (0, empty) left out, negative ints as ten-byte varints.
 ``tests/unit/test_unit_wire.py`` pins it to ``SerializeToString`` byte for byte.
 
-Only plain values are written here: a key or event id that is no ``str``,
+Only plain values are written here: a key, payload type or event id that is no ``str``,
 an event time that is no ``int`` or outside int64, a payload that is no
 ``bytes``, or text that UTF-8 cannot encode answers None, and the caller
 builds the envelope through protobuf (which accepts or refuses the value
@@ -85,11 +85,11 @@ def _item(fields: ItemFields) -> bytes | None:
     return _delimited(_ITEM, body)
 
 
-def unit_envelope(key: Any, payload_type: str, chain: list[Ref], items: list[ItemFields]
+def unit_envelope(key: Any, payload_type: Any, chain: list[Ref], items: list[ItemFields]
                   ) -> bytes | None:
     """``Envelope(key, payload_type, source_chain, items).SerializeToString()``, or None
     for a value this module does not write (see the module)."""
-    if type(key) is not str:
+    if type(key) is not str or type(payload_type) is not str:
         return None
     try:
         parts = [_delimited(_KEY, key.encode()) if key else b"",
