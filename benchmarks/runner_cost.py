@@ -11,12 +11,14 @@ store, no Kafka), and the worker's garbage-collector settings
 
 ``--pipeline normalize`` runs the chaos topology's republisher instead (flat-map
 1 -> ~3, a unit per report, or an envelope per output with ``--per-value``);
-``--pipeline windows`` its windowed aggregator (two tumbling-window stages)
+``--pipeline counting`` an aggregate feeding a republish step (no fused shape: every
+record takes the general path, a plan per record). ``--pipeline windows`` the chain's
+windowed aggregator (two tumbling-window stages)
 over the republisher's outputs, with ``Envelope.FromString`` + ``json.loads``
 of each payload (a unit's: each item's) as the baseline.
 
     python benchmarks/runner_cost.py [--messages 200000] [--repeat 5] [--profile]
-        [--pipeline robots|normalize|windows] [--per-value]
+        [--pipeline robots|normalize|counting|windows] [--per-value]
 
 ``--profile`` prints cProfile's top 15 (by own time) of one pass instead.
 """
@@ -34,7 +36,7 @@ from operator import attrgetter
 from aiokafka.structs import ConsumerRecord
 
 from onceflow.devtools.robot_stream import generate
-from onceflow.examples.robot_chain import build_normalize, build_windows
+from onceflow.examples.robot_chain import build_counting_normalize, build_normalize, build_windows
 from onceflow.examples.robots import build
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.runtime.worker import tune_gc
@@ -48,6 +50,7 @@ PIPELINES: dict[str, Callable[[], Pipeline]] = {
     "robots": lambda: build("reports"),
     "normalize": lambda: build_normalize("reports", "normalized", unit=UNITS),
     "windows": lambda: build_windows("normalized", "redis"),
+    "counting": lambda: build_counting_normalize("reports", "normalized", "redis"),
 }
 PIPELINE = "robots"
 UNITS = True  # the normalize pipeline makes units (one record per report); see --per-value
