@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from onceflow.stages.formats import Reader, hop_reader, itself, meta_of, source_reader
 from onceflow.stages.guards import check_chain, check_header_names
-from onceflow.stages.lineage import Position, chain_origin, origin_of_refs
+from onceflow.stages.lineage import Position, chain_origin, origin_of_hops
 from onceflow.stages.origin import chain_envelope
 from onceflow.stages.outcome import ConsumedRecord, StageFailure
 from onceflow.stages.pipeline import Pipeline
@@ -19,7 +19,7 @@ from onceflow.stages.plan import Head
 from onceflow.stages.producer_dedup import PartitionSequences, SequenceTables
 from onceflow.stages.state import TopicPartition
 from onceflow.stages.unit_wire import WireUnit, read_unit
-from onceflow.stages.units import expand, unit_of
+from onceflow.stages.units import expand, out_of_order, unit_of
 
 
 class Heads:
@@ -93,13 +93,10 @@ def _wire_head(wire: WireUnit, reader: Reader, fed_from: TopicPartition, offset:
     chain, indexes, payloads = wire
     if not chain:
         return None
-    root, route, position = origin_of_refs(chain)
+    root, route, position = origin_of_hops(chain)
     check_chain(len(chain), root, position, fed_from, offset)
-    last = -1
-    for index in indexes:
-        if index <= last:
-            return None
-        last = index
+    if out_of_order(indexes) is not None:
+        return None
     base = position[:-1]
     positions = [base + (index,) for index in indexes]  # noqa: RUF005 (as units.expand)
     fast = reader.payload

@@ -50,30 +50,30 @@ def root_of(envelope: Envelope | None, topic: str, partition: int, offset: int) 
     return (root.topic, root.partition), (root.offset, *(ref.index for ref in chain))
 
 
+#: A hop of a source chain as plain values: topic, partition, offset, fan-out index.
+Hop = tuple[str, int, int, int]
+
+
+def hops_of(chain: Sequence[SourceRef]) -> list[Hop]:
+    """A protobuf source chain as plain values, each field read once (a protobuf field is
+    built anew each time it is read)."""
+    return [(ref.topic, ref.partition, ref.offset, ref.index) for ref in chain]
+
+
 def chain_origin(chain: Sequence[SourceRef]) -> tuple[RootPartition, Route, Position]:
     """``root_of`` and ``route_of`` of a record with this non-empty source chain, in one
-    call (the runner's per-record path: a protobuf field is built anew each time it is
-    read, so it reads each once)."""
-    if len(chain) == 1:  # one hop (a republisher's output): its root is its route
-        ref = chain[0]
-        root = (ref.topic, ref.partition)
-        return root, root, (ref.offset, ref.index)
-    first = chain[0]
-    root = (first.topic, first.partition)
-    return root, route_of_chain(chain), (first.offset, *(ref.index for ref in chain))
+    call (the runner's per-record path)."""
+    return origin_of_hops(hops_of(chain))
 
 
-def origin_of_refs(chain: list[tuple[str, int, int, int]]
-                   ) -> tuple[RootPartition, Route, Position]:
-    """``chain_origin`` of a non-empty chain read off the wire (``unit_wire.read_unit``):
-    each hop as (topic, partition, offset, index)."""
+def origin_of_hops(chain: list[Hop]) -> tuple[RootPartition, Route, Position]:
+    """``chain_origin`` of a non-empty chain of plain hops (``hops_of``, or one read off
+    the wire by ``unit_wire.read_unit``)."""
     first = chain[0]
     root = (first[0], first[1])
-    if len(chain) == 1:
+    if len(chain) == 1:  # one hop (a republisher's output): its root is its route
         return root, root, (first[2], first[3])
-    last = chain[-1]
-    route = (">".join([*(f"{ref[0]}/{ref[1]}" for ref in chain[:-1]), last[0]]), last[1])
-    return root, route, (first[2], *(ref[3] for ref in chain))
+    return root, route_of_hops(chain), (first[2], *(hop[3] for hop in chain))
 
 
 def route_of(envelope: Envelope | None, topic: str, partition: int) -> Route:
@@ -89,10 +89,15 @@ def route_of(envelope: Envelope | None, topic: str, partition: int) -> Route:
 
 def route_of_chain(chain: Sequence[SourceRef]) -> Route:
     """``route_of`` a non-empty source chain."""
+    return route_of_hops(hops_of(chain))
+
+
+def route_of_hops(chain: list[Hop]) -> Route:
+    """``route_of_chain`` of a non-empty chain of plain hops."""
     *path, last = chain
     if not path:
-        return last.topic, last.partition
-    return ">".join([*(f"{ref.topic}/{ref.partition}" for ref in path), last.topic]), last.partition
+        return last[0], last[1]
+    return ">".join([*(f"{hop[0]}/{hop[1]}" for hop in path), last[0]]), last[1]
 
 
 def event_id(root: RootPartition, position: Position) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.formats import ENVELOPE_MARK, FORMAT_HEADER
-from onceflow.stages.lineage import Position, RootPartition, event_id
+from onceflow.stages.lineage import Position, RootPartition, event_id, hops_of
 from onceflow.stages.origin import plain_headers
 from onceflow.stages.outcome import ConsumedRecord, Output
 from onceflow.stages.pipeline import Republish
@@ -154,8 +154,7 @@ def _units(
     event_time: Callable[[Any], Any] | None = step.event_time_ms
     positions: list[Position] = []
     units: list[tuple[Any, list[Ref], list[ItemFields]]] = []  # key, chain, items
-    prior: list[Ref] = [] if envelope is None else [
-        (ref.topic, ref.partition, ref.offset, ref.index) for ref in envelope.source_chain]
+    prior: list[Ref] = [] if envelope is None else hops_of(envelope.source_chain)
     hop = len(prior)
     times = _item_times(envelope)
     partition = step.partition_of(record.topic, record.partition)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from onceflow.stages.lineage import Hop
+
 #: One-byte varints (0-127), shared.
 _SMALL = [bytes((n,)) for n in range(128)]
 _TWO_64 = 1 << 64
@@ -31,8 +33,8 @@ _KEY, _PAYLOAD_TYPE, _SOURCE, _ITEM = b"\x1a", b"\x2a", b"\x32", b"\x3a"
 _REF_TOPIC, _REF_PARTITION, _REF_OFFSET, _REF_INDEX = b"\x0a", b"\x10", b"\x18", b"\x20"
 _ITEM_INDEX, _ITEM_PAYLOAD, _ITEM_TIME, _ITEM_ID = b"\x08", b"\x12", b"\x18", b"\x22"
 
-#: A source reference: topic, partition, offset, fan-out index.
-Ref = tuple[str, int, int, int]
+#: A source reference: topic, partition, offset, fan-out index (``lineage.Hop``).
+Ref = Hop
 #: A unit item: index, payload, event time (ms), event id.
 ItemFields = tuple[int, Any, Any, Any]
 

@@ -42,13 +42,22 @@ def unit_of(envelope: Envelope | None) -> tuple[list[Item], list[int]] | None:
         raise FormatError("unit", "a unit (envelope with items) without a source chain: "
                           "forged or corrupt")
     indexes = [item.index for item in items]
+    disorder = out_of_order(indexes)
+    if disorder is not None:
+        raise FormatError("unit", f"unit item index {disorder[0]} after {disorder[1]}: items "
+                          "must be in fan-out order")
+    return items, indexes
+
+
+def out_of_order(indexes: list[int]) -> tuple[int, int] | None:
+    """The first item index not above the one before it (and that one), None if they rise
+    from 0 up: a unit's items are in fan-out order."""
     last = -1
     for index in indexes:
         if index <= last:
-            raise FormatError("unit", f"unit item index {index} after {last}: items must "
-                              "be in fan-out order")
+            return index, last
         last = index
-    return items, indexes
+    return None
 
 
 def expand(reader: Reader, envelope: Envelope, unit: tuple[list[Item], list[int]],
