@@ -305,18 +305,21 @@ def report_table(report: ChaosReport) -> Table:
 
 
 def start_store(kind: str, state: Path, namespace: str) -> tuple[ServiceInfo, dict[str, str]]:
-    """Start a local Redis or Cassandra and the ``--set`` overrides that point a worker at it.
+    """Start a local Redis or Cassandra and the ``--set`` overrides that point a worker at it."""
+    service = (services.start_redis(state / "redis") if kind == "redis"
+               else services.start_cassandra(state / "cassandra"))
+    return service, store_settings(kind, service, namespace)
 
-    ``namespace`` becomes the Redis key prefix or the Cassandra keyspace.
-    """
+
+def store_settings(kind: str, service: ServiceInfo, namespace: str) -> dict[str, str]:
+    """The ``--set`` overrides that point a worker at a running Redis or Cassandra;
+    ``namespace`` becomes the Redis key prefix or the Cassandra keyspace."""
     if kind == "redis":
-        redis = services.start_redis(state / "redis")
-        return redis, {"onceflow.stores.redis.url": f"redis://{redis.address}/0",
-                       "onceflow.stores.redis.key-prefix": namespace}
-    cassandra = services.start_cassandra(state / "cassandra")
-    return cassandra, {"onceflow.stores.cassandra.contact-points": cassandra.host,
-                       "onceflow.stores.cassandra.port": str(cassandra.port),
-                       "onceflow.stores.cassandra.keyspace": namespace}
+        return {"onceflow.stores.redis.url": f"redis://{service.address}/0",
+                "onceflow.stores.redis.key-prefix": namespace}
+    return {"onceflow.stores.cassandra.contact-points": service.host,
+            "onceflow.stores.cassandra.port": str(service.port),
+            "onceflow.stores.cassandra.keyspace": namespace}
 
 
 def cli(argv: list[str]) -> int:
