@@ -82,6 +82,7 @@ class PipelineActor(ReportingActor):
                                       hold_new=True)
         self._sequence_store = pipeline.dedup_store
         self._warned_misaligned: set[str] = set()
+        self._warned_unkeyed: set[TopicPartition] = set()
         self._dead_letter_warnings = DeadLetterWarnings(log)
         self._producer = producer
         self._persistence = persistence
@@ -265,7 +266,22 @@ class PipelineActor(ReportingActor):
                 log.warning("dead-lettered a record fed from the wrong partition (%d in this "
                             "batch; see onceflow_misaligned_records): %s", n,
                             outcome.misaligned_reason[stage_id])
+        sequences = self._runner.sequences
+        if sequences is not None:
+            self._warn_unkeyed(sequences.unkeyed())
         self._bound_cache()
+
+    def _warn_unkeyed(self, partitions: list[TopicPartition]) -> None:
+        """Once per partition: producer dedup compares a re-send with the records of its
+        own partition, and a re-send without a key may land on another."""
+        for topic, partition in partitions:
+            if (topic, partition) not in self._warned_unkeyed:
+                self._warned_unkeyed.add((topic, partition))
+                log.warning("%s[%d] has records without a Kafka key: producer dedup finds a "
+                            "re-send only on its original's partition, and a producer that "
+                            "re-sends without a key may land on another (then it is counted "
+                            "twice); key the records, by producer or by producer and sequence "
+                            "(README, \"Producer duplicates\")", topic, partition)
 
     def _snapshot(self, force: bool) -> Snapshot | None:
         """Encode dirty states now: later folds cannot change what gets written."""

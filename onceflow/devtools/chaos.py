@@ -24,7 +24,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +48,7 @@ from onceflow.devtools.harness import (
     read_ends,
     worker_command,
 )
-from onceflow.devtools.robot_stream import RobotStream, generate
+from onceflow.devtools.robot_stream import RobotStream, generate, parse_report
 from onceflow.devtools.services import ServiceInfo
 from onceflow.devtools.tables import measures
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, dropped_duplicates
@@ -67,8 +67,9 @@ class ChaosOptions:
     max_delay_ms: int = 120_000  # how far out of order
     resend: float = 0.02  # share of reports a robot sends twice (dropped by the republisher)
     timeout: float = 300.0
-    #: Reports keyed by robot (one raw partition per robot); False: spread over the raw
-    #: partitions, so each robot's events reach the aggregator from every root partition.
+    #: Reports keyed by robot (one raw partition per robot); False: keyed by robot and
+    #: sequence (``spread``), so each robot's events reach the aggregator from every root
+    #: partition, and a re-sent report lands on its original's partition.
     keyed: bool = True
     republishers: int = 1  # republisher processes (one consumer group)
     down: float = 0.0  # seconds a killed process stays down before its restart
@@ -164,8 +165,7 @@ class _Chaos:
             worker.start()
         self.report.timeline["workers started"] = time.time()
         raw_ends: dict[int, int] = {}
-        messages = stream.messages if o.keyed else [  # each report on a partition of its own
-            (f"{i}".encode(), value) for i, (_, value) in enumerate(stream.messages)]
+        messages = stream.messages if o.keyed else spread(stream.messages)
         producing = asyncio.create_task(
             produce(self.bootstrap, self.raw, messages, o.duration, raw_ends))
         rng = random.Random(o.seed)
@@ -249,6 +249,19 @@ class _Chaos:
                 self.report.duplicates[stage] = stats.get(f"{stage}.duplicates", 0)
         finally:
             store.close()
+
+
+def spread(messages: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Each report keyed by its robot and sequence: a robot's reports spread over the raw
+    partitions, and a re-send, the same report sent again, lands on its original's (as a
+    keyed producer's re-sends do): producer-sequence dedup compares them there. (A re-send
+    under another key may land elsewhere, where no partition's table has the original;
+    README, "Producer duplicates".)"""
+    keyed = []
+    for _, value in messages:
+        report = parse_report(value)
+        keyed.append((f"{report['serial']}:{report['seq']}".encode(), value))
+    return keyed
 
 
 class StoreOpener:

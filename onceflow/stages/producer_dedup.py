@@ -51,12 +51,15 @@ class PartitionSequences:
     ``producers``: producer -> [epoch, highest sequence, last record timestamp].
     ``next_offset``: every record below it is already classified.
     ``duplicates``: producer duplicates dropped so far (durable, so exact).
+    ``unkeyed``: records without a Kafka key met since loaded (memory only, for a warning:
+    a re-send without a key may land on another partition, where this table cannot see it).
     """
 
     next_offset: int = 0
     newest_ms: int = 0
     duplicates: int = 0
     producers: dict[str, list[int]] = field(default_factory=dict)
+    unkeyed: int = 0
 
     def admit(self, producer: str, epoch: int, sequence: int, timestamp_ms: int | None,
               idle_timeout_ms: int) -> bool:
@@ -196,10 +199,17 @@ class SequenceTables:
                                  f"(at most {MAX_PRODUCER})")
             sequence = _integer(record, value, spec.sequence, "sequence")
             epoch = 0 if spec.epoch is None else _integer(record, value, spec.epoch, "epoch")
+        if record.key is None:
+            table.unkeyed += 1
         if table.admit(producer, epoch, sequence, record.timestamp, self._idle_ms):
             return True
         self._duplicates += 1
         return False
+
+    def unkeyed(self) -> list[TopicPartition]:
+        """Source partitions where records without a Kafka key were met (see
+        ``PartitionSequences.unkeyed``)."""
+        return [tp for tp, table in self.partitions.items() if table.unkeyed]
 
     def count(self, outcome: BatchOutcome) -> None:
         """Move this batch's counts into the outcome (stage ``source``)."""

@@ -18,8 +18,10 @@ DISORDER_MS = 20_000
 def test_lagging_republishers_make_no_event_late(kafka_service: ServiceInfo,
                                                   redis_service: ServiceInfo,
                                                   tmp_path: Path) -> None:
-    # Reports spread over the 4 raw partitions (not keyed by robot): after the
-    # republishers re-key by robot, each robot's events come from every root partition.
+    # Reports spread over the 4 raw partitions (keyed by robot and sequence, not by robot):
+    # after the republishers re-key by robot, each robot's events come from every root
+    # partition. Re-sent reports land on their original's partition, where the
+    # republishers' producer dedup drops them.
     # Two republisher processes and the aggregator are SIGKILLed three times each and
     # kept down 4 s: the input's event time runs 25x faster than the wall clock, so each
     # outage puts the killed republisher's partitions 100 s behind, more than the 30 s
@@ -29,7 +31,7 @@ def test_lagging_republishers_make_no_event_late(kafka_service: ServiceInfo,
     settings = {"onceflow.stores.redis.url": f"redis://{redis_service.address}/0",
                 "onceflow.stores.redis.key-prefix": f"lag-{time.time_ns()}"}
     options = ChaosOptions(messages=20_000, duration=40.0, kills=9, seed=seed, keyed=False,
-                           republishers=2, disorder=0.3, max_delay_ms=DISORDER_MS, resend=0.0,
+                           republishers=2, disorder=0.3, max_delay_ms=DISORDER_MS, resend=0.02,
                            down=4.0, start_ms=3_600_000,  # the day windows: not at midnight
                            # Event time: 8 minutes are 19 s of this input. Above how far a
                            # stalled root falls behind (down, rejoin); a first start closes
@@ -47,6 +49,8 @@ def test_lagging_republishers_make_no_event_late(kafka_service: ServiceInfo,
     assert report.late == {"per_robot_minute": 0, "per_robot_day": 0}, context
     assert report.late_twice == 0, context
     assert report.lost == 0 and report.double == 0, context
+    assert report.resends > 100, context
+    assert report.producer_duplicates == report.resends, context  # none got through
     assert report.mismatched == {"per_robot_minute": 0, "per_robot_day": 0}, context
     assert report.windows["per_robot_minute"] > 10_000, context
     assert report.closed["per_robot_minute"] > 5_000, context  # closed under the lag

@@ -134,6 +134,18 @@ def test_dedup_without_any_store_is_refused() -> None:
         TestRun(stateless)
 
 
+def test_partitions_with_records_without_a_key_are_named_for_a_warning() -> None:
+    # A re-send without a key may land on another partition, where no table has its
+    # original: the worker warns about the partitions where such records arrive.
+    run = TestRun(_pipeline(), partitions=3)
+    keyed = _report("a", 1, 10, partition=1)
+    run.feed([Record(keyed.value, partition=1, key="a", headers=keyed.headers),
+              _report("b", 1, 20, partition=2)])
+    assert run.runner.sequences is not None
+    assert run.runner.sequences.unkeyed() == [("in", 2)]
+    assert run.states("total") == {"d": 30}  # only named: both folded as before
+
+
 def _pipeline() -> Pipeline:
     return (Pipeline("sums", topics=("in",), format="json",
                      dedup=ProducerDedup(producer="pid", sequence="seq"))
