@@ -72,6 +72,7 @@ class ChaosOptions:
     #: partition, and a re-sent report lands on its original's partition.
     keyed: bool = True
     republishers: int = 1  # republisher processes (one consumer group)
+    aggregators: int = 1  # aggregator processes (one consumer group)
     down: float = 0.0  # seconds a killed process stays down before its restart
     start_ms: int = 0  # event times start that long after midnight
     settings: tuple[tuple[str, str], ...] = ()  # more worker settings (key, value)
@@ -134,7 +135,8 @@ class _Chaos:
         pipelines = {"republisher": f"onceflow.examples.robot_chain:{normalize}",
                      "aggregator": "onceflow.examples.robot_chain:windows"}
         names = {"aggregator": "aggregator", "republisher": "republisher",
-                 **{f"republisher-{n}": "republisher" for n in range(2, o.republishers + 1)}}
+                 **{f"republisher-{n}": "republisher" for n in range(2, o.republishers + 1)},
+                 **{f"aggregator-{n}": "aggregator" for n in range(2, o.aggregators + 1)}}
         self.workers = {
             name: WorkerProcess(
                 worker_command(packaged_config("demo.conf"), {
