@@ -145,13 +145,41 @@ class Probe(threading.Thread):
                     self.samples[name].append((time.time(), float(found[1]), committed))
             self.done.wait(self.interval)
 
+    def members(self, name: str) -> list[str]:
+        """The workers of a role: ``aggregator``, and ``aggregator-2``... with
+        ``--aggregators``."""
+        return [worker for worker in self.samples
+                if worker == name or worker.startswith(f"{name}-")]
+
     def first_and_last(self, name: str) -> tuple[float, float, float]:
-        """When the worker had processed its first record, when its last; how many."""
-        samples = self.samples[name]
+        """When the role's workers had processed their first record, when their last; how
+        many."""
+        spans = [self._first_and_last(worker) for worker in self.members(name)]
+        return (min(first for first, _, _ in spans), max(last for _, last, _ in spans),
+                sum(final for _, _, final in spans))
+
+    def _first_and_last(self, worker: str) -> tuple[float, float, float]:
+        samples = self.samples[worker]
         final = max((n for _, n, _ in samples), default=0.0)
         first = next(t for t, n, _ in samples if n > 0)
         last = next(t for t, n, _ in samples if n >= final)
         return first, last, final
+
+    def steady_us(self, name: str) -> tuple[float, float]:
+        """The role's CPU per record its workers processed, each between its own first and
+        last record; and how many records that was."""
+        cpu = done = 0.0
+        for worker in self.members(name):
+            start, end, _ = self._first_and_last(worker)
+            records = [n for t, n, _ in self.samples[worker] if start <= t <= end]
+            if records:
+                done += max(records) - min(records)
+                cpu += self.cpu_between(self.cpu_samples[worker], start, end)
+        return (cpu / done * 1e6 if done > 0 else float("nan")), done
+
+    def cpu_of(self, name: str) -> float:
+        """CPU seconds of the role's workers (their first incarnations)."""
+        return sum(self.cpu.get(worker, 0.0) for worker in self.members(name))
 
     def cpu_between(self, series: list[tuple[float, float]], start: float, end: float
                     ) -> float:
@@ -162,10 +190,13 @@ class Probe(threading.Thread):
         return at(end) - at(start)
 
     def committed_at(self, name: str) -> float:
-        """When the worker's committed offsets reached their final values (its last commit)."""
-        samples = self.samples[name]
-        final = max(c for _, _, c in samples)
-        return next(t for t, _, c in samples if c >= final)
+        """When the role's committed offsets reached their final values (its last commit)."""
+        moments = []
+        for worker in self.members(name):
+            samples = self.samples[worker]
+            final = max(c for _, _, c in samples)
+            moments.append(next(t for t, _, c in samples if c >= final))
+        return max(moments)
 
 
 def assigned_at(log: Path) -> float:
@@ -201,11 +232,9 @@ def steady_cpu_lines(probe: Probe, first: float, last: float) -> list[str]:
     own = []
     for name in NAMES:
         start, end, _ = probe.first_and_last(name)
-        records = [n for t, n, _ in probe.samples[name] if start <= t <= end]
-        done = max(records) - min(records) if records else 0.0
+        us, done = probe.steady_us(name)
         if done > 0:
-            cpu = probe.cpu_between(probe.cpu_samples[name], start, end)
-            own.append(f"{name} {cpu / done * 1e6:.1f} us per record it processed "
+            own.append(f"{name} {us:.1f} us per record it processed "
                        f"({done:,.0f} records, {end - start:.2f} s)")
     return [
         f"Steady state ({span:.2f} s, the aggregator's first to last record, read every "
@@ -275,12 +304,8 @@ class Round:
         return messages / float(hand["last"] - hand["first"])
 
     def worker_us(self, name: str) -> float:
-        """A worker's CPU per record it processed between its own first and last record."""
-        start, end, _ = self.probe.first_and_last(name)
-        records = [n for t, n, _ in self.probe.samples[name] if start <= t <= end]
-        done = max(records) - min(records) if records else 0.0
-        cpu = self.probe.cpu_between(self.probe.cpu_samples[name], start, end)
-        return cpu / done * 1e6 if done > 0 else float("nan")
+        """A role's CPU per record it processed in its steady state (``Probe.steady_us``)."""
+        return self.probe.steady_us(name)[0]
 
     def score(self, messages: int) -> float:
         """The ratio rounds are ranked by: steady state, or end to end with kills."""
@@ -308,14 +333,16 @@ def measure_round(args: argparse.Namespace, kafka: services.ServiceInfo, baselin
         hand_topic = f"baseline-{wire}-{tag}"
         asyncio.run(harness.create_topic(kafka.address, hand_topic, PARTITIONS))
         hands[wire] = measure_chain(kafka.address, baseline, hand_topic, args.messages, wire)
-    ports = dict(zip(NAMES, (services.free_port() for _ in NAMES), strict=True))
+    workers = [*NAMES, *(f"aggregator-{n}" for n in range(2, args.aggregators + 1))]
+    ports = {worker: services.free_port() for worker in workers}
     worker_settings = {name: {"onceflow.metrics.port": str(port),
                               "onceflow.persistence.interval": args.persistence_interval,
                               "onceflow.commit.interval": args.commit_interval}
                        for name, port in ports.items()}
     probe = Probe(ports, services_pids)
     options = ChaosOptions(messages=args.messages, duration=0, kills=args.kills,
-                           seed=args.seed, store=args.store, units=not args.per_value)
+                           seed=args.seed, store=args.store, units=not args.per_value,
+                           aggregators=args.aggregators)
     probe.start()
     try:
         report = run_chaos(options, bootstrap=kafka.address, store_settings=settings,
@@ -382,8 +409,8 @@ def section(args: argparse.Namespace, run: Round, heading: str) -> list[str]:
         "",
         "CPU time of each worker process (user + system, until its last reading before "
         "it stopped; start-up included): "
-        + (", ".join(f"{name} {probe.cpu[name]:.2f} s ("
-                     f"{probe.cpu[name] / args.messages * 1e6:.1f} us per input record)"
+        + (", ".join(f"{name} {probe.cpu_of(name):.2f} s ("
+                     f"{probe.cpu_of(name) / args.messages * 1e6:.1f} us per input record)"
                      for name in NAMES) if not kills else "n/a with kills") + ".",
         "",
         *(steady_cpu_lines(probe, first, last) if not kills else []),
@@ -428,6 +455,7 @@ def command(args: argparse.Namespace) -> str:
             f"--persistence-interval {args.persistence_interval} "
             f"--commit-interval {args.commit_interval} --raw-repeat {args.raw_repeat}"
             f"{' --per-value' * args.per_value}"
+            f"{f' --aggregators {args.aggregators}' if args.aggregators > 1 else ''}"
             f"{f' --repeat {args.repeat}' if args.repeat > 1 else ''}")
 
 
@@ -448,11 +476,14 @@ def main() -> None:
                         help="rounds of the whole measurement (raw, hand-written, onceflow), "
                              "one after another on the same broker and store: a table of "
                              "every round and their medians, and the median round in full")
+    parser.add_argument("--aggregators", type=int, default=1,
+                        help="aggregator processes in the onceflow chain (one group); the "
+                             "chain's figures are theirs together")
     parser.add_argument("--per-value", action="store_true",
                         help="republish one record per event (default: one unit per report)")
     args = parser.parse_args()
-    if args.repeat < 1 or args.raw_repeat < 1:
-        parser.error("--repeat and --raw-repeat take a positive count")
+    if min(args.repeat, args.raw_repeat, args.aggregators) < 1:
+        parser.error("--repeat, --raw-repeat and --aggregators take a positive count")
     if not args.out.exists():
         parser.error(f"--out {args.out}: no such file (results are appended to it)")
     state = Path(tempfile.mkdtemp(prefix="onceflow-chaos-bench-"))
