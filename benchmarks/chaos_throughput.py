@@ -307,13 +307,23 @@ class Round:
         """A role's CPU per record it processed in its steady state (``Probe.steady_us``)."""
         return self.probe.steady_us(name)[0]
 
+    def end_to_end(self) -> float:
+        """Seconds from both workers' start to the aggregator's last commit (with kills each
+        incarnation's gauges start over: the harness's view of the end instead)."""
+        timeline = self.report.timeline
+        done = timeline["aggregator committed"] if self.kills else \
+            self.probe.committed_at("aggregator")
+        return done - timeline["workers started"]
+
+    def raw_end_to_end(self) -> float:
+        """The raw child's records over its whole life (start, join, consume, stop)."""
+        return self.raw[0]["records"] / self.raw[1]
+
     def score(self, messages: int) -> float:
         """The ratio rounds are ranked by: steady state, or end to end with kills."""
         if not self.kills:
             return self.steady(messages) / self.raw_rate
-        done = self.report.timeline["aggregator committed"] - self.report.timeline[
-            "workers started"]
-        return messages / done / (self.raw[0]["records"] / self.raw[1])
+        return messages / self.end_to_end() / self.raw_end_to_end()
 
 
 def measure_round(args: argparse.Namespace, kafka: services.ServiceInfo, baseline: str,
@@ -359,19 +369,15 @@ def section(args: argparse.Namespace, run: Round, heading: str) -> list[str]:
     raw_rate = run.raw_rate
     raw_rates = ", ".join(f"{r['records'] / r['seconds']:,.0f}" for r, _ in raws)
     first, last, _ = probe.first_and_last("aggregator")  # with kills: the first incarnation's
-    steady = args.messages / (last - first)
-    t0 = report.timeline["workers started"]
+    steady = run.steady(args.messages)
     kills = run.kills
-    # With kills each incarnation's gauges start over: the harness's view of the end instead.
-    done = report.timeline["aggregator committed"] if kills else probe.committed_at("aggregator")
-    end_to_end = done - t0
-    chain_e2e, raw_e2e = args.messages / end_to_end, raw["records"] / raw_life
+    end_to_end = run.end_to_end()
+    chain_e2e, raw_e2e = args.messages / end_to_end, run.raw_end_to_end()
     whole = args.messages / report.elapsed
     hand, wired = hands["json"], hands["envelope"]
-    hand_span = hand["aggregator"]["last"] - hand["aggregator"]["first"]
-    hand_rate = args.messages / hand_span
-    wired_span = wired["aggregator"]["last"] - wired["aggregator"]["first"]
-    wired_rate = args.messages / wired_span
+    hand_rate, wired_rate = run.hand_rate("json", args.messages), run.hand_rate(
+        "envelope", args.messages)
+    hand_span, wired_span = args.messages / hand_rate, args.messages / wired_rate
     return [
         heading,
         "",
