@@ -14,13 +14,29 @@ itself, as a truncation would leave it.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from helpers import committed, create_topic, produce, start_worker
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from helpers import (
+    committed,
+    create_topic,
+    expected_counts,
+    produce,
+    start_worker,
+    stored_states,
+)
 
+from onceflow.devtools import harness
+from onceflow.devtools.demo import redis_settings
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
@@ -67,3 +83,113 @@ def test_a_log_ending_below_the_committed_offset_stops_the_worker(
     finally:
         store.close()
     assert committed(bootstrap, group, topic, 1) == {0: 400}
+
+
+# -- a topic deleted and re-created under its name (issue 29, reproduction 5) -----------
+
+REFUSED = re.compile(r"(\S+)\[(\d+)\] is not the log this pipeline's states were folded "
+                     r"from: they hold its records up to offset (\d+), and (it now ends at "
+                     r"offset (\d+)|its record at offset \d+ differs)")
+
+
+async def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again under its name (the group's offsets go too)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+        deadline = time.monotonic() + 30
+        while topic in await admin.list_topics():
+            assert time.monotonic() < deadline, f"{topic} still listed after delete"
+            await asyncio.sleep(0.2)
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+def _drain(bootstrap: str, redis_url: str, group: str, prefix: str, topic: str, log: Path,
+           ends: dict[int, int], partitions: int) -> None:
+    """Run a worker until the group committed ``ends``, then SIGTERM it (exit 0)."""
+    worker = start_worker(bootstrap, redis_url, group, prefix, topic, log)
+    try:
+        deadline = time.monotonic() + 90
+        want = {p: ends.get(p, 0) for p in range(partitions)}
+        while committed(bootstrap, group, topic, partitions) != want:
+            assert worker.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.3)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+
+
+def _totals(redis_url: str, prefix: str) -> dict[str, object]:
+    store = RedisStore(redis_url, prefix, "robots")
+    try:
+        return stored_states(store, "per_robot")
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("new_messages", [60, 900], ids=["shorter", "grown_past"])
+def test_a_topic_recreated_under_its_name_is_refused_until_forgotten_then_counted_exactly(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str], new_messages: int,
+) -> None:
+    """Reproduction 5: a real delete + create (Tansu keeps no group offsets for the new
+    topic, as Kafka). Whether the new log is shorter than the old offsets or has already
+    grown past them, the worker refuses it (exit 1, topic, partition, both offsets, the
+    two ways out) and changes nothing; after ``onceflow forget --topic T`` the new
+    topic's events (their producer sequences restarting at 0) are counted exactly."""
+    bootstrap, redis_url = kafka_service.address, f"redis://{redis_service.address}/0"
+    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    old = generate(400, robots=12, seed=21)
+    create_topic(bootstrap, topic, 2)
+    old_ends = produce(bootstrap, topic, old.messages)
+    _drain(bootstrap, redis_url, group, prefix, topic, tmp_path / "old.log", old_ends, 2)
+    assert _totals(redis_url, prefix) == expected_counts(old.truth)
+
+    asyncio.run(_recreate(bootstrap, topic, 2))
+    new = generate(new_messages, robots=12, seed=22)  # sequences restart at 0
+    new_ends = produce(bootstrap, topic, new.messages)
+    if new_messages > 400:
+        assert all(new_ends[p] > old_ends[p] for p in old_ends)  # grown past the old log
+    else:
+        assert all(new_ends[p] < old_ends[p] - 1 for p in old_ends)
+
+    log = tmp_path / "refused.log"
+    worker = start_worker(bootstrap, redis_url, group, prefix, topic, log)
+    try:
+        code = worker.wait(60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    text = log.read_text(errors="replace")
+    assert code == 1, text[-3000:]
+    found = REFUSED.search(text)
+    assert found is not None, text[-3000:]
+    assert found[1] == topic
+    partition, held = int(found[2]), int(found[3])
+    assert held == old_ends[partition] - 1
+    if new_messages > 400:
+        assert "differs" in found[4]
+    else:
+        assert int(found[5]) == new_ends[partition]
+    assert "a new name" in text and f"onceflow forget --topic {topic}" in text
+    assert _totals(redis_url, prefix) == expected_counts(old.truth)  # nothing discarded
+    assert committed(bootstrap, group, topic, 2) == {0: 0, 1: 0}  # nothing committed
+
+    settings = redis_settings(bootstrap, redis_url, group, prefix)
+    argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
+    argv[argv.index("run")] = "forget"
+    forgot = subprocess.run([*argv, "--topic", topic], capture_output=True, text=True,
+                            env={**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}, timeout=60)
+    assert forgot.returncode == 0, forgot.stderr[-3000:]
+    assert f"forget {topic}:" in forgot.stderr  # logged
+    summary = json.loads(forgot.stdout)
+    assert summary["partitions"] == [0, 1] and summary["watermarks"] > 0
+
+    _drain(bootstrap, redis_url, group, prefix, topic, tmp_path / "new.log", new_ends, 2)
+    assert _totals(redis_url, prefix) == expected_counts(old.truth, new.truth)
