@@ -80,7 +80,7 @@ def plan(stores: Mapping[str, StateStore], pipeline: Pipeline, topic: str) -> Fo
                     del state.watermarks[route]
                 out.watermarks += len(gone)
                 out.add(spec.store, spec.id, key, encode_state(state))
-    for name in {spec.store for spec in pipeline.aggregates if spec.window is not None}:
+    for name in dict.fromkeys(spec.store for spec in pipeline.aggregates):
         for key, data in stores[name].scan(WINDOWS_STAGE):
             if "|wm|" in key:
                 changed = _windows_row(data, topic, out)
@@ -89,8 +89,8 @@ def plan(stores: Mapping[str, StateStore], pipeline: Pipeline, topic: str) -> Fo
     if pipeline.dedup_store is not None:
         for key, data in stores[pipeline.dedup_store].scan(SEQUENCE_STAGE):
             name, _, partition = key.rpartition("|")
-            if name == topic:
-                old = PartitionSequences.decode(data)
+            old = PartitionSequences.decode(data)
+            if name == topic and (old.next_offset or old.newest_ms or old.producers):
                 out.partitions.add(int(partition))
                 out.add(pipeline.dedup_store, SEQUENCE_STAGE, key,
                         PartitionSequences(duplicates=old.duplicates).encode())
