@@ -38,7 +38,9 @@ from helpers import (
 from onceflow.devtools import harness
 from onceflow.devtools.demo import redis_settings
 from onceflow.devtools.robot_stream import generate
-from onceflow.devtools.services import ServiceInfo
+from onceflow.devtools.services import ServiceInfo, free_port
+from onceflow.stores.base import StateStore
+from onceflow.stores.cassandra_store import CassandraStore
 from onceflow.stores.redis_store import RedisStore
 
 
@@ -107,49 +109,88 @@ async def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
         await admin.close()
 
 
-def _drain(bootstrap: str, redis_url: str, group: str, prefix: str, topic: str, log: Path,
-           ends: dict[int, int], partitions: int) -> None:
-    """Run a worker until the group committed ``ends``, then SIGTERM it (exit 0)."""
-    worker = start_worker(bootstrap, redis_url, group, prefix, topic, log)
-    try:
-        deadline = time.monotonic() + 90
-        want = {p: ends.get(p, 0) for p in range(partitions)}
-        while committed(bootstrap, group, topic, partitions) != want:
-            assert worker.poll() is None, log.read_text(errors="replace")[-3000:]
-            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-            time.sleep(0.3)
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(30) == 0, log.read_text(errors="replace")[-3000:]
-    finally:
-        if worker.poll() is None:
-            worker.kill()
+class Target:
+    """One robot topic and group, and the store its worker keeps the states in."""
+
+    def __init__(self, request: pytest.FixtureRequest, kind: str, kafka: ServiceInfo,
+                 unique_name: Callable[..., str], tmp_path: Path) -> None:
+        self.kind, self.bootstrap, self.tmp_path = kind, kafka.address, tmp_path
+        self.topic, self.group = unique_name("robots"), unique_name("g")
+        self.prefix = unique_name("p")
+        self.env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": self.topic}
+        if kind == "redis":
+            redis: ServiceInfo = request.getfixturevalue("redis_service")
+            self.redis_url, self.store_args = f"redis://{redis.address}/0", []
+            self.open: Callable[[], StateStore] = lambda: RedisStore(
+                self.redis_url, self.prefix, "robots")
+        else:
+            cassandra: ServiceInfo = request.getfixturevalue("cassandra_service")
+            keyspace = unique_name("ks")
+            self.redis_url = f"redis://127.0.0.1:{free_port()}/0"  # never needed
+            self.env["ONCEFLOW_ROBOTS_STORE"] = "cassandra"
+            self.store_args = [arg for key, value in {
+                "contact-points": f'["{cassandra.host}"]', "port": str(cassandra.port),
+                "keyspace": f'"{keyspace}"', "protocol-version": "3"}.items()
+                for arg in ("--set", f"onceflow.stores.cassandra.{key}={value}")]
+            self.open = lambda: CassandraStore([cassandra.host], "robots", port=cassandra.port,
+                                               keyspace=keyspace, protocol_version=3)
+
+    def argv(self, command: str) -> list[str]:
+        argv = harness.worker_command(harness.packaged_config("demo.conf"), redis_settings(
+            self.bootstrap, self.redis_url, self.group, self.prefix))
+        argv[argv.index("run")] = command
+        return [*argv, *self.store_args]
+
+    def start(self, log: Path) -> subprocess.Popen[bytes]:
+        with log.open("wb") as out:
+            return subprocess.Popen(self.argv("run"), env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT)
+
+    def committed(self) -> dict[int, int]:
+        return committed(self.bootstrap, self.group, self.topic, 2)
+
+    def drain(self, log: Path, ends: dict[int, int]) -> None:
+        """Run a worker until the group committed ``ends``, then SIGTERM it (exit 0)."""
+        worker = self.start(log)
+        try:
+            deadline = time.monotonic() + 120
+            while self.committed() != {p: ends.get(p, 0) for p in range(2)}:
+                assert worker.poll() is None, log.read_text(errors="replace")[-3000:]
+                assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+                time.sleep(0.3)
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(30) == 0, log.read_text(errors="replace")[-3000:]
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+
+    def totals(self) -> dict[str, object]:
+        store = self.open()
+        try:
+            return stored_states(store, "per_robot")
+        finally:
+            store.close()
 
 
-def _totals(redis_url: str, prefix: str) -> dict[str, object]:
-    store = RedisStore(redis_url, prefix, "robots")
-    try:
-        return stored_states(store, "per_robot")
-    finally:
-        store.close()
-
-
-@pytest.mark.parametrize("new_messages", [60, 900], ids=["shorter", "grown_past"])
+@pytest.mark.parametrize(("kind", "new_messages"), [
+    ("redis", 60), ("redis", 900), ("cassandra", 900)],
+    ids=["redis-shorter", "redis-grown_past", "cassandra-grown_past"])
 def test_a_topic_recreated_under_its_name_is_refused_until_forgotten_then_counted_exactly(
-    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
-    unique_name: Callable[..., str], new_messages: int,
+    request: pytest.FixtureRequest, kafka_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str], kind: str, new_messages: int,
 ) -> None:
     """Reproduction 5: a real delete + create (Tansu keeps no group offsets for the new
     topic, as Kafka). Whether the new log is shorter than the old offsets or has already
     grown past them, the worker refuses it (exit 1, topic, partition, both offsets, the
     two ways out) and changes nothing; after ``onceflow forget --topic T`` the new
     topic's events (their producer sequences restarting at 0) are counted exactly."""
-    bootstrap, redis_url = kafka_service.address, f"redis://{redis_service.address}/0"
-    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    run = Target(request, kind, kafka_service, unique_name, tmp_path)
+    bootstrap, topic = run.bootstrap, run.topic
     old = generate(400, robots=12, seed=21)
     create_topic(bootstrap, topic, 2)
     old_ends = produce(bootstrap, topic, old.messages)
-    _drain(bootstrap, redis_url, group, prefix, topic, tmp_path / "old.log", old_ends, 2)
-    assert _totals(redis_url, prefix) == expected_counts(old.truth)
+    run.drain(tmp_path / "old.log", old_ends)
+    assert run.totals() == expected_counts(old.truth)
 
     asyncio.run(_recreate(bootstrap, topic, 2))
     new = generate(new_messages, robots=12, seed=22)  # sequences restart at 0
@@ -160,7 +201,7 @@ def test_a_topic_recreated_under_its_name_is_refused_until_forgotten_then_counte
         assert all(new_ends[p] < old_ends[p] - 1 for p in old_ends)
 
     log = tmp_path / "refused.log"
-    worker = start_worker(bootstrap, redis_url, group, prefix, topic, log)
+    worker = run.start(log)
     try:
         code = worker.wait(60)
     finally:
@@ -178,18 +219,15 @@ def test_a_topic_recreated_under_its_name_is_refused_until_forgotten_then_counte
     else:
         assert int(found[5]) == new_ends[partition]
     assert "a new name" in text and f"onceflow forget --topic {topic}" in text
-    assert _totals(redis_url, prefix) == expected_counts(old.truth)  # nothing discarded
-    assert committed(bootstrap, group, topic, 2) == {0: 0, 1: 0}  # nothing committed
+    assert run.totals() == expected_counts(old.truth)  # nothing discarded, nothing folded
+    assert run.committed() == {0: 0, 1: 0}  # nothing committed
 
-    settings = redis_settings(bootstrap, redis_url, group, prefix)
-    argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
-    argv[argv.index("run")] = "forget"
-    forgot = subprocess.run([*argv, "--topic", topic], capture_output=True, text=True,
-                            env={**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}, timeout=60)
+    forgot = subprocess.run([*run.argv("forget"), "--topic", topic], capture_output=True,
+                            text=True, env=run.env, timeout=120)
     assert forgot.returncode == 0, forgot.stderr[-3000:]
     assert f"forget {topic}:" in forgot.stderr  # logged
     summary = json.loads(forgot.stdout)
     assert summary["partitions"] == [0, 1] and summary["watermarks"] > 0
 
-    _drain(bootstrap, redis_url, group, prefix, topic, tmp_path / "new.log", new_ends, 2)
-    assert _totals(redis_url, prefix) == expected_counts(old.truth, new.truth)
+    run.drain(tmp_path / "new.log", new_ends)
+    assert run.totals() == expected_counts(old.truth, new.truth)
