@@ -158,9 +158,11 @@ class LogCheck:
                 try:
                     fetched = await consumer.getmany(*pending, timeout_ms=200, max_records=1)
                 except OffsetOutOfRangeError as error:  # real Kafka: outside the log
-                    for tp in error.args[0] if error.args else pending:
+                    refused = [tp for tp in (error.args[0] if error.args else ()) if tp in pending]
+                    for tp in refused or sorted(pending):
                         await self._out_of_range(consumer, tp, marks[tp])
                         pending.discard(tp)
+                    consumer.pause(*(set(marks) - pending))
                     continue
                 for tp in list(pending):
                     records = fetched.get(tp)

@@ -22,6 +22,7 @@ from onceflow.actors.ledger import Ledger, SharedLedger
 from onceflow.actors.log_marks import (
     LOGS_STAGE,
     NO_MARK,
+    LogCheck,
     LogMark,
     LogReplaced,
     judge,
@@ -237,3 +238,34 @@ def test_a_snapshot_writes_its_marks_after_its_states_under_the_same_guard(held:
         assert store.guards == [{A: 1}, {A: 1}]
     else:
         assert (LOGS_STAGE, "orders|0") not in store.rows
+
+
+class OffsetsOnly:
+    """A consumer as ``_out_of_range`` uses it: ListOffsets answers only."""
+
+    def __init__(self, start: int, end: int):
+        self.start, self.end = start, end
+
+    async def end_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return dict.fromkeys(tps, self.end)
+
+    async def beginning_offsets(self, tps: list[Any]) -> dict[Any, int]:
+        return dict.fromkeys(tps, self.start)
+
+
+def test_an_offset_a_real_broker_refuses_is_judged_by_the_log_ends(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Real Kafka answers a fetch outside the log with OFFSET_OUT_OF_RANGE (Tansu with an
+    empty fetch, tested in the integration test): below the mark's offset at the end is
+    refused; gone at the start (retention) while the log goes on is accepted, warned."""
+    import asyncio
+
+    from aiokafka import TopicPartition as KafkaPartition
+
+    check = LogCheck(DictStore(), {}, 5)
+    tp, mark = KafkaPartition("orders", 0), LogMark(41, 1, "d")
+    with pytest.raises(LogReplaced, match=r"up to offset 41, and it now ends at offset 12"):
+        asyncio.run(check._out_of_range(OffsetsOnly(0, 12), tp, mark))  # type: ignore[arg-type]
+    asyncio.run(check._out_of_range(OffsetsOnly(100, 500), tp, mark))  # type: ignore[arg-type]
+    assert "cannot tell whether the topic was re-created" in caplog.text
