@@ -33,6 +33,7 @@ from onceflow.actors.fence import Fencing
 from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.kafka_parts import close_parts, ours
 from onceflow.actors.ledger import SharedLedger
+from onceflow.actors.log_marks import LogCheck, LogMark, mark_of
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     Adopt,
@@ -82,8 +83,10 @@ class ConsumerActor(ReportingActor):
         single_worker: bool = False,
         exclusive: ExclusiveResume | None = None,
         fencing: Fencing | None = None,
+        log_check: LogCheck | None = None,
     ):
         super().__init__(on_fatal)
+        self._log_check = log_check  # on assignment, before anything else
         self._fencing, self._exclusive = fencing, exclusive  # both act on assignment
         self._single_worker = single_worker
         self._settling: set[KafkaPartition] = set()  # assigned, paused until adoption is done
@@ -154,20 +157,24 @@ class ConsumerActor(ReportingActor):
                 timeout_ms=self._poll_timeout_ms, max_records=self._max_records
             )
             records: list[Any] = []
+            marks: dict[TopicPartition, LogMark] = {}
             for tp, recs in batches.items():
                 if recs:
                     high = consumer.highwater(tp)  # from the fetch, not ListOffsets
                     if high is not None:
                         metrics.LAG.labels(tp.topic, str(tp.partition)).set(
                             high - recs[-1].offset - 1)
-                    records += self._continuous(tp, recs)
+                    delivered = self._continuous(tp, recs)
+                    if delivered:
+                        marks[ours(tp)] = mark_of(delivered[-1])  # one per partition
+                        records += delivered
             self._check_ends(consumer)
             if records:
                 self._in_flight += 1
                 if self._in_flight >= self._max_in_flight:
                     self._room.clear()
                 try:
-                    self._pipeline.tell(Batch(records, self.actor_ref))
+                    self._pipeline.tell(Batch(records, self.actor_ref, marks))
                 except pykka.ActorDeadError:
                     log.warning("pipeline actor gone (its failure is being handled): fetch stops")
                     return
@@ -240,6 +247,20 @@ class ConsumerActor(ReportingActor):
         settled, self._settling = self._settling, set()
         if self._room is None or self._room.is_set():  # else the fetch loop resumes them
             self._consumer.resume(*(settled & self._consumer.assignment() - set(self._held)))
+
+    async def check_logs(self, assigned: set[KafkaPartition]) -> bool:
+        """Whether every assigned partition still holds the record its states were folded
+        up to (``log_marks``); False after reporting the failure (aiokafka would only log
+        an exception from the assignment callback)."""
+        if self._log_check is None:
+            return True
+        try:
+            await self._log_check.verify(assigned)
+        except Exception as error:
+            log.error("%s", error)
+            self._on_fatal("ConsumerActor.log_check", error)
+            return False
+        return True
 
     def check_single_worker(self, assigned: set[KafkaPartition]) -> None:
         if self._single_worker and self._consumer is not None:

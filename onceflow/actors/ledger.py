@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from onceflow.actors.log_marks import LogMark
 from onceflow.stages.state import TopicPartition
 
 
@@ -53,6 +54,9 @@ class Checkpoint:
     offsets: Mapping[TopicPartition, int]
     sends: int
     depends: frozenset[TopicPartition] = field(default=frozenset(), compare=False)
+    #: Per partition advanced since the last checkpoint, its last processed record
+    #: (``onceflow.actors.log_marks``): written with the states, checked on assignment.
+    marks: Mapping[TopicPartition, LogMark] = field(default_factory=dict, compare=False)
 
 
 class Ledger:
@@ -69,11 +73,14 @@ class Ledger:
         self._starts: dict[TopicPartition, int] = {}  # where each stale one resumes
         self._forgotten_at: dict[TopicPartition, int] = {}  # last checkpoint taken before
         self._outboxed = 0
+        self._marks: dict[TopicPartition, LogMark] = {}  # last processed record, not taken yet
 
     # -- what happened ---------------------------------------------------
 
-    def processed(self, next_offsets: Mapping[TopicPartition, int], sent: bool) -> int:
-        """A batch was folded; ``sent`` when it handed outputs to the producer.
+    def processed(self, next_offsets: Mapping[TopicPartition, int], sent: bool,
+                  marks: Mapping[TopicPartition, LogMark] | None = None) -> int:
+        """A batch was folded; ``sent`` when it handed outputs to the producer; ``marks``:
+        the batch's last record per partition.
 
         Answers the number of the last send (the one to tag those outputs
         with). A replayed batch (offsets below what was processed) moves
@@ -82,6 +89,10 @@ class Ledger:
         for tp, offset in next_offsets.items():
             if offset > self._processed.get(tp, -1):
                 self._processed[tp] = offset
+        if marks:
+            for tp, mark in marks.items():
+                if mark.offset + 1 == self._processed.get(tp):
+                    self._marks[tp] = mark
         if sent:
             self._sends += 1
         return self._sends
@@ -96,7 +107,8 @@ class Ledger:
         if not (dirty or force) and last.offsets == self._processed and last.sends == self._sends:
             return None
         checkpoint = Checkpoint(last.number + 1, dict(self._processed), self._sends,
-                                frozenset(self.unwritten(self._processed)))
+                                frozenset(self.unwritten(self._processed)), self._marks)
+        self._marks = {}
         self._taken.append(checkpoint)
         self._last_taken = checkpoint
         return checkpoint
@@ -169,6 +181,7 @@ class Ledger:
         for tp in partitions:
             self._processed.pop(tp, None)
             self._durable.pop(tp, None)
+            self._marks.pop(tp, None)
             self._forgotten_at[tp] = self._last_taken.number
             if tp in self._starts:  # stale but still assigned: progress starts over there
                 self._committed[tp] = self._starts.pop(tp)

@@ -9,13 +9,14 @@ to ``unexpected``, which mypy checks is unreachable.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Never, NoReturn
 
 import pykka
 
 from onceflow.actors.ledger import Checkpoint
+from onceflow.actors.log_marks import LogMark
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 
@@ -29,6 +30,8 @@ class Batch:
 
     records: Sequence[Any]  # aiokafka ConsumerRecords
     done_to: pykka.ActorRef[ConsumerActor] | None = None  # told BatchDone when processed
+    #: Per partition, the batch's last record (``onceflow.actors.log_marks``).
+    marks: Mapping[TopicPartition, LogMark] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

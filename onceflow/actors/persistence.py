@@ -36,6 +36,7 @@ from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.fence import EpochFence, epoch_source
 from onceflow.actors.ledger import LedgerError, SharedLedger
+from onceflow.actors.log_marks import LOGS_STAGE, mark_rows
 from onceflow.actors.messages import (
     Barrier,
     PersistenceMessage,
@@ -127,11 +128,19 @@ class PersistenceActor(ReportingActor):
             landed |= self._save(self._stores[rows.store], rows, checkpoint.offsets, guard)
             if rows.stage_id == faults.KILL_AFTER_SAVE:
                 faults.die()
+        marks = self._marks_store()
+        if checkpoint.marks and marks is not None:  # after the states: they hold these records
+            retrying("save log marks", lambda: marks.save(
+                LOGS_STAGE, mark_rows(checkpoint.marks), guard=guard))
         fenced = epoch_source(self._stores.values())
         if guard and not message.rows and fenced is not None:
             # Nothing to write, but its offsets become durable: only if still the owner.
             retrying("check epochs", lambda: fenced.check_epochs(guard))
         return landed
+
+    def _marks_store(self) -> StateStore | None:
+        """Where log marks go: the pipeline's first store (``onceflow.actors.log_marks``)."""
+        return next(iter(self._stores.values()), None)
 
     def _fenced(self, error: Fenced, message: Snapshot) -> None:
         """Count and log a refused write; the caller fails the actor."""

@@ -20,6 +20,7 @@ from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.dead_letter_log import DeadLetterWarnings
 from onceflow.actors.ledger import LedgerError, SharedLedger
+from onceflow.actors.log_marks import LogMark
 from onceflow.actors.messages import (
     Assigned,
     Batch,
@@ -123,7 +124,7 @@ class PipelineActor(ReportingActor):
     def on_receive(self, message: PipelineMessage) -> dict[TopicPartition, int] | None:
         match message:
             case Batch():
-                self._process(message.records)
+                self._process(message.records, message.marks)
                 if message.done_to is not None:
                     with contextlib.suppress(pykka.ActorDeadError):  # a stream being re-created
                         message.done_to.tell(BatchDone())
@@ -236,13 +237,15 @@ class PipelineActor(ReportingActor):
             stats[f"{table.spec.id}.encoded_bytes"] = table.encoded_bytes
         return dict(sorted(stats.items()))
 
-    def _process(self, records: Sequence[Any]) -> None:
+    def _process(self, records: Sequence[Any],
+                 marks: Mapping[TopicPartition, LogMark] | None = None) -> None:
         poison = faults.STAGE_RAISES_ON
         if poison and any(poison in (record.value or b"") for record in records):
             raise faults.InjectedFailure("injected stage failure")
         outcome = self._runner.process(records)
         with self._ledger() as ledger:
-            number = ledger.processed(outcome.next_offsets, sent=bool(outcome.outputs))
+            number = ledger.processed(outcome.next_offsets, sent=bool(outcome.outputs),
+                                      marks=marks)
         if outcome.outputs:
             self._producer.tell(Send(outcome.outputs, number))
         batch = outcome.stats(len(records))

@@ -2,7 +2,8 @@
 
 Revoke: flush and commit before another member takes them (the actor's
 ``on_revoked``), then count the time to the next assignment as join time.
-Assign: pause the new partitions first (before any await), learn where
+Assign: pause the new partitions first (before any await), check that each
+still holds the record its states were folded up to (``log_marks``), learn where
 each resumes, take a new epoch for them in the store (fencing: from then on a
 worker that held them before can no longer write for them), tell the
 checkpoint ledger (which finds stale cached progress), adopt the outbox, read
@@ -36,6 +37,7 @@ class Rebalancing(Protocol):
     def settle(self, assigned: set[KafkaPartition]) -> None: ...
     def settled(self) -> None: ...
     def check_single_worker(self, assigned: set[KafkaPartition]) -> None: ...
+    async def check_logs(self, assigned: set[KafkaPartition]) -> bool: ...
     async def learn_positions(self, assigned: set[KafkaPartition]
                               ) -> dict[TopicPartition, int]: ...
     async def resume(self, positions: dict[TopicPartition, int],
@@ -74,6 +76,8 @@ class RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
             log.info("partitions assigned: %s",
                      sorted((tp.topic, tp.partition) for tp in assigned))
             self._actor.check_single_worker(assigned)
+            if not await self._actor.check_logs(assigned):
+                return  # failed, reported: the partitions stay paused, nothing is committed
             positions = await self._actor.learn_positions(assigned)
             moved = await self._take_epochs(assigned)
             await self._actor.resume(positions, moved)

@@ -39,6 +39,7 @@ from onceflow.actors.delivery import OutboxTally
 from onceflow.actors.fence import Fencing, epoch_source, share_epochs
 from onceflow.actors.join_watch import JoinWatch
 from onceflow.actors.ledger import SharedLedger
+from onceflow.actors.log_marks import LogCheck
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     CommitNow,
@@ -133,6 +134,7 @@ class PipelineCore:
         self.ledger = SharedLedger()
         self._stores = [open_stores(s, pipeline), open_stores(s, pipeline)]
         stage_stores, write_stores = self._stores
+        self.stage_stores = stage_stores  # read on assignment too (log marks)
         # Stats go to the first store the pipeline uses; a stateless republisher has none.
         stats_store = next(iter(write_stores.values()), None)
         # Fencing: ONE store keeps the epochs; guards carry them to every store.
@@ -262,6 +264,7 @@ class ConsumerStream:
             stop_timeout=s.shutdown.timeout / 2,  # leaving the group: half the budget
             exclusive=exclusive_resume(core, on_fatal),
             fencing=core.fencing,
+            log_check=log_check(core),
         )
         core.commit.proxy().use_consumer(self.actor).get()
 
@@ -285,6 +288,15 @@ def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveRes
     outputs = resumed_outputs(core.pipeline, kafka.dead_letter_topic, kafka.late_events_topic)
     reader = TailReader(tail_options(consumer_options(core.settings)), core.start_timeout)
     return ExclusiveResume(outputs, reader, core.pipeline_actor, core.producer, on_fatal)
+
+
+def log_check(core: PipelineCore) -> LogCheck | None:
+    """The check on assignment that each input log is the one the states were folded
+    from (``onceflow.actors.log_marks``); None for a pipeline without a store."""
+    store = next(iter(core.stage_stores.values()), None)
+    if store is None:
+        return None
+    return LogCheck(store, tail_options(consumer_options(core.settings)), core.start_timeout)
 
 
 class Worker:

@@ -150,9 +150,10 @@ class Pipeline:
                                  f"one of its topics {list(self.topics)}")
             check_format(f"pipeline {self.id!r}: topic {topic!r}", fmt)
         seen: set[str] = set()
+        # Reserved: producer sequences, window watermarks, log marks (actors.log_marks).
         for step in self.steps:
             _check_id(type(step).__name__.lower(), step.id)
-            if step.id in seen or step.id in (SEQUENCE_STAGE, WINDOWS_STAGE):
+            if step.id in seen or step.id in (SEQUENCE_STAGE, WINDOWS_STAGE, "__logs__"):
                 raise ValueError(f"pipeline {self.id!r}: duplicate stage id {step.id!r}")
             seen.add(step.id)
         hops = [step.topic for step in self.repartitions]

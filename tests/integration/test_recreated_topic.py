@@ -14,15 +14,33 @@ itself, as a truncation would leave it.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from helpers import committed, create_topic, produce, start_worker
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from helpers import (
+    committed,
+    create_topic,
+    expected_counts,
+    produce,
+    start_worker,
+    stored_states,
+)
 
+from onceflow.devtools import harness
+from onceflow.devtools.demo import redis_settings
 from onceflow.devtools.robot_stream import generate
-from onceflow.devtools.services import ServiceInfo
+from onceflow.devtools.services import ServiceInfo, free_port
+from onceflow.stores.base import StateStore
+from onceflow.stores.cassandra_store import CassandraStore
 from onceflow.stores.redis_store import RedisStore
 
 
@@ -67,3 +85,149 @@ def test_a_log_ending_below_the_committed_offset_stops_the_worker(
     finally:
         store.close()
     assert committed(bootstrap, group, topic, 1) == {0: 400}
+
+
+# -- a topic deleted and re-created under its name (issue 29, reproduction 5) -----------
+
+REFUSED = re.compile(r"(\S+)\[(\d+)\] is not the log this pipeline's states were folded "
+                     r"from: they hold its records up to offset (\d+), and (it now ends at "
+                     r"offset (\d+)|its record at offset \d+ differs)")
+
+
+async def _recreate(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again under its name (the group's offsets go too)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics([topic])
+        deadline = time.monotonic() + 30
+        while topic in await admin.list_topics():
+            assert time.monotonic() < deadline, f"{topic} still listed after delete"
+            await asyncio.sleep(0.2)
+        await admin.create_topics([NewTopic(topic, partitions, 1)])
+    finally:
+        await admin.close()
+
+
+class Target:
+    """One robot topic and group, and the store its worker keeps the states in."""
+
+    def __init__(self, request: pytest.FixtureRequest, kind: str, kafka: ServiceInfo,
+                 unique_name: Callable[..., str], tmp_path: Path) -> None:
+        self.kind, self.bootstrap, self.tmp_path = kind, kafka.address, tmp_path
+        self.topic, self.group = unique_name("robots"), unique_name("g")
+        self.prefix = unique_name("p")
+        self.env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": self.topic}
+        if kind == "redis":
+            redis: ServiceInfo = request.getfixturevalue("redis_service")
+            self.redis_url, self.store_args = f"redis://{redis.address}/0", []
+            self.open: Callable[[], StateStore] = lambda: RedisStore(
+                self.redis_url, self.prefix, "robots")
+        else:
+            cassandra: ServiceInfo = request.getfixturevalue("cassandra_service")
+            keyspace = unique_name("ks")
+            self.redis_url = f"redis://127.0.0.1:{free_port()}/0"  # never needed
+            self.env["ONCEFLOW_ROBOTS_STORE"] = "cassandra"
+            self.store_args = [arg for key, value in {
+                "contact-points": f'["{cassandra.host}"]', "port": str(cassandra.port),
+                "keyspace": f'"{keyspace}"', "protocol-version": "3"}.items()
+                for arg in ("--set", f"onceflow.stores.cassandra.{key}={value}")]
+            self.open = lambda: CassandraStore([cassandra.host], "robots", port=cassandra.port,
+                                               keyspace=keyspace, protocol_version=3)
+
+    def argv(self, command: str) -> list[str]:
+        argv = harness.worker_command(harness.packaged_config("demo.conf"), redis_settings(
+            self.bootstrap, self.redis_url, self.group, self.prefix))
+        argv[argv.index("run")] = command
+        return [*argv, *self.store_args]
+
+    def start(self, log: Path) -> subprocess.Popen[bytes]:
+        with log.open("wb") as out:
+            return subprocess.Popen(self.argv("run"), env=self.env, stdout=out,
+                                    stderr=subprocess.STDOUT)
+
+    def committed(self) -> dict[int, int]:
+        return committed(self.bootstrap, self.group, self.topic, 2)
+
+    def drain(self, log: Path, ends: dict[int, int]) -> None:
+        """Run a worker until the group committed ``ends``, then SIGTERM it (exit 0)."""
+        worker = self.start(log)
+        try:
+            deadline = time.monotonic() + 120
+            while self.committed() != {p: ends.get(p, 0) for p in range(2)}:
+                assert worker.poll() is None, log.read_text(errors="replace")[-3000:]
+                assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+                time.sleep(0.3)
+            worker.send_signal(signal.SIGTERM)
+            assert worker.wait(30) == 0, log.read_text(errors="replace")[-3000:]
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+
+    def totals(self) -> dict[str, object]:
+        store = self.open()
+        try:
+            return stored_states(store, "per_robot")
+        finally:
+            store.close()
+
+
+@pytest.mark.parametrize(("kind", "new_messages"), [
+    ("redis", 60), ("redis", 900), ("cassandra", 900)],
+    ids=["redis-shorter", "redis-grown_past", "cassandra-grown_past"])
+def test_a_topic_recreated_under_its_name_is_refused_until_forgotten_then_counted_exactly(
+    request: pytest.FixtureRequest, kafka_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str], kind: str, new_messages: int,
+) -> None:
+    """Reproduction 5: a real delete + create (Tansu keeps no group offsets for the new
+    topic, as Kafka). Whether the new log is shorter than the old offsets or has already
+    grown past them, the worker refuses it (exit 1, topic, partition, both offsets, the
+    two ways out) and changes nothing; after ``onceflow forget --topic T`` the new
+    topic's events (their producer sequences restarting at 0) are counted exactly."""
+    run = Target(request, kind, kafka_service, unique_name, tmp_path)
+    bootstrap, topic = run.bootstrap, run.topic
+    old = generate(400, robots=12, seed=21)
+    create_topic(bootstrap, topic, 2)
+    old_ends = produce(bootstrap, topic, old.messages)
+    run.drain(tmp_path / "old.log", old_ends)
+    assert run.totals() == expected_counts(old.truth)
+
+    asyncio.run(_recreate(bootstrap, topic, 2))
+    new = generate(new_messages, robots=12, seed=22)  # sequences restart at 0
+    new_ends = produce(bootstrap, topic, new.messages)
+    if new_messages > 400:
+        assert all(new_ends[p] > old_ends[p] for p in old_ends)  # grown past the old log
+    else:
+        assert all(new_ends[p] < old_ends[p] - 1 for p in old_ends)
+
+    log = tmp_path / "refused.log"
+    worker = run.start(log)
+    try:
+        code = worker.wait(60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    text = log.read_text(errors="replace")
+    assert code == 1, text[-3000:]
+    found = REFUSED.search(text)
+    assert found is not None, text[-3000:]
+    assert found[1] == topic
+    partition, held = int(found[2]), int(found[3])
+    assert held == old_ends[partition] - 1
+    if new_messages > 400:
+        assert "differs" in found[4]
+    else:
+        assert int(found[5]) == new_ends[partition]
+    assert "a new name" in text and f"onceflow forget --topic {topic}" in text
+    assert run.totals() == expected_counts(old.truth)  # nothing discarded, nothing folded
+    assert run.committed() == {0: 0, 1: 0}  # nothing committed
+
+    forgot = subprocess.run([*run.argv("forget"), "--topic", topic], capture_output=True,
+                            text=True, env=run.env, timeout=120)
+    assert forgot.returncode == 0, forgot.stderr[-3000:]
+    assert f"forget {topic}:" in forgot.stderr  # logged
+    summary = json.loads(forgot.stdout)
+    assert summary["partitions"] == [0, 1] and summary["watermarks"] > 0
+
+    run.drain(tmp_path / "new.log", new_ends)
+    assert run.totals() == expected_counts(old.truth, new.truth)

@@ -1,0 +1,208 @@
+"""Which log the states were folded from: one record per input partition, checked on assignment.
+
+A topic deleted and re-created under its name (or a broker whose storage was
+wiped: ``docker compose down`` without a Kafka volume) restarts its offsets
+at 0, below the watermarks its old records left in the states, and takes the
+group's committed offsets with it: ``continuity``'s rewind guard, which
+compares with the committed offset, cannot see it, and every new record
+would be discarded as a copy, silently. Comparing the log's end is not
+enough either: a new log that already grew past the old offsets looks like
+the old one.
+
+So each snapshot also writes, per input partition it advanced, a *mark*: the
+offset, Kafka timestamp and a digest of key and value of the last record
+whose effects it holds (``LOGS_STAGE`` row ``topic|partition``; its offset + 1
+is the highest offset whose effects are written). On assignment the worker
+fetches that one record per partition (a group-less consumer, one fetch
+each, nothing per record): a log that ends at or below the mark's offset, or
+holds another record there, is not the log the states were folded from, and
+the worker stops (``LogReplaced``, exit 1) before anything of it is fetched
+for the pipeline. A log whose record at the mark is gone while the log goes
+on past it (compacted, or deleted by retention) cannot be told apart and is
+accepted with a warning. The way out, once the operator decided the new
+topic's events are new: another topic name, or ``onceflow forget --topic T``
+(``onceflow.runtime.forget``), which drops the old log's watermarks and marks.
+
+Mark rows live in the pipeline's first store (the one its stats go to),
+written after the snapshot's states under the same fencing guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaPartition
+from aiokafka.errors import OffsetOutOfRangeError
+
+from onceflow.actors.continuity import PartitionRewound
+from onceflow.stages.state import TopicPartition
+from onceflow.stores.base import StateStore
+
+log = logging.getLogger(__name__)
+
+#: The reserved stage id of the mark rows (refused as a user stage id).
+LOGS_STAGE = "__logs__"
+#: A row that holds no mark (``onceflow forget`` leaves it): nothing to check.
+NO_MARK = b"{}"
+
+
+@dataclass(frozen=True, slots=True)
+class LogMark:
+    """One record of an input partition: where it is and what it was."""
+
+    offset: int
+    timestamp: int
+    digest: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"o": self.offset, "t": self.timestamp, "d": self.digest},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, row: bytes) -> LogMark:
+        doc = json.loads(row)
+        return cls(int(doc["o"]), int(doc["t"]), str(doc["d"]))
+
+
+class HasRecord(Protocol):
+    """A fetched record, as far as marks care (aiokafka's ConsumerRecord)."""
+
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+
+
+def mark_of(record: HasRecord) -> LogMark:
+    """The mark of ``record``: its offset, timestamp and a digest of its key and value."""
+    digest = hashlib.blake2b(digest_size=12)
+    for part in (record.key, record.value):
+        if part is None:
+            digest.update(b"\x00")
+        else:
+            digest.update(b"\x01" + len(part).to_bytes(8, "big") + part)
+    return LogMark(record.offset, int(record.timestamp), digest.hexdigest())
+
+
+def row_key(tp: TopicPartition) -> str:
+    return f"{tp[0]}|{tp[1]}"
+
+
+def mark_rows(marks: Mapping[TopicPartition, LogMark]) -> dict[str, bytes]:
+    return {row_key(tp): mark.encode() for tp, mark in marks.items()}
+
+
+class LogReplaced(PartitionRewound):
+    """A partition's log is not the one the states were folded from (a permanent failure,
+    as every ``PartitionRewound``: a restart cannot fix it)."""
+
+    def __init__(self, tp: TopicPartition, mark: LogMark, why: str):
+        RuntimeError.__init__(
+            self,
+            f"{tp[0]}[{tp[1]}] is not the log this pipeline's states were folded from: "
+            f"they hold its records up to offset {mark.offset}, and {why}. The topic was "
+            f"deleted and re-created (or the broker lost its storage); its new records "
+            f"would sit below the watermarks of the old ones and be discarded as copies, so "
+            f"the worker stops. Either give the new topic a new name, or, if its events are "
+            f"new and must be counted, stop every worker of the pipeline and run "
+            f"`onceflow forget --topic {tp[0]} -c <app.conf>` (README: \"A topic re-created "
+            f"under its name\")")
+        self.tp, self.committed, self.found = tp, mark.offset + 1, -1
+        self.mark = mark
+
+
+class LogCheck:
+    """On assignment: does each assigned partition still hold its mark's record?
+
+    Args:
+        store: where the marks are (the pipeline's first store).
+        options: a group-less consumer's options (``output_tail.tail_options``).
+        timeout: for the store read and the fetches together.
+    """
+
+    def __init__(self, store: StateStore, options: Mapping[str, Any], timeout: float):
+        self._store = store
+        self._options = {**options, "auto_offset_reset": "none"}
+        self._timeout = timeout
+
+    async def verify(self, assigned: set[KafkaPartition]) -> None:
+        """Raise ``LogReplaced`` for the first assigned partition whose log changed."""
+        keys = {row_key((tp.topic, tp.partition)): tp for tp in assigned}
+        loop = asyncio.get_running_loop()
+        rows = await loop.run_in_executor(
+            None, lambda: self._store.load(LOGS_STAGE, sorted(keys)))
+        marks = {keys[key]: LogMark.decode(row) for key, row in rows.items() if row != NO_MARK}
+        if marks:
+            await asyncio.wait_for(self._probe(marks), self._timeout)
+
+    async def _probe(self, marks: dict[KafkaPartition, LogMark]) -> None:
+        consumer = AIOKafkaConsumer(**self._options)
+        await consumer.start()
+        try:
+            consumer.assign(list(marks))
+            for tp, mark in marks.items():
+                consumer.seek(tp, mark.offset)
+            pending = set(marks)
+            while pending:
+                try:
+                    fetched = await consumer.getmany(*pending, timeout_ms=200, max_records=1)
+                except OffsetOutOfRangeError as error:  # real Kafka: outside the log
+                    refused = [tp for tp in (error.args[0] if error.args else ()) if tp in pending]
+                    for tp in refused or sorted(pending):
+                        await self._out_of_range(consumer, tp, marks[tp])
+                        pending.discard(tp)
+                    consumer.pause(*(set(marks) - pending))
+                    continue
+                for tp in list(pending):
+                    records = fetched.get(tp)
+                    if records:
+                        judge((tp.topic, tp.partition), marks[tp], records[0])
+                        pending.discard(tp)
+                    elif (high := consumer.highwater(tp)) is not None and high <= marks[tp].offset:
+                        raise LogReplaced((tp.topic, tp.partition), marks[tp],
+                                          f"it now ends at offset {high}")
+                consumer.pause(*(set(marks) - pending))
+        finally:
+            await consumer.stop()
+        log.info("input logs checked: %d partitions hold the records their states were "
+                 "folded from", len(marks))
+
+    async def _out_of_range(self, consumer: AIOKafkaConsumer, tp: KafkaPartition,
+                            mark: LogMark) -> None:
+        """ListOffsets only here, where a real broker refused the offset (Tansu never does)."""
+        end = (await consumer.end_offsets([tp]))[tp]
+        if end <= mark.offset:
+            raise LogReplaced((tp.topic, tp.partition), mark, f"it now ends at offset {end}")
+        start = (await consumer.beginning_offsets([tp]))[tp]
+        log.warning("%s[%d]: the record at offset %d its states were folded up to is gone "
+                    "(the log now starts at %d: retention); cannot tell whether the topic "
+                    "was re-created", tp.topic, tp.partition, mark.offset, start)
+
+
+def judge(tp: TopicPartition, mark: LogMark, found: HasRecord) -> None:
+    """Compare the first record fetched at the mark's offset with the mark."""
+    if found.offset != mark.offset:
+        log.warning("%s[%d]: no record at offset %d (the log goes on at %d: compacted?); "
+                    "cannot tell whether the topic was re-created", tp[0], tp[1],
+                    mark.offset, found.offset)
+        return
+    now = mark_of(found)
+    if now != mark:
+        raise LogReplaced(tp, mark, f"its record at offset {mark.offset} differs (timestamp "
+                          f"{now.timestamp}, was {mark.timestamp}; digest {now.digest}, was "
+                          f"{mark.digest})")
+
+
+__all__ = ["LOGS_STAGE", "NO_MARK", "LogCheck", "LogMark", "LogReplaced", "judge", "mark_of",
+           "mark_rows"]

@@ -1,0 +1,197 @@
+"""``onceflow forget --topic T``: let a re-created root topic's events be counted.
+
+A topic deleted and re-created under its name restarts its offsets at 0,
+below the watermarks its old records left; the worker refuses it on
+assignment (``onceflow.actors.log_marks``). When the operator knows the new
+topic's events are new, this drops from every store of the pipeline what
+the old log left behind, and nothing else:
+
+- in every aggregate state, the watermark of each route whose root is ``T``
+  (the folded values stay: the old events are counted, the new ones will be);
+- in the windows' partition watermarks, ``T``'s roots (a partition watermark
+  left with no root starts over);
+- the producer-dedup table of each partition of ``T`` (its duplicate count stays);
+- the log mark of each partition of ``T``.
+
+Run it with every worker of the pipeline stopped: a worker still running
+could write its old view back. The writes take a new epoch for ``T``'s
+partitions first (``onceflow.stores.fencing``), so a worker that was left
+running is fenced for them, and Cassandra orders these writes after every
+earlier one. Logged at WARNING, one line per store stage changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from onceflow.actors.fence import epoch_source, share_epochs
+from onceflow.actors.log_marks import LOGS_STAGE, NO_MARK
+from onceflow.runtime.config import ConfigError, Settings, load_settings
+from onceflow.stages.lineage import Route
+from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
+from onceflow.stages.state import decode_state, encode_state
+from onceflow.stages.watermark import WINDOWS_STAGE
+from onceflow.stores.base import StateStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Forgotten:
+    """What ``forget_topic`` changed: rows per (store, stage), watermarks dropped."""
+
+    topic: str
+    rows: dict[tuple[str, str], dict[str, bytes]] = field(default_factory=dict)
+    watermarks: int = 0
+    partitions: set[int] = field(default_factory=set)
+
+    def add(self, store: str, stage: str, key: str, row: bytes) -> None:
+        self.rows.setdefault((store, stage), {})[key] = row
+
+
+def root_topic(route: Route) -> str:
+    """The root topic of a watermark's route (``lineage.route_of``)."""
+    return route[0].split("/", 1)[0]
+
+
+def root_partition(route: Route) -> int:
+    name, partition = route
+    if "/" not in name:
+        return partition
+    return int(name.split("/", 1)[1].split(">", 1)[0])
+
+
+def plan(stores: Mapping[str, StateStore], pipeline: Pipeline, topic: str) -> Forgotten:
+    """Read every row ``topic``'s old log left, and what each must become."""
+    out = Forgotten(topic)
+    for spec in pipeline.aggregates:
+        for key, data in stores[spec.store].scan(spec.id):
+            state = decode_state(data)
+            gone = [route for route in state.watermarks if root_topic(route) == topic]
+            if gone:
+                for route in gone:
+                    out.partitions.add(root_partition(route))
+                    del state.watermarks[route]
+                out.watermarks += len(gone)
+                out.add(spec.store, spec.id, key, encode_state(state))
+    for name in dict.fromkeys(spec.store for spec in pipeline.aggregates):
+        for key, data in stores[name].scan(WINDOWS_STAGE):
+            if "|wm|" in key:
+                changed = _windows_row(data, topic, out)
+                if changed is not None:
+                    out.add(name, WINDOWS_STAGE, key, changed)
+    if pipeline.dedup_store is not None:
+        for key, data in stores[pipeline.dedup_store].scan(SEQUENCE_STAGE):
+            name, _, partition = key.rpartition("|")
+            old = PartitionSequences.decode(data)
+            if name == topic and (old.next_offset or old.newest_ms or old.producers):
+                out.partitions.add(int(partition))
+                out.add(pipeline.dedup_store, SEQUENCE_STAGE, key,
+                        PartitionSequences(duplicates=old.duplicates).encode())
+    first = next(iter(stores), None)
+    if first is not None:
+        for key, data in stores[first].scan(LOGS_STAGE):
+            name, _, partition = key.rpartition("|")
+            if name == topic and data != NO_MARK:
+                out.partitions.add(int(partition))
+                out.add(first, LOGS_STAGE, key, NO_MARK)
+    return out
+
+
+def _windows_row(data: bytes, topic: str, out: Forgotten) -> bytes | None:
+    """A windowed stage's partition watermark without ``topic``'s roots (None: unchanged)."""
+    doc = json.loads(data)
+    kept = [root for root in doc["r"] if root[0] != topic]
+    if len(kept) == len(doc["r"]):
+        return None
+    out.partitions.update(root[1] for root in doc["r"] if root[0] == topic)
+    out.watermarks += len(doc["r"]) - len(kept)
+    doc["r"] = kept
+    if not kept:  # nothing else fed it: it starts over (a held one waits for its first event)
+        doc["v"] = None
+        if "h" in doc:
+            doc["h"] = -1
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def forget_topic(stores: Mapping[str, StateStore], pipeline: Pipeline,
+                 topic: str) -> Forgotten:
+    """Drop ``topic``'s watermarks, dedup tables and log marks from every store (see the
+    module doc); answers what was changed."""
+    out = plan(stores, pipeline, topic)
+    if not out.rows:
+        log.warning("forget %s: pipeline %r holds nothing of that topic", topic, pipeline.id)
+        return out
+    source = epoch_source(stores.values())
+    share_epochs(source, stores.values())
+    guard = None
+    if source is not None:
+        taken = source.take_epochs(sorted((topic, p) for p in out.partitions))
+        guard = taken.guard
+        log.warning("forget %s: took epoch %d for partitions %s (a worker still holding "
+                    "them is fenced)", topic, taken.epoch, sorted(out.partitions))
+    for (store, stage), rows in sorted(out.rows.items()):
+        stores[store].save(stage, rows, guard=guard)
+        log.warning("forget %s: pipeline %r, %s store, stage %s: %d rows rewritten", topic,
+                    pipeline.id, store, stage, len(rows))
+    log.warning("forget %s: %d watermarks dropped; the topic's events from now on are "
+                "counted as new", topic, out.watermarks)
+    return out
+
+
+def forget(settings: Settings, pipeline: Pipeline, topic: str) -> Forgotten:
+    """``forget_topic`` on the configured stores."""
+    from onceflow.runtime.wiring import open_stores
+
+    stores = open_stores(settings, pipeline)
+    try:
+        return forget_topic(stores, pipeline, topic)
+    finally:
+        for store in stores.values():
+            store.close()
+
+
+def cli(argv: list[str]) -> int:
+    """``onceflow forget -c app.conf --topic T``: exit 0 done, 2 bad configuration."""
+    parser = argparse.ArgumentParser(
+        prog="onceflow forget",
+        description="Drop what a deleted topic's old log left in the pipeline's stores "
+                    "(watermarks, producer-dedup tables, log marks), so the events of a "
+                    "topic re-created under its name are counted. Stop every worker of "
+                    "the pipeline first.")
+    parser.add_argument("-c", "--config", required=True, help="application HOCON file")
+    parser.add_argument("--topic", required=True, help="the re-created root topic")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key (repeatable)")
+    args = parser.parse_args(argv)
+    from onceflow.runtime.wiring import load_pipeline
+
+    try:
+        overrides = dict(_split(a) for a in args.set)
+        settings = load_settings(args.config, overrides)
+        pipeline = load_pipeline(settings)
+    except (ConfigError, ValueError) as error:
+        print(f"onceflow: config error: {error}", file=sys.stderr)
+        return 2
+    if args.topic not in pipeline.topics:
+        log.warning("forget %s: not an input topic of pipeline %r (%s); its routes are "
+                    "dropped all the same", args.topic, pipeline.id, sorted(pipeline.topics))
+    done = forget(settings, pipeline, args.topic)
+    print(json.dumps({"topic": args.topic, "watermarks": done.watermarks,
+                      "partitions": sorted(done.partitions),
+                      "rows": {f"{store}/{stage}": len(rows)
+                               for (store, stage), rows in sorted(done.rows.items())}}))
+    return 0
+
+
+def _split(assignment: str) -> tuple[str, str]:
+    key, sep, value = assignment.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--set expects KEY=VALUE, got {assignment!r}")
+    return key.strip(), value
