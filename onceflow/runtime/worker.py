@@ -13,9 +13,13 @@ Two children, in dependency order (docs/architecture.md, "Supervision"):
 A failure of the core restarts both (under every policy, a child never
 outlives what it depends on). The supervisor escalates when its budget is
 spent: the worker then exits 1, or 2 when a store refused its login,
-certificate or a permission (escalated at once: a restart cannot fix it). A
-graceful stop (SIGTERM) stops fetching, flushes what was processed, commits
-it, leaves the group and exits 0.
+certificate or a permission (escalated at once: a restart cannot fix it). The
+same failure ``max-repeats`` times in a row with no commit in between
+escalates too (a restart loop no backoff ends). A graceful stop (SIGTERM)
+stops fetching, flushes what was processed, commits it, leaves the group
+and exits 0; the metrics port is bound before anything starts (taken: a
+ConfigError, exit 2), and a stop or escalation that cannot finish in time
+is ended by the CLI's exit deadline (``runtime/stop.py``).
 """
 
 from __future__ import annotations
