@@ -110,10 +110,13 @@ def health_report(pipeline_id: str, children: dict[str, Any], consumer: dict[str
                        f"(join-timeout {consumer['join_timeout']}s)")
     idle = metrics.seconds_since_progress()
     total = None if lag is None else lag.get("lag")
+    # Behind: records wait on this worker's partitions (the group's, if it does
+    # not know them), so a member whose partitions are caught up stays healthy.
+    behind = None if lag is None else lag.get("assigned", total)
     since_commit = metrics.seconds_since_commit()
-    stalled = bool(total) and since_commit > stall_timeout
+    stalled = bool(behind) and since_commit > stall_timeout
     if stalled:
-        reasons.append(f"behind and not committing: lag {total}, nothing committed for "
+        reasons.append(f"behind and not committing: lag {behind}, nothing committed for "
                        f"{since_commit:.0f}s (stall-timeout {stall_timeout:g}s)")
     # Records the broker does not take (e.g. an unreachable dead-letter topic) wait in
     # the outbox, and commits with them: processing goes on, so say it here.

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,12 +118,15 @@ class LagWatch:
                 log.debug("reading the group's lag failed: %r", error)
             self._stop.wait(self._interval)
 
-    def report(self) -> dict[str, Any]:
-        """``lag``: the total of the last reading (None before the first); its age; and
-        the last error if the newest attempt failed."""
+    def report(self, owned: Collection[tuple[str, int]] | None = None) -> dict[str, Any]:
+        """``lag``: the group's total at the last reading (None before the first);
+        ``assigned``: that of the ``owned`` partitions (this worker's); the reading's
+        age; and the last error if the newest attempt failed."""
         reading, error, now = self._reading, self._error, time.monotonic()
         return {
             "lag": None if reading is None else reading[0].total,
+            "assigned": None if reading is None or owned is None else sum(
+                p.lag for p in reading[0].partitions if (p.topic, p.partition) in owned),
             "partitions": None if reading is None else {
                 f"{p.topic}:{p.partition}": p.lag for p in reading[0].partitions},
             "seconds_ago": None if reading is None else round(now - reading[1], 3),

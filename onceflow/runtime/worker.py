@@ -381,7 +381,14 @@ class Worker:
         consumer = None if self._stream is None else self._stream.join.report()
         escalated = None if self._failure is None else \
             f"{self._failure[0]}: {type(self._failure[1]).__name__}: {self._failure[1]}"
-        lag = None if self._lag is None else self._lag.report()
+        lag = None
+        if self._lag is not None:
+            core = self._core
+            owned = None
+            if core is not None:
+                with core.ledger() as ledger:
+                    owned = ledger.owned()
+            lag = self._lag.report(owned)
         return health_report(self.pipeline.id, states, consumer, escalated,
                              self.settings.metrics.stall_timeout, lag, looping, last)
 

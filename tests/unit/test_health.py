@@ -12,8 +12,9 @@ from onceflow.stores.fencing import Fenced
 RUNNING = {"core": "running", "consumer": "running"}
 
 
-def lag(total: int | None) -> dict[str, Any]:
-    return {"lag": total, "partitions": None, "seconds_ago": 0.5, "error": None}
+def lag(total: int | None, assigned: int | None = None) -> dict[str, Any]:
+    return {"lag": total, "assigned": total if assigned is None else assigned,
+            "partitions": None, "seconds_ago": 0.5, "error": None}
 
 
 def test_running_and_caught_up_is_healthy() -> None:
@@ -45,6 +46,8 @@ def test_behind_and_not_committing_is_503_from_the_groups_lag() -> None:
         assert not health_report("p", RUNNING, None, None, 60, lag(5))["healthy"]
         assert health_report("p", RUNNING, None, None, 60, lag(0))["healthy"]
         assert health_report("p", RUNNING, None, None, 60, lag(None))["healthy"]  # unread yet
+        # Another member's partitions wait, this worker's are caught up: not its stall.
+        assert health_report("p", RUNNING, None, None, 60, lag(5, assigned=0))["healthy"]
     finally:
         metrics.committed()
 
