@@ -346,20 +346,25 @@ class Worker:
         restart = RestartSettings(Policy(sv.policy), sv.max_restarts, sv.within,
                                   sv.backoff_initial, sv.backoff_max, sv.backoff_jitter,
                                   sv.max_repeats)
+        unfenced = unfenced_stores(self.settings, self.pipeline)
         self._supervisor = Supervisor.start(
             [ChildSpec("core", self._start_core),
              ChildSpec("consumer", self._start_stream, depends_on=("core",))],
             restart, self._escalate, permanent=_permanent, progress=metrics.commits,
         )
-        if self._http is not None:
-            k = self.settings.kafka
-            self._lag = LagWatch(consumer_options(self.settings), k.group_id,
-                                 self.pipeline.consumed_topics, m.lag_interval,
-                                 timeout=max(10.0, k.request_timeout)).start()
-            self._http.start(self._escalate)  # a server that dies stops the worker
-            log.info("metrics and health on http://%s:%d/", m.host, self._http.port)
+        try:
+            if self._http is not None:
+                k = self.settings.kafka
+                self._lag = LagWatch(consumer_options(self.settings), k.group_id,
+                                     self.pipeline.consumed_topics, m.lag_interval,
+                                     timeout=max(10.0, k.request_timeout)).start()
+                self._http.start(self._escalate)  # a server that dies stops the worker
+                log.info("metrics and health on http://%s:%d/", m.host, self._http.port)
+        except BaseException:  # no actor may outlive a failed start
+            self._supervisor.proxy().stop_children().get(timeout=self.settings.shutdown.timeout)
+            self._supervisor.stop()
+            raise
         log.info("worker started: pipeline %r on %s", self.pipeline.id, self.pipeline.topics)
-        unfenced = unfenced_stores(self.settings, self.pipeline)
         if unfenced:
             log.warning("writes to %s are not fenced: a worker paused past its session "
                         "timeout could still add rows there, sent again later as duplicates "
