@@ -5,8 +5,9 @@ would), so the core restarts and nothing is ever committed. The old worker
 answered /health from its own counters (lag 0, healthy between two
 restarts) and, its backoff keeping failures under the restart budget,
 looped for ever. Now /health is 503 with the loop as the reason and the lag
-``onceflow status`` reads from Kafka, and the same failure
-``supervision.max-repeats`` times in a row stops the worker with exit 1.
+``onceflow status`` reads from Kafka (and status prints the same verdict),
+and the same failure ``supervision.max-repeats`` times in a row stops the
+worker with exit 1.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from onceflow.devtools import harness, services
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
 
-REPEATS = 4
+REPEATS = 5
 
 
 def health(port: int) -> tuple[int, dict[str, Any]] | None:
@@ -60,7 +61,8 @@ def test_a_crash_loop_is_503_with_the_real_lag_then_escalates(
         f"  metrics {{ port = {port}, lag-interval = 500ms }}\n"
         # A budget the loop never exhausts: only max-repeats can stop it.
         "  supervision { max-restarts = 1000, within = 1h, backoff { initial = 1s, max = 1s,"
-        f" jitter = 0s }}, max-repeats = {REPEATS}, escalation-grace = 1s }}\n"
+        # The grace keeps /health up a while after the escalation, for status to ask.
+        f" jitter = 0s }}, max-repeats = {REPEATS}, escalation-grace = 10s }}\n"
         "}\n")
     monkeypatch.setenv("ONCEFLOW_ROBOTS_TOPIC", topic)
     monkeypatch.setenv("ONCEFLOW_FAULT_STAGE_RAISES_ON", '"serial":')  # every batch fails
@@ -90,6 +92,11 @@ def test_a_crash_loop_is_503_with_the_real_lag_then_escalates(
         status_lag = sum(row["lag"] for row in rows)
         # Nothing is ever committed: both read every produced record as lag.
         assert report["lag"] == status_lag == sum(ends.values()), (report, rows)
+        # And status says what /health says, its exit code too (the loop, or already its
+        # escalation: "escalated: core: RestartLoop: child core failed ...").
+        verdict = [line for line in status.stdout.splitlines() if line.startswith("worker: ")]
+        assert verdict and verdict[0].startswith("worker: unhealthy: "), status.stdout
+        assert "core failed" in verdict[0] and status.returncode == 1, verdict
 
         assert worker.wait(timeout=120) == 1, log.read_text()[-3000:]
         text = log.read_text()
