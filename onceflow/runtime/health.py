@@ -101,7 +101,7 @@ def health_report(pipeline_id: str, children: dict[str, Any], consumer: dict[str
     elif escalated is None:
         waiting = {k: v for k, v in children.items() if v != "running"}
         if waiting:
-            reasons.append("restarting: " + ", ".join(f"{k} {v}" for k, v in waiting.items()))
+            reasons.append("not running: " + ", ".join(f"{k} {v}" for k, v in waiting.items()))
     if last_failure is not None and last_failure[2] < stall_timeout \
             and _fenced(last_failure[1]) is not None:
         reasons.append(f"fenced {last_failure[2]:.0f}s ago: {_fenced(last_failure[1])}")

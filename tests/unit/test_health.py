@@ -55,7 +55,7 @@ def test_behind_and_not_committing_is_503_from_the_groups_lag() -> None:
 def test_restarting_and_overdue_joins_are_503() -> None:
     report = health_report("p", {"core": "backing_off", "consumer": "backing_off"}, None,
                            None, 60, lag(0))
-    assert report["reasons"] == ["restarting: core backing_off, consumer backing_off"]
+    assert report["reasons"] == ["not running: core backing_off, consumer backing_off"]
     join = {"joining": True, "joining_seconds": 130.0, "join_timeout": 120.0,
             "join_overdue": True}
     report = health_report("p", RUNNING, join, None, 60, lag(0))
