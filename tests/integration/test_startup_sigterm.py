@@ -265,9 +265,10 @@ def silent_broker() -> Iterator[str]:
         yield f"127.0.0.1:{listening.getsockname()[1]}"
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_sigterm_with_the_broker_silent_exits_in_time(
     redis_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
-    silent_broker: str,
+    silent_broker: str, stop: signal.Signals,
 ) -> None:
     log = tmp_path / "worker.log"
     # The supervisor blocks inside the core's start (up to the request timeout
@@ -278,11 +279,11 @@ def test_sigterm_with_the_broker_silent_exits_in_time(
     try:
         wait_for_log(worker, log, "worker started", timeout=60)
         sent = time.monotonic()
-        worker.send_signal(signal.SIGTERM)
+        worker.send_signal(stop)
         code = worker.wait(timeout=SHORT_BOUND)
         assert time.monotonic() - sent < SHORT_BOUND
     except subprocess.TimeoutExpired:
-        raise AssertionError(f"no exit {SHORT_BOUND}s after SIGTERM:\n"
+        raise AssertionError(f"no exit {SHORT_BOUND}s after {stop.name}:\n"
                              f"{log.read_text()[-3000:]}") from None
     finally:
         if worker.poll() is None:
