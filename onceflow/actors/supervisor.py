@@ -23,10 +23,13 @@ A restart loop that makes no progress escalates too, whatever the backoff
 the same failure ``max_repeats`` times in a row escalates with
 ``RestartLoop``. The same failure is the same child failing with the same
 exception type and message, with no progress in between (``progress``: a
-counter the owner bumps on progress; the worker counts its commits). A
-deterministic failure (a poisoned record, a bug) repeats exactly, and
-nothing is committed past it; a different failure, or a commit between
-two, means the loop is not stuck in one place, and the budget decides.
+counter the owner bumps on progress; the worker counts its commits), the
+child having failed within ``within`` of its start. A deterministic failure
+(a poisoned record, a bug) repeats exactly, soon after each start, and
+nothing is committed past it; a different failure, a commit between two, or
+an incarnation that ran a whole ``within`` (an outage now and then on a
+quiet topic, where nothing is there to commit) means the loop is not stuck
+in one place, and the budget decides.
 
 Each child moves through an explicit state machine (``TRANSITIONS``):
 
@@ -141,6 +144,7 @@ class _Slot:
         self.instance: Child | None = None
         self.generation = 0
         self.restarts = 0
+        self.started = 0.0  # time.monotonic() of the last start
 
     def move(self, to: ChildState) -> None:
         allowed = {ChildState.STARTING} if self.state is None else TRANSITIONS[self.state]
@@ -223,6 +227,7 @@ class Supervisor(pykka.ThreadingActor):
     def _start(self, slot: _Slot) -> None:
         slot.move(ChildState.STARTING)
         slot.generation += 1
+        slot.started = time.monotonic()
         generation, me = slot.generation, self.actor_ref
 
         def report(who: str, error: BaseException) -> None:
@@ -247,7 +252,8 @@ class Supervisor(pykka.ThreadingActor):
         self._history.append(now)
         while self._history and now - self._history[0] > self._settings.within:
             self._history.popleft()
-        repeats = self._count_repeat(slot.spec.name, failure.error)
+        repeats = self._count_repeat(slot.spec.name, failure.error,
+                                     ran=now - slot.started)
         self._last_error = (slot.spec.name, failure.error, now)
         looping = 0 < self._settings.max_repeats <= repeats
         if self._permanent(failure.error) or looping \
@@ -282,11 +288,13 @@ class Supervisor(pykka.ThreadingActor):
         self._timers.append(timer)
         timer.start()
 
-    def _count_repeat(self, child: str, error: BaseException) -> int:
-        """How many times in a row this failure came with no progress, this one included."""
+    def _count_repeat(self, child: str, error: BaseException, ran: float) -> int:
+        """How many times in a row this failure came with no progress, this one included
+        (``ran``: how long the failed incarnation ran)."""
         signature = (child, type(error).__name__, str(error))
         mark = self._progress()
-        same = self._last is not None and self._last == (signature, mark)
+        same = self._last is not None and self._last == (signature, mark) \
+            and ran <= self._settings.within
         self._repeats = self._repeats + 1 if same else 1
         self._last = (signature, mark)
         return self._repeats

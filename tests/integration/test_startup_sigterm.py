@@ -11,8 +11,9 @@ were installed, waited for the join, and exited 1 after a drain timeout).
 Then the states where a stop used to hang: the store frozen, the broker
 silent (the supervisor blocked inside a child's start), a second SIGTERM;
 and the broker frozen mid-processing (fetches, commits and the group leave
-hang; the old worker did exit in time there, the test keeps it so); there a short ``shutdown.timeout`` bounds the exit (+ 5 s), since
-past it the worker exits anyway (1), having committed only durable offsets.
+hang; the old worker did exit in time there, the test keeps it so). There
+a short ``shutdown.timeout`` bounds the exit (+ 5 s), since past it the
+worker exits anyway (1), having committed only durable offsets.
 And a start-time part that fails (a taken metrics port) exits 2 before any
 actor, thread or group join.
 """

@@ -238,3 +238,20 @@ def test_a_different_failure_starts_the_count_over() -> None:
         fake.report("a", RuntimeError(f"broke {i % 2}"))
         wait_until(lambda n=n: len(fake.starts) == n + 1)
     assert escalated == []
+
+
+def test_a_child_that_ran_a_whole_window_before_failing_again_is_not_looping() -> None:
+    fake = Fake("a")
+    escalated: list[BaseException] = []
+    settings = RestartSettings(Policy.ONE_FOR_ONE, max_restarts=1000, within=0.3,
+                               backoff_initial=0.01, backoff_max=0.01, backoff_jitter=0,
+                               max_repeats=2)
+    sup = Supervisor.start([ChildSpec("a", fake.start)], settings,
+                           lambda name, error: escalated.append(error)).proxy()
+    for _ in range(4):  # the same failure, but each after a healthy window (quiet topic)
+        wait_until(lambda: sup.states().get()["a"] == "running")
+        time.sleep(0.4)
+        n = len(fake.starts)
+        fake.fail()
+        wait_until(lambda n=n: len(fake.starts) == n + 1)
+    assert escalated == []
