@@ -221,6 +221,10 @@ class Ledger:
     def processed_offsets(self) -> dict[TopicPartition, int]:
         return dict(self._processed)
 
+    def owned(self) -> frozenset[TopicPartition]:
+        """The partitions of the current assignment (what /health counts as this worker's)."""
+        return frozenset(self._owned)
+
     @property
     def outbox_count(self) -> int:
         return self._outboxed

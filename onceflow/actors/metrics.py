@@ -75,6 +75,7 @@ RESTARTS = Counter("onceflow_restarts", "Supervised restarts", ["child"], regist
 
 _last_progress = time.monotonic()
 _last_commit = time.monotonic()  # or the start: a fresh worker has had no reason to commit
+_commits = 0  # commits that moved offsets: the supervisor's measure of progress
 
 
 def progressed() -> None:
@@ -83,9 +84,15 @@ def progressed() -> None:
 
 
 def committed() -> None:
-    global _last_commit
+    global _last_commit, _commits
     _last_commit = time.monotonic()
+    _commits += 1
     progressed()
+
+
+def commits() -> int:
+    """How many commits moved offsets so far in this process."""
+    return _commits
 
 
 def seconds_since_commit() -> float:

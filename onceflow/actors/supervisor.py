@@ -18,6 +18,19 @@ supervisor escalates: every child is stopped and ``on_escalate`` is called.
 A failure ``permanent`` says no restart can fix (a store refusing the
 password) escalates at once.
 
+A restart loop that makes no progress escalates too, whatever the backoff
+(which can keep failures under ``max_restarts`` per ``within`` for ever):
+the same failure ``max_repeats`` times in a row escalates with
+``RestartLoop``. The same failure is the same child failing with the same
+exception type and message, with no progress in between (``progress``: a
+counter the owner bumps on progress; the worker counts its commits), the
+child having failed within ``within`` of its start. A deterministic failure
+(a poisoned record, a bug) repeats exactly, soon after each start, and
+nothing is committed past it; a different failure, a commit between two, or
+an incarnation that ran a whole ``within`` (an outage now and then on a
+quiet topic, where nothing is there to commit) means the loop is not stuck
+in one place, and the budget decides.
+
 Each child moves through an explicit state machine (``TRANSITIONS``):
 
     (new) -> STARTING -> RUNNING -> BACKING_OFF -> STARTING -> ...
@@ -97,6 +110,16 @@ class RestartSettings:
     backoff_initial: float
     backoff_max: float
     backoff_jitter: float
+    max_repeats: int = 0  # the same failure this many times in a row escalates; 0: never
+
+
+class RestartLoop(RuntimeError):
+    """The same failure repeated ``max_repeats`` times in a row with no progress."""
+
+    def __init__(self, child: str, repeats: int, error: BaseException):
+        super().__init__(f"child {child} failed {repeats} times in a row with the same "
+                         f"error and no progress in between: {error!r}")
+        self.child, self.repeats, self.error = child, repeats, error
 
 
 @dataclass(frozen=True)
@@ -121,6 +144,7 @@ class _Slot:
         self.instance: Child | None = None
         self.generation = 0
         self.restarts = 0
+        self.started = 0.0  # time.monotonic() of the last start
 
     def move(self, to: ChildState) -> None:
         allowed = {ChildState.STARTING} if self.state is None else TRANSITIONS[self.state]
@@ -136,6 +160,7 @@ class Supervisor(pykka.ThreadingActor):
         settings: RestartSettings,
         on_escalate: Callable[[str, BaseException], None],
         permanent: Callable[[BaseException], bool] = lambda error: False,
+        progress: Callable[[], int] = lambda: 0,
     ):
         super().__init__()
         names = [spec.name for spec in specs]
@@ -149,6 +174,12 @@ class Supervisor(pykka.ThreadingActor):
         self._on_escalate = on_escalate
         self._permanent = permanent
         self._history: collections.deque[float] = collections.deque()
+        self._progress = progress
+        # The last failure: (child, exception type, message), the progress mark
+        # when it came, and how many times in a row it came with no progress.
+        self._last: tuple[tuple[str, str, str], int] | None = None
+        self._repeats = 0
+        self._last_error: tuple[str, BaseException, float] | None = None
         self._timers: list[threading.Timer] = []
 
     def on_start(self) -> None:
@@ -160,6 +191,26 @@ class Supervisor(pykka.ThreadingActor):
 
     def restarts(self) -> dict[str, int]:
         return {slot.spec.name: slot.restarts for slot in self._slots}
+
+    def looping(self) -> dict[str, object] | None:
+        """The current restart loop, for /health: None unless the last failure came at
+        least twice in a row and nothing progressed since."""
+        if self._last is None or self._last_error is None or self._repeats < 2 \
+                or self._progress() != self._last[1]:
+            return None
+        child, error, when = self._last_error
+        return {"child": child, "repeats": self._repeats, "error": repr(error),
+                "seconds_since": round(time.monotonic() - when, 3)}
+
+    def health(self) -> dict[str, object]:
+        """What /health needs of the supervisor, in one message: states, the loop, if any,
+        and the last failure (child, error, seconds ago)."""
+        last = None
+        if self._last_error is not None:
+            child, error, when = self._last_error
+            last = (child, error, time.monotonic() - when)
+        return {"states": {k: str(v) for k, v in self.states().items()},
+                "looping": self.looping(), "last_failure": last}
 
     def on_receive(self, message: _Failed | _Restart) -> None:
         if isinstance(message, _Failed):
@@ -176,6 +227,7 @@ class Supervisor(pykka.ThreadingActor):
     def _start(self, slot: _Slot) -> None:
         slot.move(ChildState.STARTING)
         slot.generation += 1
+        slot.started = time.monotonic()
         generation, me = slot.generation, self.actor_ref
 
         def report(who: str, error: BaseException) -> None:
@@ -200,14 +252,24 @@ class Supervisor(pykka.ThreadingActor):
         self._history.append(now)
         while self._history and now - self._history[0] > self._settings.within:
             self._history.popleft()
-        if self._permanent(failure.error) or len(self._history) > self._settings.max_restarts:
+        repeats = self._count_repeat(slot.spec.name, failure.error,
+                                     ran=now - slot.started)
+        self._last_error = (slot.spec.name, failure.error, now)
+        looping = 0 < self._settings.max_repeats <= repeats
+        if self._permanent(failure.error) or looping \
+                or len(self._history) > self._settings.max_restarts:
+            error = failure.error
             if self._permanent(failure.error):
                 log.error("a restart cannot fix this: escalating")
+            elif looping:
+                error = RestartLoop(slot.spec.name, repeats, failure.error)
+                log.error("restart loop: %s (max-repeats %d): escalating", error,
+                          self._settings.max_repeats)
             else:
                 log.error("restart budget exhausted (%d in %.0fs): escalating",
                           self._settings.max_restarts, self._settings.within)
             self._stop_all(ChildState.FAILED)
-            self._on_escalate(slot.spec.name, failure.error)
+            self._on_escalate(slot.spec.name, error)
             return
         affected = self._affected(slot)
         for victim in reversed(affected):
@@ -225,6 +287,17 @@ class Supervisor(pykka.ThreadingActor):
         timer.daemon = True
         self._timers.append(timer)
         timer.start()
+
+    def _count_repeat(self, child: str, error: BaseException, ran: float) -> int:
+        """How many times in a row this failure came with no progress, this one included
+        (``ran``: how long the failed incarnation ran)."""
+        signature = (child, type(error).__name__, str(error))
+        mark = self._progress()
+        same = self._last is not None and self._last == (signature, mark) \
+            and ran <= self._settings.within
+        self._repeats = self._repeats + 1 if same else 1
+        self._last = (signature, mark)
+        return self._repeats
 
     def _tell_restart(self, names: tuple[str, ...], generation: int) -> None:
         with contextlib.suppress(pykka.ActorDeadError):

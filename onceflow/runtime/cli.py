@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from collections.abc import Sequence
-from types import FrameType
 
 from onceflow.runtime import extras
 from onceflow.runtime.config import ConfigError, load_settings
+from onceflow.runtime.stop import StopSignals
 
 EXIT_OK = 0
 EXIT_CONFIG = 2
@@ -105,37 +104,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-class StopSignals:
-    """Records SIGTERM/SIGINT; the worker's main thread looks at ``received``.
-
-    The handler only assigns an attribute. Python runs it in the main thread
-    between two bytecodes, possibly inside ``Event.wait`` while that holds
-    the event's lock (``Event.set`` there would deadlock) or inside a write
-    to stderr (logging there raises "reentrant call"). And a signal the
-    kernel hands to another thread does not wake a main thread blocked in a
-    lock, so the worker waits with a timeout and checks this between waits.
-    """
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._logged = False
-
-    def install(self) -> StopSignals:
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-        return self
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.received = signum
-
-    def stopping(self) -> bool:
-        """Whether a stop signal came (logged once, from the calling thread)."""
-        if self.received is not None and not self._logged:
-            self._logged = True
-            log.info("received %s: stopping", signal.Signals(self.received).name)
-        return self.received is not None
-
-
 def _run(config: str, assignments: list[str]) -> int:
     # Handlers first: loading the worker's modules takes about a second, and
     # a SIGTERM meanwhile would take the default action (killed, exit -15).
@@ -152,6 +120,7 @@ def _run(config: str, assignments: list[str]) -> int:
     try:
         overrides = dict(_split(a) for a in assignments)
         settings = load_settings(config, overrides)
+        signals.budget = settings.shutdown.timeout
         pipeline = load_pipeline(settings)
         check_stores(settings, pipeline)
         check_landing(settings, pipeline)
@@ -164,8 +133,12 @@ def _run(config: str, assignments: list[str]) -> int:
         log.info("stop requested while loading: no actor was built")
         return EXIT_OK
     worker = Worker(settings, pipeline)
-    worker.start()
-    return worker.run(signals.stopping)
+    try:  # binds the metrics port first: taken, it fails before any actor or thread
+        worker.start()
+    except ConfigError as error:
+        print(f"onceflow: config error: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    return worker.run(signals.stopping, signals.exit_within)
 
 
 def _split(assignment: str) -> tuple[str, str]:

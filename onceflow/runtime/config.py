@@ -174,6 +174,7 @@ def _build(read: Reader, source: str) -> Settings:
             read.integer("onceflow.metrics.port", 0, 65535),
             read.text("onceflow.metrics.host"),
             read.duration("onceflow.metrics.stall-timeout", 1, 86400),
+            read.duration("onceflow.metrics.lag-interval", 0.1, 3600),
         ),
         landing=LandingSettings(None if read.raw("onceflow.landing.dir") is None
                                 else read.text("onceflow.landing.dir")),
@@ -221,6 +222,7 @@ def _supervision(read: Reader) -> SupervisionSettings:
         backoff_max=read.duration(k + "backoff.max", 0.0, 3600),
         backoff_jitter=read.duration(k + "backoff.jitter", 0.0, 3600),
         escalation_grace=read.duration(k + "escalation-grace", 0.0, 3600),
+        max_repeats=read.integer(k + "max-repeats", 0, 1000),
     )
 
 

@@ -181,6 +181,7 @@ class SupervisionSettings:
     backoff_max: float
     backoff_jitter: float
     escalation_grace: float
+    max_repeats: int = 5  # the same failure this many times in a row escalates (0: never)
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,7 @@ class MetricsSettings:
     port: int
     host: str
     stall_timeout: float
+    lag_interval: float = 5.0  # how often /health's lag is read from Kafka
 
 
 @dataclass(frozen=True)

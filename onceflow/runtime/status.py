@@ -120,6 +120,8 @@ def _health(url: str, absent_ok: bool = False) -> int:
         print(f"onceflow: no worker answers at {url}: {error}", file=sys.stderr)
         return EXIT_OK if absent_ok else EXIT_FAILED
     print(json.dumps(health, indent=2))
+    reasons = health.get("reasons") or ([] if code == 200 else [f"HTTP {code}"])
+    print("worker: healthy" if not reasons else "worker: unhealthy: " + "; ".join(reasons))
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
         lines = response.read().decode().splitlines()
     print("\n".join(line for line in lines if line.startswith("onceflow_")

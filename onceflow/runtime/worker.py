@@ -13,9 +13,13 @@ Two children, in dependency order (docs/architecture.md, "Supervision"):
 A failure of the core restarts both (under every policy, a child never
 outlives what it depends on). The supervisor escalates when its budget is
 spent: the worker then exits 1, or 2 when a store refused its login,
-certificate or a permission (escalated at once: a restart cannot fix it). A
-graceful stop (SIGTERM) stops fetching, flushes what was processed, commits
-it, leaves the group and exits 0.
+certificate or a permission (escalated at once: a restart cannot fix it). The
+same failure ``max-repeats`` times in a row with no commit in between
+escalates too (a restart loop no backoff ends). A graceful stop (SIGTERM)
+stops fetching, flushes what was processed, commits it, leaves the group
+and exits 0; the metrics port is bound before anything starts (taken: a
+ConfigError, exit 2), and a stop or escalation that cannot finish in time
+is ended by the CLI's exit deadline (``runtime/stop.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 
 import pykka
 
-from onceflow.actors import tolerant_records
+from onceflow.actors import metrics, tolerant_records
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor
@@ -66,8 +70,9 @@ from onceflow.actors.supervisor import (
     Supervisor,
 )
 from onceflow.actors.ticker import Ticker
-from onceflow.runtime.config import Settings
+from onceflow.runtime.config import ConfigError, Settings
 from onceflow.runtime.health import HealthServer, health_report
+from onceflow.runtime.lag import LagWatch
 from onceflow.runtime.topics import ensure_repartition_topics
 from onceflow.runtime.wiring import (
     access_error,
@@ -89,7 +94,8 @@ log = logging.getLogger(__name__)
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2  # a store refused the worker's credentials: as cli.EXIT_CONFIG
-SIGNAL_POLL = 0.2  # s; a signal handler must not set an Event (see cli.StopSignals)
+SIGNAL_POLL = 0.2  # s; a signal handler must not set an Event (see stop.StopSignals)
+GRACE = 3.0  # s past the shutdown timeout (and escalation grace) before the exit is forced
 
 
 def _permanent(error: BaseException) -> bool:
@@ -311,6 +317,7 @@ class Worker:
         self._stream: ConsumerStream | None = None
         self._supervisor: pykka.ActorRef[Supervisor] | None = None
         self._http: HealthServer | None = None
+        self._lag: LagWatch | None = None
 
     def _escalate(self, who: str, error: BaseException) -> None:
         if self._failure is None:
@@ -332,51 +339,101 @@ class Worker:
         return self._stream
 
     def start(self) -> None:
+        """Bind the metrics port, then start the supervisor (which starts the children).
+
+        The port is bound before anything starts: taken, it is a ConfigError
+        naming the key, and no actor, thread or group join happened.
+        """
+        m = self.settings.metrics
+        if m.port:
+            try:
+                self._http = HealthServer(m.host, m.port, self.status)
+            except OSError as error:
+                raise ConfigError(self.settings.source, "onceflow.metrics.port",
+                                  f"expected a port free to listen on at {m.host}, "
+                                  f"{m.port} is not: {error.strerror or error}") from None
         tune_gc()
         tolerant_records.install()  # a header name that is not UTF-8 must not stop fetches
         sv = self.settings.supervision
         restart = RestartSettings(Policy(sv.policy), sv.max_restarts, sv.within,
-                                  sv.backoff_initial, sv.backoff_max, sv.backoff_jitter)
+                                  sv.backoff_initial, sv.backoff_max, sv.backoff_jitter,
+                                  sv.max_repeats)
+        unfenced = unfenced_stores(self.settings, self.pipeline)
         self._supervisor = Supervisor.start(
             [ChildSpec("core", self._start_core),
              ChildSpec("consumer", self._start_stream, depends_on=("core",))],
-            restart, self._escalate, permanent=_permanent,
+            restart, self._escalate, permanent=_permanent, progress=metrics.commits,
         )
-        m = self.settings.metrics
-        if m.port:
-            self._http = HealthServer(m.host, m.port, self.status).start()
-            log.info("metrics and health on http://%s:%d/", m.host, self._http.port)
+        try:
+            if self._http is not None:
+                k = self.settings.kafka
+                self._lag = LagWatch(consumer_options(self.settings), k.group_id,
+                                     self.pipeline.consumed_topics, m.lag_interval,
+                                     timeout=max(10.0, k.request_timeout)).start()
+                self._http.start(self._escalate)  # a server that dies stops the worker
+                log.info("metrics and health on http://%s:%d/", m.host, self._http.port)
+        except BaseException:  # no actor may outlive a failed start
+            self._supervisor.proxy().stop_children().get(timeout=self.settings.shutdown.timeout)
+            self._supervisor.stop()
+            raise
         log.info("worker started: pipeline %r on %s", self.pipeline.id, self.pipeline.topics)
-        unfenced = unfenced_stores(self.settings, self.pipeline)
         if unfenced:
             log.warning("writes to %s are not fenced: a worker paused past its session "
                         "timeout could still add rows there, sent again later as duplicates "
                         "(README, Fencing)", ", ".join(unfenced))
 
     def status(self) -> dict[str, Any]:
-        """What /health reports: per-child state, escalation, progress and lag."""
+        """What /health reports: per-child state, escalation, restart loop, progress, lag."""
         states: dict[str, Any] = {}
+        looping, last = None, None
         if self._supervisor is not None:
             try:
-                states = {k: str(v) for k, v in
-                          self._supervisor.proxy().states().get(timeout=2).items()}
+                supervised: dict[str, Any] = self._supervisor.proxy().health().get(timeout=2)
+                states, looping = supervised["states"], supervised["looping"]
+                last = supervised["last_failure"]
+            except pykka.Timeout:  # busy starting a child (e.g. waiting for the broker)
+                states = {"core": "starting", "consumer": "starting"}
             except Exception:  # the supervisor is gone: the worker is stopping
                 states = {"core": "stopped", "consumer": "stopped"}
         consumer = None if self._stream is None else self._stream.join.report()
-        escalated = None if self._failure is None else f"{self._failure[0]}: {self._failure[1]!r}"
+        escalated = None if self._failure is None else \
+            f"{self._failure[0]}: {type(self._failure[1]).__name__}: {self._failure[1]}"
+        lag = None
+        if self._lag is not None:
+            core = self._core
+            owned = None
+            if core is not None:
+                with core.ledger() as ledger:
+                    owned = ledger.owned()
+            lag = self._lag.report(owned)
         return health_report(self.pipeline.id, states, consumer, escalated,
-                             self.settings.metrics.stall_timeout)
+                             self.settings.metrics.stall_timeout, lag, looping, last)
 
-    def run(self, signalled: Callable[[], bool] = lambda: False) -> int:
-        """Wait for a stop (``request_stop``, ``signalled()``) or an escalation; the exit code."""
+    def run(self, signalled: Callable[[], bool] = lambda: False,
+            exit_within: Callable[[float, str], None] | None = None) -> int:
+        """Wait for a stop (``request_stop``, ``signalled()``) or an escalation; the exit code.
+
+        ``exit_within(seconds, why)`` (the CLI's ``StopSignals``) arms a hard deadline
+        on the process once an escalation stops the worker: a shutdown blocked
+        where no timeout reaches must not keep it alive (a stop signal arms its own).
+        """
         while not (self._stop.wait(SIGNAL_POLL) or signalled()):
             pass
-        return self.shutdown()
+        if exit_within is not None and self._failure is not None:
+            exit_within(self.settings.shutdown.timeout + self.settings.supervision.escalation_grace
+                        + GRACE, f"escalation after {self._failure[0]} failed")
+        return self.shutdown(signalled)
 
-    def shutdown(self) -> int:
+    def shutdown(self, signalled: Callable[[], bool] = lambda: False) -> int:
         assert self._supervisor is not None
         supervisor = self._supervisor.proxy()
-        running = all(state == ChildState.RUNNING for state in supervisor.states().get().values())
+        timeout = self.settings.shutdown.timeout
+        try:
+            states = supervisor.states().get(timeout=timeout)
+        except pykka.Timeout:  # inside a child's start (a broker or store not answering)
+            log.warning("the supervisor is busy starting a child: stopping without a drain")
+            states = {}
+        running = bool(states) and all(state == ChildState.RUNNING for state in states.values())
         core, stream = self._core, self._stream
         if self._failure is None and running and core is not None and stream is not None:
             try:
@@ -386,12 +443,18 @@ class Worker:
                 self._escalate("shutdown", error)
         supervisor.stop_children().get()
         if self._failure is not None and self.settings.supervision.escalation_grace:
-            time.sleep(self.settings.supervision.escalation_grace)  # /health says 503 meanwhile
+            # /health says 503 meanwhile; a stop signal cuts it short
+            until = time.monotonic() + self.settings.supervision.escalation_grace
+            while time.monotonic() < until and not signalled():
+                time.sleep(min(SIGNAL_POLL, max(0.0, until - time.monotonic())))
         self._supervisor.stop()
+        if self._lag is not None:
+            self._lag.stop()
         if self._http is not None:
             self._http.stop()
         if self._failure is None:
             return EXIT_OK
+        log.error("stopped: %s failed: %s", self._failure[0], self._failure[1])
         denied = access_denied(self._failure[1])
         if denied is None:
             return EXIT_FAILED

@@ -18,7 +18,10 @@ def quick_recovery(bootstrap: str, redis_url: str, prefix: str) -> dict[str, str
             "onceflow.supervision.max-restarts": "20",
             "onceflow.supervision.within": "5m",
             "onceflow.supervision.backoff.initial": "500ms",
-            "onceflow.supervision.backoff.max": "5s"}
+            "onceflow.supervision.backoff.max": "5s",
+            # The outages here outlast five identical stream failures (the default
+            # max-repeats); the tests check recovery, so the loop bound is the budget's.
+            "onceflow.supervision.max-repeats": "20"}
 
 
 def metric(port: int, name: str, absent: float | None = None) -> float:

@@ -13,6 +13,7 @@ from onceflow.actors.supervisor import (
     ChildSpec,
     ChildState,
     Policy,
+    RestartLoop,
     RestartSettings,
     Supervisor,
     _Slot,
@@ -185,3 +186,72 @@ def test_stop_children_stops_everything_once() -> None:
     sup.stop_children().get()
     assert [f.stops for f in fakes.values()] == [1, 1, 1]
     assert set(sup.states().get().values()) == {ChildState.STOPPED}
+
+
+def repeating(max_repeats: int, progress: Callable[[], int]
+              ) -> tuple[pykka.ActorProxy[Supervisor], Fake, list[BaseException]]:
+    """One child under a budget that never runs out (a slow backoff's loop, sped up)."""
+    fake = Fake("a")
+    escalated: list[BaseException] = []
+    settings = RestartSettings(Policy.ONE_FOR_ONE, max_restarts=1000, within=60,
+                               backoff_initial=0.01, backoff_max=0.01, backoff_jitter=0,
+                               max_repeats=max_repeats)
+    ref = Supervisor.start([ChildSpec("a", fake.start)], settings,
+                           lambda name, error: escalated.append(error), progress=progress)
+    return ref.proxy(), fake, escalated
+
+
+def fail_running(sup: pykka.ActorProxy[Supervisor], fake: Fake, times: int) -> None:
+    for _ in range(times):
+        n = len(fake.starts)
+        wait_until(lambda: sup.states().get()["a"] == "running")
+        fake.fail()
+        wait_until(lambda n=n: len(fake.starts) == n + 1 or sup.states().get()["a"] == "failed")
+
+
+def test_the_same_failure_with_no_progress_escalates_whatever_the_budget() -> None:
+    sup, fake, escalated = repeating(4, lambda: 0)
+    fail_running(sup, fake, 3)
+    assert escalated == [] and sup.looping().get()["repeats"] == 3
+    fail_running(sup, fake, 1)
+    wait_until(lambda: sup.states().get()["a"] == "failed")
+    assert [type(e) for e in escalated] == [RestartLoop]
+    assert "failed 4 times in a row" in str(escalated[0]) and "a broke" in str(escalated[0])
+
+
+def test_progress_between_failures_starts_the_count_over() -> None:
+    commits = [0]
+    sup, fake, escalated = repeating(3, lambda: commits[0])
+    for _ in range(6):  # a commit between every two failures: not a loop in one place
+        fail_running(sup, fake, 1)
+        commits[0] += 1
+    assert escalated == [] and sup.states().get()["a"] == "running"
+    assert sup.looping().get() is None
+
+
+def test_a_different_failure_starts_the_count_over() -> None:
+    sup, fake, escalated = repeating(3, lambda: 0)
+    for i in range(6):
+        wait_until(lambda: sup.states().get()["a"] == "running")
+        n = len(fake.starts)
+        assert fake.report is not None
+        fake.report("a", RuntimeError(f"broke {i % 2}"))
+        wait_until(lambda n=n: len(fake.starts) == n + 1)
+    assert escalated == []
+
+
+def test_a_child_that_ran_a_whole_window_before_failing_again_is_not_looping() -> None:
+    fake = Fake("a")
+    escalated: list[BaseException] = []
+    settings = RestartSettings(Policy.ONE_FOR_ONE, max_restarts=1000, within=0.3,
+                               backoff_initial=0.01, backoff_max=0.01, backoff_jitter=0,
+                               max_repeats=2)
+    sup = Supervisor.start([ChildSpec("a", fake.start)], settings,
+                           lambda name, error: escalated.append(error)).proxy()
+    for _ in range(4):  # the same failure, but each after a healthy window (quiet topic)
+        wait_until(lambda: sup.states().get()["a"] == "running")
+        time.sleep(0.4)
+        n = len(fake.starts)
+        fake.fail()
+        wait_until(lambda n=n: len(fake.starts) == n + 1)
+    assert escalated == []
