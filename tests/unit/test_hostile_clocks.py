@@ -6,8 +6,11 @@ worker's runner)."""
 from __future__ import annotations
 
 import warnings
+from typing import Any, NamedTuple
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from onceflow import Pipeline, ProducerDedup
 from onceflow.stages.windows import Tumbling
@@ -141,3 +144,115 @@ def test_far_past_values_are_late_by_the_usual_rule() -> None:
               _event(NOW - 10 * YEAR, NOW + 3 * MINUTE), _event(-5, NOW + 3 * MINUTE)])
     assert run.dead_letters == []
     assert len(run.late) == 2 and run.counters["per_minute.late"] == 2
+
+
+# --- fuzz: hostile clocks, re-sends, windows and crashes ----------------------------
+
+#: Times a device or producer clock may state: far past and future, negative, huge, equal,
+#: around the max-future edge, and anything in 64 bits.
+HOSTILE = st.one_of(
+    st.sampled_from([NOW, NOW - 10 * YEAR, NOW + 10 * YEAR, 0, -1, -5, 2**62, -(2**62),
+                     NOW + 3_600_000, NOW + 3_600_001, 2**63 - 1, -(2**63)]),
+    st.integers(NOW - 5 * MINUTE, NOW + 5 * MINUTE),  # non-monotonic, near one another
+    st.integers(-(2**63), 2**63 - 1))
+
+
+class Event(NamedTuple):
+    producer: str
+    seq: int
+    device: str
+    event_ms: int
+    create_ms: int | None  # the Kafka CreateTime (None: the record has none)
+
+    @property
+    def partition(self) -> int:
+        return int(self.producer[1:]) % 2
+
+    @property
+    def key(self) -> str:
+        """A device's key per partition: each key is fed from one partition (its home), as
+        in a worker of a group (a key fed from two, single-worker, is closed by either's
+        watermark, so its late values depend on how the partitions interleave)."""
+        return f"{self.device}{self.partition}"
+
+    def record(self, create_ms: int | None) -> Record:
+        return Record({"d": self.key, "t": self.event_ms, "s": self.seq},
+                      partition=self.partition, key=self.producer,
+                      timestamp=create_ms,
+                      headers=[("pid", self.producer.encode()), ("seq", str(self.seq).encode())])
+
+
+@st.composite
+def hostile_streams(draw: Any) -> tuple[list[Event], list[Record]]:
+    """Events of 4 producers (2 partitions) with hostile times, in an interleaved order,
+    and the log: each event once, some re-sent later (a re-send's CreateTime is the
+    producer's clock again: any time)."""
+    events: list[Event] = []
+    seqs = dict.fromkeys(("p0", "p1", "p2", "p3"), 0)
+    for _ in range(draw(st.integers(1, 30))):
+        producer = draw(st.sampled_from(sorted(seqs)))
+        seqs[producer] += draw(st.integers(1, 3))  # gaps are fine
+        events.append(Event(producer, seqs[producer], draw(st.sampled_from("xy")),
+                            draw(HOSTILE), draw(st.none() | HOSTILE)))
+    log = [event.record(event.create_ms) for event in events]
+    for _ in range(draw(st.integers(0, 10))):
+        i = draw(st.integers(0, len(events) - 1))
+        at = draw(st.integers(0, len(log)))
+        first = next(j for j, r in enumerate(log)
+                     if r.headers == events[i].record(None).headers)
+        log.insert(max(at, first + 1), events[i].record(draw(st.none() | HOSTILE)))
+    return events, log
+
+
+def _fuzzed() -> Pipeline:
+    return (Pipeline("fz", topics=("in",), format="json",
+                     dedup=ProducerDedup(producer="pid", sequence="seq"))
+            .aggregate("total", key=lambda v: v["d"], init=lambda: 0, fold=lambda n, _: n + 1)
+            .aggregate("per_minute", key=lambda v: v["d"], init=lambda: 0,
+                       fold=lambda n, _: n + 1,
+                       window=Tumbling(MINUTE, event_time_ms=lambda v: v["t"])))
+
+
+def _outcome(log: list[Record], batch: int, actions: list[int]
+             ) -> tuple[dict[Any, Any], dict[str, Any], set[Any], set[Any], int]:
+    """Windows, totals, dead letters and late events (by source), producer duplicates."""
+    run = TestRun(_fuzzed(), batch_size=batch, partitions=2)
+    for i, record in enumerate(log):
+        run.feed([record])
+        action = actions[i % len(actions)] if actions else 0
+        if action == 1:
+            run.commit()
+        elif action == 2:
+            run.persist()
+        elif action == 3:
+            run.crash()
+        elif action == 4:
+            run.crash(mid_persist=True)
+    run.commit()
+    dead = {(d.record.partition, d.record.offset) for d in run.dead_letters}
+    late = {(e.record.partition, e.record.offset, e.position) for e in run.late}
+    return (run.windows("per_minute"), run.states("total"), dead, late,
+            run.producer_duplicates)
+
+
+@settings(max_examples=80, deadline=None)
+@given(stream=hostile_streams(), batch=st.integers(1, 5),
+       actions=st.lists(st.integers(0, 4), max_size=12))
+def test_hostile_clocks_with_re_sends_windows_and_crashes_stay_exact(
+        stream: tuple[list[Event], list[Record]], batch: int, actions: list[int]) -> None:
+    events, log = stream
+    windows, totals, dead, late, duplicates = _outcome(log, batch, actions)
+    # Every re-send dropped, whatever the clocks; every event decided once.
+    assert duplicates == len(log) - len(events)
+    refused = {(e.producer, e.seq) for e in events
+               if e.create_ms is not None and e.create_ms >= 0
+               and e.event_ms > e.create_ms + 3_600_000}
+    assert len(dead) == len(refused)
+    folded = sum(windows.values())
+    assert folded + len(late) + len(dead) + duplicates == len(log)
+    assert sum(totals.values()) == folded + len(late)  # a dead letter folds nowhere
+    for key in {e.key for e in events}:
+        kept = [e for e in events if e.key == key and (e.producer, e.seq) not in refused]
+        assert totals.get(key, 0) == len(kept)
+    # Crashes, replays and batches decide exactly as one uninterrupted run.
+    assert _outcome(log, 1, []) == (windows, totals, dead, late, duplicates)
