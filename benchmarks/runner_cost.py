@@ -44,6 +44,9 @@ from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.runner import PipelineRunner
 
 BATCH, PARTITIONS = 2000, 4
+#: The records' Kafka timestamp: after the robot stream's event times (2026-01-01 on), which
+#: may not lead it by more than ``onceflow.windows.max-future`` (else dead letters).
+BROKER_MS = 1_800_000_000_000
 
 
 PIPELINES: dict[str, Callable[[], Pipeline]] = {
@@ -62,7 +65,7 @@ def as_records(topic: str, messages: list[tuple[bytes, bytes]],
     offsets = [0] * PARTITIONS
     for key, value in messages:
         p = hash(key) % PARTITIONS
-        out.append(ConsumerRecord(topic, p, offsets[p], 1_700_000_000_000, 0, key, value,
+        out.append(ConsumerRecord(topic, p, offsets[p], BROKER_MS, 0, key, value,
                                   None, len(key), len(value), headers))
         offsets[p] += 1
     return out

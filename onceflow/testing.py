@@ -53,7 +53,7 @@ from onceflow.stages.state import (
     encode_state,
 )
 from onceflow.stages.watermark import WINDOWS_STAGE
-from onceflow.stages.window_clock import IDLE_TIMEOUT
+from onceflow.stages.window_clock import IDLE_TIMEOUT, MAX_FUTURE
 from onceflow.testing_records import (
     Consumed,
     DeadLetter,
@@ -95,9 +95,11 @@ class TestRun:
     def __init__(self, pipeline: Pipeline, *, single_worker: bool = True, partitions: int = 1,
                  batch_size: int | None = None, persist_every: int | None = None,
                  commit_every: int | None = None, dead_letter_topic: str = DEAD_LETTER_TOPIC,
-                 late_events_topic: str = LATE_EVENTS_TOPIC, idle_timeout: float = IDLE_TIMEOUT):
+                 late_events_topic: str = LATE_EVENTS_TOPIC, idle_timeout: float = IDLE_TIMEOUT,
+                 max_future: float = MAX_FUTURE):
         self.pipeline = pipeline
         self.idle_timeout = idle_timeout  # window watermarks, seconds of event time
+        self.max_future = max_future  # seconds an event time may lead its record's timestamp
         self.single_worker = single_worker
         self.dead_letter_topic, self.late_events_topic = dead_letter_topic, late_events_topic
         self._hops = {step.topic: step.partitions or partitions for step in pipeline.repartitions}
@@ -275,7 +277,7 @@ class TestRun:
                               self.late_events_topic,
                               claim=None if self.single_worker else self._claim,
                               load_sequences=self._load_sequences, load_rows=self._load_rows,
-                              idle_timeout=self.idle_timeout)
+                              idle_timeout=self.idle_timeout, max_future=self.max_future)
 
     def _load_rows(self, store: str, keys: Iterable[str]) -> dict[str, bytes]:
         found = ((key, self._stored.get((WINDOWS_STAGE, key))) for key in keys)

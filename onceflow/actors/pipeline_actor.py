@@ -43,7 +43,7 @@ from onceflow.stages.producer_dedup import SEQUENCE_STAGE
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, TopicPartition, compact_json, decode_state
 from onceflow.stages.watermark import WINDOWS_STAGE
-from onceflow.stages.window_clock import IDLE_TIMEOUT
+from onceflow.stages.window_clock import IDLE_TIMEOUT, MAX_FUTURE
 from onceflow.stores.base import StateStore
 
 if TYPE_CHECKING:
@@ -72,6 +72,7 @@ class PipelineActor(ReportingActor):
         max_states: int | None = None,
         dead_letter_max_value: int = DEAD_LETTER_MAX_VALUE,
         idle_timeout: float = IDLE_TIMEOUT,
+        max_future: float = MAX_FUTURE,
     ):
         super().__init__(on_fatal)
         self._stores = stores
@@ -80,7 +81,7 @@ class PipelineActor(ReportingActor):
                                       load_sequences=self._load_sequences, max_states=max_states,
                                       dead_letter_max_value=dead_letter_max_value,
                                       load_rows=self._load_rows, idle_timeout=idle_timeout,
-                                      hold_new=True)
+                                      hold_new=True, max_future=max_future)
         self._sequence_store = pipeline.dedup_store
         self._warned_misaligned: set[str] = set()
         self._warned_unkeyed: set[TopicPartition] = set()

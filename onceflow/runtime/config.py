@@ -182,7 +182,8 @@ def _build(read: Reader, source: str) -> Settings:
         supervision=_supervision(read),
         single_worker=read.boolean("onceflow.single-worker"),
         pipeline_settings=_pipeline_settings(read),
-        windows=WindowSettings(read.duration("onceflow.windows.idle-timeout", 1, 7 * 86400)),
+        windows=WindowSettings(read.duration("onceflow.windows.idle-timeout", 1, 7 * 86400),
+                               read.duration("onceflow.windows.max-future", 1, 3650 * 86400)),
     )
 
 

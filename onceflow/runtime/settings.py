@@ -90,9 +90,11 @@ class StateSettings:
 
 @dataclass(frozen=True)
 class WindowSettings:
-    """``onceflow.windows``: how long a silent root partition holds windows back (seconds)."""
+    """``onceflow.windows``: how long a silent root partition holds windows back, and how
+    far an event time may be ahead of its record's Kafka timestamp (seconds)."""
 
     idle_timeout: float = 300.0
+    max_future: float = 3600.0
 
 
 @dataclass(frozen=True)

@@ -188,6 +188,7 @@ class PipelineCore:
             single_worker=s.single_worker,
             max_states=s.state.max_cached_states,
             idle_timeout=s.windows.idle_timeout,
+            max_future=s.windows.max_future,
             dead_letter_max_value=s.kafka.dead_letter_max_value,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).

@@ -8,11 +8,13 @@ which are compiled, read them and export them too.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-DEFAULT_IDLE_TIMEOUT_MS = 7 * 24 * 3600 * 1000  # a week
+#: Records of its partition after which a silent producer is forgotten (``ProducerDedup``).
+DEFAULT_IDLE_RECORDS = 10_000_000
 #: A header name, or a function of the record's parsed value (before ``decode``).
 Extract = str | Callable[[Any], Any]
 
@@ -26,10 +28,17 @@ class Tumbling:
     # error for a bad answer, compiled or pure); compiled code checks hints at run time.
     event_time_ms: Callable[[Any], Any]
     allowed_lateness_ms: int = 0
+    #: A value more than this ahead of its record's Kafka timestamp is dead-lettered
+    #: (``stages.watermark.future_bound``); None: the worker's ``onceflow.windows.max-future``.
+    max_future_ms: int | None = None
 
     def __post_init__(self) -> None:
         if self.size_ms <= 0 or self.allowed_lateness_ms < 0:
             raise ValueError("window size must be > 0 and allowed lateness >= 0")
+        if self.max_future_ms is not None and (type(self.max_future_ms) is not int
+                                               or self.max_future_ms < 0):
+            raise ValueError(f"window max_future_ms: expected None or an integer >= 0, "
+                             f"got {self.max_future_ms!r}")
 
     def start_of(self, ts: int) -> int:
         return ts - ts % self.size_ms
@@ -44,15 +53,19 @@ class ProducerDedup:
     """Declares how a source record names its producer, sequence and (optionally) epoch.
 
     ``store`` keeps the tables (default: the first aggregate's store; a
-    pipeline without aggregates must name one). ``idle_timeout_ms``: a
-    producer with no record for that long (by record timestamps) is forgotten.
+    pipeline without aggregates must name one). ``idle_records``: a producer
+    with no record among that many records of its partition (by offsets, which
+    no producer's clock decides) is forgotten. ``idle_timeout_ms`` is the old
+    rule's (by the records' Kafka timestamps, which the producers' clocks set):
+    accepted, with a DeprecationWarning, and unused.
     """
 
     producer: Extract
     sequence: Extract
     epoch: Extract | None = None
     store: str | None = None
-    idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS
+    idle_timeout_ms: int | None = None
+    idle_records: int = DEFAULT_IDLE_RECORDS
 
     def __post_init__(self) -> None:
         for name in ("producer", "sequence", "epoch"):
@@ -61,6 +74,10 @@ class ProducerDedup:
                     or (name == "epoch" and extract is None)):
                 raise ValueError(f"dedup {name}: expected a header name or a function of the "
                                  f"parsed value, got {extract!r}")
-        if not isinstance(self.idle_timeout_ms, int) or self.idle_timeout_ms < 1:
-            raise ValueError(f"dedup idle_timeout_ms: expected a positive integer, "
-                             f"got {self.idle_timeout_ms!r}")
+        if type(self.idle_records) is not int or self.idle_records < 1:
+            raise ValueError(f"dedup idle_records: expected a positive integer, "
+                             f"got {self.idle_records!r}")
+        if self.idle_timeout_ms is not None:
+            warnings.warn("ProducerDedup(idle_timeout_ms=...) is unused: producers are "
+                          "forgotten after idle_records records of their partition, not by "
+                          "the timestamps their clocks set", DeprecationWarning, stacklevel=3)

@@ -24,6 +24,7 @@ from onceflow.stages.pipeline import Aggregate
 from onceflow.stages.plan import Emit, Fold, Plan, is_stopped
 from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state import StateTable
+from onceflow.stages.watermark import FutureEventTime, future_limit
 from onceflow.stages.window_clock import WindowClock
 from onceflow.stages.windows import fold_windowed
 
@@ -69,8 +70,10 @@ class GeneralPath:
             fold, window = spec.fold, spec.window
             event_time = window.event_time_ms if window is not None else None
             clock = self.clocks[table] if window is not None else None
+            limit: int | None = None  # the highest event time not refused (watermark)
             if clock is not None:
                 clock.meet(fed_from)
+                limit = future_limit(plan.record.timestamp, clock.max_future_ms)
             # key -> [state value, position, closed windows, open windows changed]
             new: dict[str, list[Any]] = {}
             replayed: set[Position] = set()
@@ -82,6 +85,9 @@ class GeneralPath:
                 if clock is not None:  # replays, and values an upstream aggregate stopped, too:
                     try:  # the watermark is a function of the partition's records alone
                         ts = int(event_time(value))  # type: ignore[misc]
+                        if limit is not None and ts > limit:  # never reaches the watermark
+                            raise FutureEventTime(ts, limit - clock.max_future_ms,
+                                                  clock.max_future_ms)
                         watermark = clock.observe(fed_from, root, ts)
                     except Exception as error:
                         raise StageFailure(spec.id, error) from error

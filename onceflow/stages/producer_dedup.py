@@ -15,9 +15,17 @@ a durable row never claims more than the states hold: records below its
 offset are replays of records whose effects are durable (skipped whole),
 and the records from it on are classified again exactly as the first time.
 
-Idle producers are forgotten by the records' Kafka timestamps (never the
-wall clock, so a replay decides the same): a producer whose last record is
-older than ``idle_timeout_ms`` before the partition's newest is unknown again.
+Idle producers are forgotten by positions: a producer whose last record is
+more than ``idle_records`` offsets below the record being classified is unknown
+again. Not by time: the records' Kafka timestamps (CreateTime) are set by the
+producers' clocks, so a producer whose clock is behind would look idle at each
+record and never have a re-send recognised, and one record stamped far ahead
+would make every producer of its partition look idle. Nor by the worker's wall
+clock: a replay after a crash must classify the records from a row's offset on
+exactly as the first run did (a re-send dropped once and admitted on replay is
+counted twice), and a replay meets another time but the same offsets. Rows
+written by the timestamp rule load with each producer counted as seen at the
+row's offset (kept at least ``idle_records`` more, never forgotten sooner).
 """
 
 from __future__ import annotations
@@ -48,7 +56,7 @@ SequenceLoader = Callable[[Sequence[str]], Mapping[str, bytes]]
 class PartitionSequences:
     """One source partition's table: what a stored row holds.
 
-    ``producers``: producer -> [epoch, highest sequence, last record timestamp].
+    ``producers``: producer -> [epoch, highest sequence, offset of its last record].
     ``next_offset``: every record below it is already classified.
     ``duplicates``: producer duplicates dropped so far (durable, so exact).
     ``unkeyed``: records without a Kafka key met since loaded (memory only, for a warning:
@@ -56,45 +64,49 @@ class PartitionSequences:
     """
 
     next_offset: int = 0
-    newest_ms: int = 0
     duplicates: int = 0
     producers: dict[str, list[int]] = field(default_factory=dict)
     unkeyed: int = 0
 
-    def admit(self, producer: str, epoch: int, sequence: int, timestamp_ms: int | None,
-              idle_timeout_ms: int) -> bool:
-        """Register one record; False if it is a producer duplicate (then counted)."""
-        if timestamp_ms is not None and timestamp_ms > self.newest_ms:
-            self.newest_ms = timestamp_ms
-        seen = self.newest_ms if timestamp_ms is None else timestamp_ms
+    def admit(self, producer: str, epoch: int, sequence: int, offset: int,
+              idle_records: int) -> bool:
+        """Register one record at ``offset``; False if it is a producer duplicate (then
+        counted). A producer last seen more than ``idle_records`` offsets below is new."""
         entry = self.producers.get(producer)
-        if entry is None or entry[2] < self.newest_ms - idle_timeout_ms:  # new, or forgotten
-            self.producers[producer] = [epoch, sequence, seen]
+        if entry is None or entry[2] < offset - idle_records:  # new, or forgotten
+            self.producers[producer] = [epoch, sequence, offset]
             return True
-        if seen > entry[2]:
-            entry[2] = seen
+        if offset > entry[2]:
+            entry[2] = offset
         if epoch > entry[0] or (epoch == entry[0] and sequence > entry[1]):
             entry[0], entry[1] = epoch, sequence
             return True
         self.duplicates += 1
         return False
 
-    def expire(self, idle_timeout_ms: int) -> None:
-        """Drop producers ``admit`` already treats as unknown (memory only, no change of rule)."""
-        horizon = self.newest_ms - idle_timeout_ms
+    def expire(self, idle_records: int) -> None:
+        """Drop producers ``admit`` already treats as unknown from the next offset on
+        (memory only, no change of rule)."""
+        horizon = self.next_offset - idle_records
         for producer in [p for p, entry in self.producers.items() if entry[2] < horizon]:
             del self.producers[producer]
 
     def encode(self) -> bytes:
-        return json.dumps({"next": self.next_offset, "newest": self.newest_ms,
-                           "dups": self.duplicates, "producers": self.producers},
+        return json.dumps({"next": self.next_offset, "dups": self.duplicates,
+                           "producers": self.producers, "seen": "offset"},
                           separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> PartitionSequences:
+        """A stored row; one written by the timestamp rule (no ``"seen"``) has each
+        producer's timestamp replaced by the row's last offset (see the module)."""
         doc = json.loads(data)
-        return cls(doc["next"], doc["newest"], doc["dups"],
-                   {p: list(entry) for p, entry in doc["producers"].items()})
+        if doc.get("seen") == "offset":
+            return cls(doc["next"], doc["dups"],
+                       {p: list(entry) for p, entry in doc["producers"].items()})
+        last = doc["next"] - 1
+        return cls(doc["next"], doc["dups"],
+                   {p: [entry[0], entry[1], last] for p, entry in doc["producers"].items()})
 
 
 def dropped_duplicates(rows: Iterable[bytes]) -> int:
@@ -127,7 +139,7 @@ class SequenceTables:
         self.dirty: set[TopicPartition] = set()
         self._replayed = 0
         self._duplicates = 0
-        self._idle_ms = spec.idle_timeout_ms  # read once: spec is a plain (uncompiled) class
+        self._idle_records = spec.idle_records  # read once: spec is a plain (uncompiled) class
         #: Producer and sequence functions, both functions and no epoch (``_direct``; else
         #: ``str`` stands in, never called): a str producer and an int sequence are taken
         #: as they are (what the full path would make of them); anything else takes the
@@ -201,7 +213,7 @@ class SequenceTables:
             epoch = 0 if spec.epoch is None else _integer(record, value, spec.epoch, "epoch")
         if record.key is None:
             table.unkeyed += 1
-        if table.admit(producer, epoch, sequence, record.timestamp, self._idle_ms):
+        if table.admit(producer, epoch, sequence, record.offset, self._idle_records):
             return True
         self._duplicates += 1
         return False
@@ -224,7 +236,7 @@ class SequenceTables:
         rows = {}
         for topic, partition in sorted(self.dirty):
             table = self.partitions[(topic, partition)]
-            table.expire(self.spec.idle_timeout_ms)
+            table.expire(self._idle_records)
             rows[f"{topic}|{partition}"] = table.encode()
         self.dirty = set()
         return rows

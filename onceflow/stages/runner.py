@@ -40,7 +40,7 @@ from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.single_fold import FoldSegment
 from onceflow.stages.state import AggregateState, StateTable, TopicPartition
 from onceflow.stages.watermark import RowLoader
-from onceflow.stages.window_clock import IDLE_TIMEOUT, StateLoader, WindowClock
+from onceflow.stages.window_clock import IDLE_TIMEOUT, MAX_FUTURE, StateLoader, WindowClock
 from onceflow.stages.window_fold import WindowSegment
 from onceflow.stages.windows import empty_windows
 
@@ -69,6 +69,7 @@ class PipelineRunner:
         load_rows: RowLoader | None = None,  # watermark and open-window rows (window_clock)
         idle_timeout: float = IDLE_TIMEOUT,
         hold_new: bool = False,  # a first start waits idle_timeout for unmet roots (watermark)
+        max_future: float = MAX_FUTURE,  # seconds an event time may lead its record's timestamp
     ):
         self.pipeline = pipeline
         self.tables = [StateTable(spec, max_states) for spec in pipeline.aggregates]
@@ -85,7 +86,7 @@ class PipelineRunner:
             if all(kind is not REPUBLISH for kind, *_ in steps)])
         self.written = WrittenOutputs()  # what exclusive republish steps find written
         self.side = SideOutputs(self.written)  # dead letters and late events: the same
-        self.clocks = {t: WindowClock(t, idle_timeout, load_rows, hold_new)
+        self.clocks = {t: WindowClock(t, idle_timeout, load_rows, hold_new, max_future)
                        for t in self.tables if t.spec.window is not None}
         self._fused: dict[str, FoldSegment | WindowSegment] = {}  # the common shapes, fused
         for topic, steps in self._segments.items():

@@ -25,6 +25,19 @@ stage's first start) holds its watermark until its event time has advanced
 ``idle_ms`` past the first event met there (``hold_new``): a root partition
 whose first events are less than that behind is waited for.
 
+Far-future event times: a value whose event time is more than the stage's
+``max_future_ms`` (``onceflow.windows.max-future``, or ``Tumbling(max_future_ms=)``)
+ahead of its record's Kafka timestamp is refused before it is observed
+(``FutureEventTime``: its record is dead-lettered), so one bad device clock cannot
+raise the watermark and make every later value of its partition late. The record
+is the one consumed here: for a source record its producer's CreateTime or the
+broker's LogAppendTime, for a record of a repartition or republish topic the time
+the upstream worker produced it (onceflow's clock, never a device's; later than
+the root's by the pipeline's lag, which only widens the bound). Not the envelope's
+event time: a republish step may set it from the value. A replay meets the same
+record, so it decides the same. Far-past values are not bounded: they are late
+when their window has closed, as any value.
+
 The maxima are written per input partition (a row of the reserved stage
 ``__windows__``, key ``<stage>|wm|<topic>|<partition>``) after the states of
 each snapshot, and read back on assignment, before any record: never ahead
@@ -50,6 +63,34 @@ RowLoader = Callable[[str, Iterable[str]], Mapping[str, bytes]]
 
 def row_key(stage_id: str, kind: str, tp: TopicPartition) -> str:
     return f"{stage_id}|{kind}|{tp[0]}|{tp[1]}"
+
+
+class FutureEventTime(ValueError):
+    """A value's event time too far ahead of its record's Kafka timestamp (the reason of
+    its record's dead letter)."""
+
+    def __init__(self, event_time_ms: int, timestamp_ms: int, max_future_ms: int):
+        ahead = event_time_ms - timestamp_ms
+        super().__init__(f"event time {event_time_ms} is {span(ahead)} ({ahead} ms) ahead of "
+                         f"its record's Kafka timestamp {timestamp_ms}, more than max-future "
+                         f"{span(max_future_ms)}: a wrong clock upstream? (it would close "
+                         f"every window of its partition)")
+
+
+def span(ms: int) -> str:
+    """A duration for a reason, e.g. ``3650d``, ``1h``, ``1.5m``, ``250ms``."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms >= size:
+            return f"{ms / size:.4g}{unit}"
+    return f"{ms}ms"
+
+
+def future_limit(timestamp_ms: int | None, max_future_ms: int) -> int | None:
+    """The highest event time a value of a record with this Kafka timestamp may have;
+    None without a timestamp (None, or negative: Kafka's -1 is none)."""
+    if timestamp_ms is None or timestamp_ms < 0:
+        return None
+    return timestamp_ms + max_future_ms
 
 
 class PartitionWatermark:

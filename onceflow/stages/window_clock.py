@@ -34,17 +34,24 @@ if TYPE_CHECKING:
 StateLoader = Callable[["Aggregate", Sequence[str]], Mapping[str, AggregateState]]
 #: Default of ``onceflow.windows.idle-timeout``, seconds of event time.
 IDLE_TIMEOUT = 300.0
+#: Default of ``onceflow.windows.max-future``, seconds an event time may be ahead of its
+#: record's Kafka timestamp (``watermark.FutureEventTime``).
+MAX_FUTURE = 3600.0
 
 
 class WindowClock:
     """The watermarks, open-window index and sweep of one windowed aggregate."""
 
     def __init__(self, table: StateTable, idle_timeout: float = IDLE_TIMEOUT,
-                 load_rows: RowLoader | None = None, hold_new: bool = False):
+                 load_rows: RowLoader | None = None, hold_new: bool = False,
+                 max_future: float = MAX_FUTURE):
         window = table.spec.window
         assert window is not None
         self.table = table
         self.window = window
+        #: The window's own bound, else the worker's (``watermark.FutureEventTime``).
+        self.max_future_ms: int = round(max_future * 1000) if window.max_future_ms is None \
+            else window.max_future_ms
         self.watermark = StageWatermark(table.spec.id, round(idle_timeout * 1000), hold_new)
         self.open = OpenWindows(table.spec.id)
         self._swept: dict[TopicPartition, int] = {}  # the watermark each partition swept at
@@ -129,4 +136,4 @@ class WindowClock:
         self._swept.clear()
 
 
-__all__ = ["IDLE_TIMEOUT", "WINDOWS_STAGE", "WindowClock"]
+__all__ = ["IDLE_TIMEOUT", "MAX_FUTURE", "WINDOWS_STAGE", "WindowClock"]

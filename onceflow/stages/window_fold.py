@@ -36,7 +36,7 @@ from onceflow.stages.plan import Fold, Head, Plan
 from onceflow.stages.segments import AGGREGATE, REPUBLISH, Segment, through
 from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state import StateTable, TopicPartition
-from onceflow.stages.watermark import PartitionWatermark
+from onceflow.stages.watermark import FutureEventTime, PartitionWatermark, future_limit
 from onceflow.stages.window_clock import WindowClock
 from onceflow.stages.windows import closed_to_of
 
@@ -190,6 +190,10 @@ class WindowSegment:
                 clock.meet(fed_from)
             open_keys: dict[str, Any] = clock.open.keys
             mark, idle_ms = partitions[fed_key], stage_mark.idle_ms
+            max_future: int = clock.max_future_ms
+            limit = future_limit(record.timestamp, max_future)  # None: not bounded
+            bounded = limit is not None
+            highest: int = limit if limit is not None else 0  # unboxed, for each value
             marks_dirty: set[Any] = stage_mark.dirty
             # key -> [open windows, closed to, own copy, earliest start (UNKNOWN: not read),
             #         position, closed windows, open windows changed]
@@ -206,6 +210,8 @@ class WindowSegment:
                     if type(stamp) is not int:  # when it is one: observe keeps it
                         stamp = int(stamp)
                     ts: int = stamp
+                    if bounded and ts > highest:  # never reaches the watermark
+                        raise FutureEventTime(ts, highest - max_future, max_future)
                     if mark.held_until == -1:
                         mark.held_until = ts + idle_ms
                     # compiled: a direct call (a bound method is not)

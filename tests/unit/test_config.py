@@ -512,6 +512,11 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "expected a duration in 1s..7d, got 8d",
         ),
         (
+            "windows.max-future = 500ms",
+            "onceflow.windows.max-future",
+            "expected a duration in 1s..3650d, got 500ms",
+        ),
+        (
             "state.history.retention = 500ms",
             "onceflow.state.history.retention",
             "expected 0s (keep forever) or a duration in 1s..7300d, got 500ms",
@@ -877,6 +882,12 @@ def test_the_window_idle_timeout_defaults_to_five_minutes_and_is_read(app_file: 
     assert load_settings(app_file(PIPELINE)).windows.idle_timeout == 300.0
     path = app_file(PIPELINE + "onceflow.windows.idle-timeout = 90s\n")
     assert load_settings(path).windows.idle_timeout == 90.0
+
+
+def test_the_window_max_future_defaults_to_an_hour_and_is_read(app_file: AppFile) -> None:
+    assert load_settings(app_file(PIPELINE)).windows.max_future == 3600.0
+    path = app_file(PIPELINE + "onceflow.windows.max-future = 2d\n")
+    assert load_settings(path).windows.max_future == 2 * 86400.0
 
 
 # --- landing zone and analytics -----------------------------------------------

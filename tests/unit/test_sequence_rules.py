@@ -17,12 +17,12 @@ from onceflow.actors.pipeline_actor import snapshot_rows
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.testing import Record, TestRun
 
-DAY = 24 * 3600 * 1000
+IDLE = 1_000_000
 
 
 def admit(table: PartitionSequences, producer: str, seq: int, epoch: int = 0,
-          ts: int | None = 0, idle: int = DAY) -> bool:
-    return table.admit(producer, epoch, seq, ts, idle)
+          offset: int = 0, idle: int = IDLE) -> bool:
+    return table.admit(producer, epoch, seq, offset, idle)
 
 
 def test_gap_accepted_equal_and_lower_dropped() -> None:
@@ -60,27 +60,41 @@ def test_two_partitions_of_one_producer_are_independent() -> None:
     assert run.counters["source.producer_duplicates"] == 1
 
 
-def test_idle_producers_are_forgotten_by_record_timestamps() -> None:
+def test_idle_producers_are_forgotten_by_positions_in_their_partition() -> None:
     table = PartitionSequences()
-    assert admit(table, "a", 5, ts=1_000, idle=100)
-    assert admit(table, "b", 1, ts=1_050, idle=100)
-    assert not admit(table, "a", 5, ts=1_090, idle=100)  # 10 ms before the newest: known
-    assert admit(table, "b", 2, ts=1_300, idle=100)  # newest now 1300; a last seen at 1090
-    assert admit(table, "a", 5, ts=None, idle=100)  # forgotten: the re-send passes
+    assert admit(table, "a", 5, offset=1_000, idle=100)
+    assert admit(table, "b", 1, offset=1_050, idle=100)
+    assert not admit(table, "a", 5, offset=1_090, idle=100)  # 90 records later: known
+    assert admit(table, "a", 5, offset=1_191, idle=100)  # 101 after its last: forgotten
+    assert admit(table, "b", 2, offset=1_250, idle=100)
+    table.next_offset = 1_251
     table.expire(100)
-    assert set(table.producers) == {"a", "b"}  # both seen at the newest time
-    assert admit(table, "c", 1, ts=2_000, idle=100)
+    assert set(table.producers) == {"a", "b"}  # both seen within the last 100 offsets
+    assert admit(table, "c", 1, offset=2_000, idle=100)
+    table.next_offset = 2_001
     table.expire(100)
     assert set(table.producers) == {"c"}
 
 
 def test_row_round_trip() -> None:
-    table = PartitionSequences(next_offset=7, newest_ms=123)
-    admit(table, "dev-1", 4, epoch=2, ts=100)
-    admit(table, "dev-1", 4, epoch=2, ts=110)
+    table = PartitionSequences(next_offset=7)
+    admit(table, "dev-1", 4, epoch=2, offset=5)
+    admit(table, "dev-1", 4, epoch=2, offset=6)
     back = PartitionSequences.decode(table.encode())
     assert back == table
-    assert json.loads(table.encode())["producers"] == {"dev-1": [2, 4, 110]}
+    assert json.loads(table.encode())["producers"] == {"dev-1": [2, 4, 6]}
+
+
+def test_a_row_of_the_timestamp_rule_loads_every_producer_as_seen_at_its_offset() -> None:
+    """Rows written before idle expiry went by positions hold timestamps: each producer
+    is kept as if last seen at the row's last offset (never forgotten sooner)."""
+    old = json.dumps({"next": 40, "newest": 1_700_000_000_000, "dups": 3,
+                      "producers": {"a": [1, 9, 1_600_000_000_000], "b": [0, 2, 5]}}).encode()
+    table = PartitionSequences.decode(old)
+    assert (table.next_offset, table.duplicates) == (40, 3)
+    assert table.producers == {"a": [1, 9, 39], "b": [0, 2, 39]}
+    assert not admit(table, "a", 9, epoch=1, offset=40, idle=10)  # a re-send: still known
+    assert PartitionSequences.decode(table.encode()) == table
 
 
 def test_sequence_rows_are_written_last_in_a_snapshot() -> None:
