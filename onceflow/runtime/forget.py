@@ -90,7 +90,7 @@ def plan(stores: Mapping[str, StateStore], pipeline: Pipeline, topic: str) -> Fo
         for key, data in stores[pipeline.dedup_store].scan(SEQUENCE_STAGE):
             name, _, partition = key.rpartition("|")
             old = PartitionSequences.decode(data)
-            if name == topic and (old.next_offset or old.newest_ms or old.producers):
+            if name == topic and (old.next_offset or old.producers):
                 out.partitions.add(int(partition))
                 out.add(pipeline.dedup_store, SEQUENCE_STAGE, key,
                         PartitionSequences(duplicates=old.duplicates).encode())

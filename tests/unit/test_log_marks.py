@@ -164,7 +164,7 @@ def test_forget_drops_the_topics_watermarks_tables_and_marks_and_nothing_else() 
     store.rows[("totals", "k1")] = encode_state(state)
     untouched = encode_state(AggregateState(1, {("refunds", 1): (3,)}))
     store.rows[("totals", "k2")] = untouched
-    table = PartitionSequences(next_offset=41, newest_ms=5, duplicates=3,
+    table = PartitionSequences(next_offset=41, duplicates=3,
                                producers={"robot-1": [0, 17, 5]})
     store.rows[(SEQUENCE_STAGE, "orders|0")] = table.encode()
     store.rows[(SEQUENCE_STAGE, "refunds|0")] = table.encode()
