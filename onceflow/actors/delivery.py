@@ -16,6 +16,11 @@ broker acknowledged. The records keep their envelopes (event ids, source
 chains), so a re-sent record that did arrive before is a duplicate
 downstream, never a second count.
 
+A lane of an exclusive output (``Lanes.fenced``) re-checks, before sending,
+the epochs of records whose check (``onceflow.actors.fence.OutputFence``) is
+older than ``RECHECK_AFTER``: records that waited, or a process paused in
+between, are not sent by a worker fenced meanwhile; the lane fails instead.
+
 A record is *settled* once acknowledged or durably in the outbox; the
 producer's barrier waits for that. Input offsets wait for more: the
 checkpoint ledger holds nothing committable while the outbox holds a record
@@ -34,6 +39,7 @@ from functools import partial
 from itertools import islice
 
 from onceflow.actors import metrics
+from onceflow.actors.fence import RECHECK_AFTER
 from onceflow.actors.outbox_rows import SeqClock, decode_record, encode_record, lane_name
 from onceflow.actors.retry import retrying
 from onceflow.stages.outcome import Output
@@ -47,6 +53,8 @@ MAX_BATCH_RECORDS = 2000
 
 # Delivers a prefix of the records to (topic, partition); answers how many.
 SendBatch = Callable[[str, int, Sequence[Output]], Awaitable[int]]
+# Checks a guard against the store again; raises ``Fenced``.
+Recheck = Callable[[Guard], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,8 @@ class _Entry:
     settled: asyncio.Future[None]
     outboxed: bool = False  # durably in the outbox
     delivered: bool = False  # acknowledged by the broker
+    guard: Guard | None = None  # the epochs checked before it was handed over (fenced lanes)
+    checked: float = 0.0  # loop time of that check
 
 
 class OutboxTally:
@@ -176,9 +186,11 @@ class Lane:
     """
 
     def __init__(self, topic: str, partition: int, name: str, send: SendBatch,
-                 settings: DeliverySettings, outbox: OutboxWriter | None, seq: SeqClock):
+                 settings: DeliverySettings, outbox: OutboxWriter | None, seq: SeqClock,
+                 recheck: Recheck | None = None):
         self.topic, self.partition, self.name = topic, partition, name
         self._send = send
+        self._recheck = recheck
         self._settings = settings
         self._outbox = outbox
         self._queue: deque[_Entry] = deque()
@@ -210,11 +222,13 @@ class Lane:
             self.outboxing = True
             self._wake.set()
 
-    def add(self, outputs: Sequence[Output]) -> list[asyncio.Future[None]]:
+    def add(self, outputs: Sequence[Output], guard: Guard | None = None, checked: float = 0.0
+            ) -> list[asyncio.Future[None]]:
+        """Queue ``outputs``; ``guard``: the epochs checked for them at loop time ``checked``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.delivery_timeout
         future = loop.create_future
-        entries = [_Entry(seq, output, deadline, future())
+        entries = [_Entry(seq, output, deadline, future(), guard=guard, checked=checked)
                    for seq, output in zip(self._seq.take(len(outputs)), outputs, strict=True)]
         if self._failed is not None:
             for e in entries:
@@ -250,6 +264,8 @@ class Lane:
                 await self._wake.wait()
                 continue
             head = list(islice(self._queue, MAX_BATCH_RECORDS))
+            if self._recheck is not None:  # raises Fenced: the lane fails, nothing sent
+                await self._recheck_stale(head, loop.time())
             bound = s.request_timeout if self.outboxing else head[0].deadline - loop.time()
             try:
                 taken = await asyncio.wait_for(
@@ -274,6 +290,8 @@ class Lane:
                 backoff = min(backoff * 2, s.reconnect_backoff_max)
                 continue
             attempts, backoff = 0, s.reconnect_backoff
+            if self._recheck is not None:
+                self._residual(head[:taken], loop.time())
             delivered = [self._queue.popleft() for _ in range(taken)]
             for e in delivered:
                 e.delivered = True
@@ -284,6 +302,33 @@ class Lane:
             if self.outboxing and not self._queue:
                 self.outboxing = False
                 log.info("%s: outbox delivered, back to direct sends", self.name)
+
+    def _residual(self, sent: Sequence[_Entry], now: float) -> None:
+        """Warn when records reached the broker over ``RECHECK_AFTER`` after their last
+        check: a pause (or a slow broker) there is the fence's residual window, where a
+        successor may have read this output's tail meanwhile (README, "Fencing")."""
+        checked = [e.checked for e in sent if e.guard is not None]
+        if checked and now - min(checked) > RECHECK_AFTER:
+            log.warning("%s: %d records acknowledged %.1fs after their epochs were checked: "
+                        "a pause in the fence's residual window (a successor may have "
+                        "written them too)", self.name, len(sent), now - min(checked))
+
+    async def _recheck_stale(self, head: Sequence[_Entry], now: float) -> None:
+        """Check again the epochs of records checked more than ``RECHECK_AFTER`` ago."""
+        guard: dict[TopicPartition, int] = {}
+        for e in head:
+            if e.guard is not None and now - e.checked > RECHECK_AFTER:
+                guard.update(e.guard)
+        if not guard:
+            return
+        assert self._recheck is not None
+        log.info("%s: %d records checked over %gs ago: their epochs checked again before "
+                 "sending", self.name, len(head), RECHECK_AFTER)
+        await self._recheck(guard)
+        now = asyncio.get_running_loop().time()
+        for e in head:
+            if e.guard is not None:
+                e.checked = now
 
     def _give_up(self, error: BaseException, attempts: int) -> None:
         """The bound is spent: outbox every queued record, or fail them all without one."""
@@ -309,12 +354,15 @@ class Lanes:
     outbox: OutboxWriter | None
     by_partition: dict[TopicPartition, Lane] = field(default_factory=dict)
     seq: SeqClock = field(default_factory=SeqClock)
+    fenced: frozenset[str] = frozenset()  # exclusive topics: their lanes re-check epochs
+    recheck: Recheck | None = None
 
     def lane(self, topic: str, partition: int) -> Lane:
         lane = self.by_partition.get((topic, partition))
         if lane is None:
             lane = Lane(topic, partition, lane_name(topic, partition), self.send,
-                        self.settings, self.outbox, self.seq)
+                        self.settings, self.outbox, self.seq,
+                        self.recheck if topic in self.fenced else None)
             self.by_partition[topic, partition] = lane
         return lane
 

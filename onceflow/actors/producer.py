@@ -10,6 +10,13 @@ states. ``Adopt`` (asked by a consumer stream on every assignment) queues
 the outbox rows of lanes that left other workers. A delivery that fails without an
 outbox to keep it fails the barrier, so nothing behind it is persisted or
 committed.
+
+Fencing: a ``Send`` holding exclusive outputs (exclusive republish, dead
+letters, late events) is checked first (``OutputFence``: the epochs of its
+input partitions, one store read); the lanes of those topics check again
+what waited over a second. A worker found fenced drops what it holds (the
+lanes are stopped unsent) and fails its incarnation: the supervisor restarts
+it from the store and the outputs' tails.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,7 +32,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from onceflow.actors import faults
+from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.delivery import (
     DeliverySettings,
@@ -32,13 +40,15 @@ from onceflow.actors.delivery import (
     OutboxTally,
     OutboxWriter,
 )
+from onceflow.actors.fence import OutputFence
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Adopt, Barrier, Pending, ProducerMessage, Send, unexpected
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
-from onceflow.stores.fencing import Guard
+from onceflow.stores.fencing import Fenced, Guard
 
+log = logging.getLogger(__name__)
 
 @functools.lru_cache(maxsize=16_384)
 def key_hash(key: bytes) -> int:
@@ -92,6 +102,7 @@ class ProducerActor(ReportingActor):
         outbox: StateStore | None,
         tally: OutboxTally,
         outbox_guard: Callable[[], Guard] | None = None,
+        output_fence: OutputFence | None = None,
         io: EventLoopThread,
         start_timeout: float,
         on_fatal: FatalHandler,
@@ -102,6 +113,7 @@ class ProducerActor(ReportingActor):
         self._max_block = max_block
         self._outbox_store = outbox
         self._outbox_guard = outbox_guard
+        self._output_fence = output_fence
         self._tally = tally
         self._start_timeout = start_timeout
         self._io = io
@@ -122,7 +134,10 @@ class ProducerActor(ReportingActor):
         self._order = asyncio.Lock()
         outbox = None if self._outbox_store is None else \
             OutboxWriter(self._outbox_store, self._tally, self._outbox_guard)
-        self._lanes = Lanes(self._send_batch, self._delivery, outbox)
+        fence = self._output_fence
+        self._lanes = Lanes(self._send_batch, self._delivery, outbox,
+                            fenced=frozenset() if fence is None else fence.topics,
+                            recheck=None if fence is None else self._recheck)
         await self._producer.start()
 
     def on_receive(self, message: ProducerMessage
@@ -133,7 +148,9 @@ class ProducerActor(ReportingActor):
             case Send():
                 self._last_send = max(self._last_send, message.number)
                 if message.outputs:
-                    self._pending.append(self._io.submit(self._send(message.outputs)))
+                    guard = self._check(message)
+                    self._pending.append(self._io.submit(self._send(
+                        message.outputs, guard, self._io.loop.time())))
             case Barrier():
                 pending, self._pending = self._pending, []
                 for future in pending:
@@ -150,7 +167,39 @@ class ProducerActor(ReportingActor):
                 unexpected("ProducerActor", message)
         return None
 
-    async def _send(self, outputs: Sequence[Output]) -> None:
+    def _check(self, message: Send) -> Guard | None:
+        """The epochs of a batch with exclusive outputs, checked in the store (None: no
+        check); fenced, drop everything in hand and fail."""
+        fence = self._output_fence
+        if fence is None or not fence.wanted(message.outputs):
+            return None
+        try:
+            return fence.check(message.depends)
+        except Fenced as error:
+            self._fenced(error, len(message.outputs))
+            self._io.run(self._close(), timeout=self._start_timeout)  # in-hand: never sent
+            raise
+
+    async def _recheck(self, guard: Guard) -> None:
+        """A lane's check of records that waited; fenced, the incarnation fails."""
+        assert self._output_fence is not None
+        fence = self._output_fence
+        try:
+            await asyncio.to_thread(fence.recheck, guard)
+        except Fenced as error:
+            self._fenced(error, None)
+            self._on_fatal(type(self).__name__, error)
+            raise
+
+    def _fenced(self, error: Fenced, dropped: int | None) -> None:
+        metrics.FENCED.inc()
+        log.error("%s; exclusive outputs not produced (%s): the pipeline restarts from "
+                  "what is durable and the outputs' tails", error,
+                  "the records waiting in their lanes dropped" if dropped is None else
+                  f"a batch of {dropped} records and those waiting in the lanes dropped")
+
+    async def _send(self, outputs: Sequence[Output], guard: Guard | None = None,
+                    checked: float = 0.0) -> None:
         """Hand each record to its partition's lane, in order; wait until all are settled.
 
         Finding a partition may wait for topic metadata; the lock keeps the
@@ -178,7 +227,7 @@ class ProducerActor(ReportingActor):
                     raise ValueError(f"partition {o.partition} of {o.topic!r} does not exist "
                                      f"(it has {len(partitions[o.topic])})")
                 by_lane.setdefault((o.topic, partition), []).append(o)
-            settled = [self._lanes.lane(topic, partition).add(outs)
+            settled = [self._lanes.lane(topic, partition).add(outs, guard, checked)
                        for (topic, partition), outs in by_lane.items()]
             self._sent += len(outputs)
         await all_settled(settled)
