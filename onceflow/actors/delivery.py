@@ -16,10 +16,8 @@ broker acknowledged. The records keep their envelopes (event ids, source
 chains), so a re-sent record that did arrive before is a duplicate
 downstream, never a second count.
 
-A lane of an exclusive output (``Lanes.fenced``) re-checks, before sending,
-the epochs of records whose check (``onceflow.actors.fence.OutputFence``) is
-older than ``RECHECK_AFTER``: records that waited, or a process paused in
-between, are not sent by a worker fenced meanwhile; the lane fails instead.
+A send refused because the worker is fenced (``FencedProduce``) is not
+retried: the lane fails with everything it holds, which is never sent.
 
 A record is *settled* once acknowledged or durably in the outbox; the
 producer's barrier waits for that. Input offsets wait for more: the
@@ -38,8 +36,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 
+from aiokafka.errors import KafkaError
+
 from onceflow.actors import metrics
-from onceflow.actors.fence import RECHECK_AFTER
 from onceflow.actors.outbox_rows import SeqClock, decode_record, encode_record, lane_name
 from onceflow.actors.retry import retrying
 from onceflow.stages.outcome import Output
@@ -49,12 +48,17 @@ from onceflow.stores.fencing import Fenced, Guard
 
 log = logging.getLogger(__name__)
 
+
+class FencedProduce(KafkaError):  # type: ignore[misc]  # aiokafka is untyped
+    """A produce request of exclusive outputs refused before it was written: another
+    worker holds the epochs of its inputs now. Never retried."""
+
+    retriable = False
+
 MAX_BATCH_RECORDS = 2000
 
 # Delivers a prefix of the records to (topic, partition); answers how many.
 SendBatch = Callable[[str, int, Sequence[Output]], Awaitable[int]]
-# Checks a guard against the store again; raises ``Fenced``.
-Recheck = Callable[[Guard], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,6 @@ class _Entry:
     settled: asyncio.Future[None]
     outboxed: bool = False  # durably in the outbox
     delivered: bool = False  # acknowledged by the broker
-    guard: Guard | None = None  # the epochs checked before it was handed over (fenced lanes)
-    checked: float = 0.0  # loop time of that check
 
 
 class OutboxTally:
@@ -186,11 +188,9 @@ class Lane:
     """
 
     def __init__(self, topic: str, partition: int, name: str, send: SendBatch,
-                 settings: DeliverySettings, outbox: OutboxWriter | None, seq: SeqClock,
-                 recheck: Recheck | None = None):
+                 settings: DeliverySettings, outbox: OutboxWriter | None, seq: SeqClock):
         self.topic, self.partition, self.name = topic, partition, name
         self._send = send
-        self._recheck = recheck
         self._settings = settings
         self._outbox = outbox
         self._queue: deque[_Entry] = deque()
@@ -222,13 +222,11 @@ class Lane:
             self.outboxing = True
             self._wake.set()
 
-    def add(self, outputs: Sequence[Output], guard: Guard | None = None, checked: float = 0.0
-            ) -> list[asyncio.Future[None]]:
-        """Queue ``outputs``; ``guard``: the epochs checked for them at loop time ``checked``."""
+    def add(self, outputs: Sequence[Output]) -> list[asyncio.Future[None]]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._settings.delivery_timeout
         future = loop.create_future
-        entries = [_Entry(seq, output, deadline, future(), guard=guard, checked=checked)
+        entries = [_Entry(seq, output, deadline, future())
                    for seq, output in zip(self._seq.take(len(outputs)), outputs, strict=True)]
         if self._failed is not None:
             for e in entries:
@@ -264,15 +262,13 @@ class Lane:
                 await self._wake.wait()
                 continue
             head = list(islice(self._queue, MAX_BATCH_RECORDS))
-            if self._recheck is not None:  # raises Fenced: the lane fails, nothing sent
-                await self._recheck_stale(head, loop.time())
             bound = s.request_timeout if self.outboxing else head[0].deadline - loop.time()
             try:
                 taken = await asyncio.wait_for(
                     self._send(self.topic, self.partition, [e.output for e in head]),
                     max(bound, 0.001))
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                raise
+            except (asyncio.CancelledError, KeyboardInterrupt, FencedProduce):
+                raise  # fenced: the lane fails, nothing it holds is sent
             except Exception as error:
                 metrics.PRODUCE_FAILURES.labels(self.topic).inc()
                 if not self.outboxing:
@@ -290,8 +286,6 @@ class Lane:
                 backoff = min(backoff * 2, s.reconnect_backoff_max)
                 continue
             attempts, backoff = 0, s.reconnect_backoff
-            if self._recheck is not None:
-                self._residual(head[:taken], loop.time())
             delivered = [self._queue.popleft() for _ in range(taken)]
             for e in delivered:
                 e.delivered = True
@@ -302,33 +296,6 @@ class Lane:
             if self.outboxing and not self._queue:
                 self.outboxing = False
                 log.info("%s: outbox delivered, back to direct sends", self.name)
-
-    def _residual(self, sent: Sequence[_Entry], now: float) -> None:
-        """Warn when records reached the broker over ``RECHECK_AFTER`` after their last
-        check: a pause (or a slow broker) there is the fence's residual window, where a
-        successor may have read this output's tail meanwhile (README, "Fencing")."""
-        checked = [e.checked for e in sent if e.guard is not None]
-        if checked and now - min(checked) > RECHECK_AFTER:
-            log.warning("%s: %d records acknowledged %.1fs after their epochs were checked: "
-                        "a pause in the fence's residual window (a successor may have "
-                        "written them too)", self.name, len(sent), now - min(checked))
-
-    async def _recheck_stale(self, head: Sequence[_Entry], now: float) -> None:
-        """Check again the epochs of records checked more than ``RECHECK_AFTER`` ago."""
-        guard: dict[TopicPartition, int] = {}
-        for e in head:
-            if e.guard is not None and now - e.checked > RECHECK_AFTER:
-                guard.update(e.guard)
-        if not guard:
-            return
-        assert self._recheck is not None
-        log.info("%s: %d records checked over %gs ago: their epochs checked again before "
-                 "sending", self.name, len(head), RECHECK_AFTER)
-        await self._recheck(guard)
-        now = asyncio.get_running_loop().time()
-        for e in head:
-            if e.guard is not None:
-                e.checked = now
 
     def _give_up(self, error: BaseException, attempts: int) -> None:
         """The bound is spent: outbox every queued record, or fail them all without one."""
@@ -354,15 +321,12 @@ class Lanes:
     outbox: OutboxWriter | None
     by_partition: dict[TopicPartition, Lane] = field(default_factory=dict)
     seq: SeqClock = field(default_factory=SeqClock)
-    fenced: frozenset[str] = frozenset()  # exclusive topics: their lanes re-check epochs
-    recheck: Recheck | None = None
 
     def lane(self, topic: str, partition: int) -> Lane:
         lane = self.by_partition.get((topic, partition))
         if lane is None:
             lane = Lane(topic, partition, lane_name(topic, partition), self.send,
-                        self.settings, self.outbox, self.seq,
-                        self.recheck if topic in self.fenced else None)
+                        self.settings, self.outbox, self.seq)
             self.by_partition[topic, partition] = lane
         return lane
 

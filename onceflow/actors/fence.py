@@ -120,8 +120,8 @@ class Fencing:
         return taken
 
 
-#: Seconds after which a check is repeated before its records are sent: they waited in a
-#: lane (behind a slow broker), or the whole process was paused in between.
+#: Seconds after which a check is repeated right before a produce request is written: the
+#: records waited (behind a slow broker), or the whole process was paused in between.
 RECHECK_AFTER = 1.0
 
 

@@ -13,10 +13,12 @@ committed.
 
 Fencing: a ``Send`` holding exclusive outputs (exclusive republish, dead
 letters, late events) is checked first (``OutputFence``: the epochs of its
-input partitions, one store read); the lanes of those topics check again
-what waited over a second. A worker found fenced drops what it holds (the
-lanes are stopped unsent) and fails its incarnation: the supervisor restarts
-it from the store and the outputs' tails.
+input partitions, one store read). A produce request is checked again at
+the last moment, right before aiokafka writes it, when the last check is
+over ``RECHECK_AFTER`` old (the records waited, or
+the process was paused in between). A worker found fenced drops what it
+holds (the lanes are stopped unsent) and fails its incarnation: the
+supervisor restarts it from the store and the outputs' tails.
 """
 
 from __future__ import annotations
@@ -31,16 +33,18 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
+from aiokafka.protocol.produce import ProduceRequest
 
 from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.delivery import (
     DeliverySettings,
+    FencedProduce,
     Lanes,
     OutboxTally,
     OutboxWriter,
 )
-from onceflow.actors.fence import OutputFence
+from onceflow.actors.fence import RECHECK_AFTER, OutputFence
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Adopt, Barrier, Pending, ProducerMessage, Send, unexpected
 from onceflow.stages.outcome import Output
@@ -114,6 +118,7 @@ class ProducerActor(ReportingActor):
         self._outbox_store = outbox
         self._outbox_guard = outbox_guard
         self._output_fence = output_fence
+        self._checked = 0.0  # loop time of the last passed check of exclusive outputs
         self._tally = tally
         self._start_timeout = start_timeout
         self._io = io
@@ -134,10 +139,9 @@ class ProducerActor(ReportingActor):
         self._order = asyncio.Lock()
         outbox = None if self._outbox_store is None else \
             OutboxWriter(self._outbox_store, self._tally, self._outbox_guard)
-        fence = self._output_fence
-        self._lanes = Lanes(self._send_batch, self._delivery, outbox,
-                            fenced=frozenset() if fence is None else fence.topics,
-                            recheck=None if fence is None else self._recheck)
+        self._lanes = Lanes(self._send_batch, self._delivery, outbox)
+        if self._output_fence is not None:
+            self._gate(self._producer.client)
         await self._producer.start()
 
     def on_receive(self, message: ProducerMessage
@@ -148,9 +152,8 @@ class ProducerActor(ReportingActor):
             case Send():
                 self._last_send = max(self._last_send, message.number)
                 if message.outputs:
-                    guard = self._check(message)
-                    self._pending.append(self._io.submit(self._send(
-                        message.outputs, guard, self._io.loop.time())))
+                    self._check(message)
+                    self._pending.append(self._io.submit(self._send(message.outputs)))
             case Barrier():
                 pending, self._pending = self._pending, []
                 for future in pending:
@@ -167,39 +170,60 @@ class ProducerActor(ReportingActor):
                 unexpected("ProducerActor", message)
         return None
 
-    def _check(self, message: Send) -> Guard | None:
-        """The epochs of a batch with exclusive outputs, checked in the store (None: no
-        check); fenced, drop everything in hand and fail."""
+    def _check(self, message: Send) -> None:
+        """Check the epochs of a batch with exclusive outputs in the store; fenced, drop
+        everything in hand and fail."""
         fence = self._output_fence
         if fence is None or not fence.wanted(message.outputs):
-            return None
+            return
         try:
-            return fence.check(message.depends)
+            fence.check(message.depends)
         except Fenced as error:
             self._fenced(error, len(message.outputs))
             self._io.run(self._close(), timeout=self._start_timeout)  # in-hand: never sent
             raise
+        self._checked = self._io.loop.time()
 
-    async def _recheck(self, guard: Guard) -> None:
-        """A lane's check of records that waited; fenced, the incarnation fails."""
+    def _gate(self, client: Any) -> None:
+        """Check again, right before aiokafka writes a produce request, when the last
+        check is over ``RECHECK_AFTER`` old (aiokafka's own ``send``: nothing yields
+        between this and the write once the node is ready). Every produce request: which
+        topics one holds is private to aiokafka, and it costs at most a read a second."""
+        send = client.send
+
+        async def gated(node_id: int, request: Any, **kwargs: Any) -> Any:
+            if isinstance(request, ProduceRequest):  # at most one check a second
+                await self._fresh(client, node_id)
+            return await send(node_id, request, **kwargs)
+
+        client.send = gated
+
+    async def _fresh(self, client: Any, node_id: int) -> None:
+        """Until the last check is younger than ``RECHECK_AFTER``: check every held epoch
+        again (the node made ready first, so no wait is left before the write)."""
         assert self._output_fence is not None
-        fence = self._output_fence
-        try:
-            await asyncio.to_thread(fence.recheck, guard)
-        except Fenced as error:
-            self._fenced(error, None)
-            self._on_fatal(type(self).__name__, error)
-            raise
+        fence, loop = self._output_fence, asyncio.get_running_loop()
+        while (waited := loop.time() - self._checked) > RECHECK_AFTER:
+            log.log(logging.INFO if waited > 3 * RECHECK_AFTER else logging.DEBUG,
+                    "epochs last checked %.1fs ago (a pause, or records that waited): checked "
+                    "again before the produce request", waited)
+            try:
+                await asyncio.to_thread(fence.recheck, fence.fence.held())
+            except Fenced as error:
+                self._fenced(error, None)
+                self._on_fatal(type(self).__name__, error)
+                raise FencedProduce(str(error)) from error
+            self._checked = loop.time()
+            await client.ready(node_id)
 
     def _fenced(self, error: Fenced, dropped: int | None) -> None:
         metrics.FENCED.inc()
         log.error("%s; exclusive outputs not produced (%s): the pipeline restarts from "
                   "what is durable and the outputs' tails", error,
-                  "the records waiting in their lanes dropped" if dropped is None else
+                  "a produce request and the records in its lanes dropped" if dropped is None else
                   f"a batch of {dropped} records and those waiting in the lanes dropped")
 
-    async def _send(self, outputs: Sequence[Output], guard: Guard | None = None,
-                    checked: float = 0.0) -> None:
+    async def _send(self, outputs: Sequence[Output]) -> None:
         """Hand each record to its partition's lane, in order; wait until all are settled.
 
         Finding a partition may wait for topic metadata; the lock keeps the
@@ -227,7 +251,7 @@ class ProducerActor(ReportingActor):
                     raise ValueError(f"partition {o.partition} of {o.topic!r} does not exist "
                                      f"(it has {len(partitions[o.topic])})")
                 by_lane.setdefault((o.topic, partition), []).append(o)
-            settled = [self._lanes.lane(topic, partition).add(outs, guard, checked)
+            settled = [self._lanes.lane(topic, partition).add(outs)
                        for (topic, partition), outs in by_lane.items()]
             self._sent += len(outputs)
         await all_settled(settled)

@@ -209,37 +209,3 @@ def test_adopting_on_assignment_queues_only_rows_the_lanes_do_not_hold() -> None
     broker, store, adopted = asyncio.run(scenario())
     assert adopted == [1, 0]
     assert sorted(broker.log) == [b"0", b"1", b"2", b"3"] and store.rows == {}
-
-
-def test_a_fenced_lane_checks_again_what_waited_and_drops_it_when_fenced() -> None:
-    """Records of an exclusive output whose check is older than RECHECK_AFTER (a paused
-    process, a slow broker) are checked again before they are sent; fenced, none is sent
-    and the lane fails. Fresh checks cost nothing more."""
-    from onceflow.actors.fence import RECHECK_AFTER
-    from onceflow.stores.fencing import Fenced
-
-    async def scenario() -> tuple[Broker, list[Guard], list[BaseException | None]]:
-        broker, rechecked = Broker(batch=100), []
-        owner = {"fresh": True}
-
-        async def recheck(guard: Guard) -> None:
-            rechecked.append(dict(guard))
-            if not owner["fresh"]:
-                raise Fenced(("in", 0), 1, 2)
-
-        lanes = Lanes(broker.send, FAST, None, fenced=frozenset({"t"}), recheck=recheck)
-        now = asyncio.get_running_loop().time()
-        guard = {("in", 0): 1}
-        await asyncio.gather(*lanes.lane("t", 0).add(records(0, 3), guard, now))
-        await asyncio.gather(*lanes.lane("t", 0).add(records(3, 6), guard,
-                                                      now - RECHECK_AFTER - 1))
-        owner["fresh"] = False  # taken over meanwhile
-        late = lanes.lane("t", 0).add(records(6, 9), guard, now - RECHECK_AFTER - 1)
-        outcomes = await asyncio.gather(*late, return_exceptions=True)
-        return broker, rechecked, [o if isinstance(o, BaseException) else None
-                                   for o in outcomes]
-
-    broker, rechecked, outcomes = asyncio.run(scenario())
-    assert broker.log == [str(i).encode() for i in range(6)]  # 6..8: dropped, never sent
-    assert rechecked == [{("in", 0): 1}, {("in", 0): 1}]  # the stale ones only
-    assert all(isinstance(o, DeliveryFailed) and "fenced" in str(o) for o in outcomes)
