@@ -176,13 +176,16 @@ class ProducerActor(ReportingActor):
         fence = self._output_fence
         if fence is None or not fence.wanted(message.outputs):
             return
+        # A check is as old as its start: a pause while the store's answer was on its way
+        # must not make it look fresh.
+        started = self._io.loop.time()
         try:
             fence.check(message.depends)
         except Fenced as error:
             self._fenced(error, len(message.outputs))
             self._io.run(self._close(), timeout=self._start_timeout)  # in-hand: never sent
             raise
-        self._checked = self._io.loop.time()
+        self._checked = max(self._checked, started)
 
     def _gate(self, client: Any) -> None:
         """Check again, right before aiokafka writes a produce request, when the last
@@ -203,7 +206,7 @@ class ProducerActor(ReportingActor):
         again (the node made ready first, so no wait is left before the write)."""
         assert self._output_fence is not None
         fence, loop = self._output_fence, asyncio.get_running_loop()
-        while (waited := loop.time() - self._checked) > RECHECK_AFTER:
+        while (waited := (started := loop.time()) - self._checked) > RECHECK_AFTER:
             log.log(logging.INFO if waited > 3 * RECHECK_AFTER else logging.DEBUG,
                     "epochs last checked %.1fs ago (a pause, or records that waited): checked "
                     "again before the produce request", waited)
@@ -213,7 +216,7 @@ class ProducerActor(ReportingActor):
                 self._fenced(error, None)
                 self._on_fatal(type(self).__name__, error)
                 raise FencedProduce(str(error)) from error
-            self._checked = loop.time()
+            self._checked = max(self._checked, started)  # as old as its start (see _check)
             await client.ready(node_id)
 
     def _fenced(self, error: Fenced, dropped: int | None) -> None:

@@ -59,6 +59,18 @@ ASSIGNED = "partitions assigned"
 RESTARTING = "restarting ['core'"
 
 
+def rejoined_after_restart(log: Path) -> bool:
+    """The worker's pipeline restarted (after its fence) and its new consumer got partitions."""
+    text = log.read_text(errors="replace")
+    return RESTARTING in text and ASSIGNED in text.rsplit(RESTARTING, 1)[-1]
+
+
+def stop_both(a: harness.WorkerProcess, b: harness.WorkerProcess) -> tuple[int | None, ...]:
+    """SIGTERM each started worker (killed if it does not exit in time): none outlives a
+    failed round."""
+    return tuple(w.terminate(30) if w.logs else 0 for w in (a, b))
+
+
 def records_processed(log: Path) -> int:
     """The ``records`` count of the worker's last stats line (0 before the first)."""
     lines = STATS.findall(log.read_text(errors="replace"))
@@ -130,16 +142,19 @@ def zombie_round(kafka: ServiceInfo, redis: ServiceInfo, workdir: Path,
             await until(lambda: FENCED in a.logs[-1].read_text(errors="replace"), 60,
                         f"A's write to be fenced; see {a.logs[-1]}")
             # The fence restarts A's pipeline; the new one joins and gets partitions.
-            await until(lambda: ASSIGNED in a.logs[-1].read_text(errors="replace").rsplit(
-                RESTARTING, 1)[-1], 60, f"A to restart and rejoin; see {a.logs[-1]}")
+            await until(lambda: rejoined_after_restart(a.logs[-1]), 60,
+                        f"A to restart and rejoin; see {a.logs[-1]}")
         else:  # A flushes, then rejoins
             await until(lambda: a.logs[-1].read_text(errors="replace").count(ASSIGNED) >= 2,
                         60, f"A to rejoin; see {a.logs[-1]}")
         # A's stale write (or its refusal) came before its rejoin; after it A's writes
         # are its new incarnation's, from what is durable, and terminate() waits for them.
 
-    asyncio.run(scenario())
-    assert a.terminate(20) == 0 and b.terminate(20) == 0, f"see {workdir}"
+    try:
+        asyncio.run(scenario())
+    finally:
+        codes = stop_both(a, b)
+    assert codes == (0, 0), f"exit codes {codes}; see {workdir}"
     store: StateStore = RedisStore(redis_url, prefix, "robots") if cassandra is None else \
         CassandraStore([cassandra.host], "robots", port=cassandra.port, keyspace=keyspace,
                        protocol_version=3)
@@ -286,12 +301,15 @@ def outputs_round(kafka: ServiceInfo, redis: ServiceInfo, workdir: Path,
             a.signal(signal.SIGCONT)
         await until(lambda: FENCED in a.logs[-1].read_text(errors="replace"), 60,
                     f"A to be fenced; see {a.logs[-1]}")
-        await until(lambda: ASSIGNED in a.logs[-1].read_text(errors="replace").rsplit(
-            RESTARTING, 1)[-1], 60, f"A to restart and rejoin; see {a.logs[-1]}")
+        await until(lambda: rejoined_after_restart(a.logs[-1]), 60,
+                    f"A to restart and rejoin; see {a.logs[-1]}")
         return ends
 
-    ends = asyncio.run(scenario())
-    assert a.terminate(20) == 0 and b.terminate(20) == 0, f"see {workdir}"
+    try:
+        ends = asyncio.run(scenario())
+    finally:
+        codes = stop_both(a, b)
+    assert codes == (0, 0), f"exit codes {codes}; see {workdir}"
     assert records_processed(a.logs[-1]) < ITEMS, f"A was not frozen mid-stream: {a.logs}"
     written = asyncio.run(harness.read_all(bootstrap, pristine, PARTITIONS))
     ids = Counter(json.loads(record.value)["id"] for record in written)
