@@ -195,9 +195,18 @@ class ProducerActor(ReportingActor):
         send = client.send
 
         async def gated(node_id: int, request: Any, **kwargs: Any) -> Any:
-            if isinstance(request, ProduceRequest):  # at most one check a second
-                await self._fresh(client, node_id)
-            return await send(node_id, request, **kwargs)
+            if not isinstance(request, ProduceRequest):
+                return await send(node_id, request, **kwargs)
+            await self._fresh(client, node_id)  # at most one check a second
+            loop = asyncio.get_running_loop()
+            checked = self._checked
+            answer = await send(node_id, request, **kwargs)
+            if (late := loop.time() - checked) > RECHECK_AFTER:  # an upper bound of the window
+                log.info("a produce request was acknowledged %.1fs after its epochs' last "
+                         "check: if a pause fell before it left the process (the fence's "
+                         "residual window), a successor may have written its records too",
+                         late)
+            return answer
 
         client.send = gated
 

@@ -234,6 +234,7 @@ OUTPUT_ROUNDS = 2
 FROZEN_AT = 2_000  # A is frozen once it has processed at least this many items
 PRODUCED_FENCED = "exclusive outputs not produced"
 RECHECKED = "checked again before the produce request"
+ACKED_LATE = "the fence's residual window"
 
 
 def zombie_items() -> list[tuple[bytes | None, bytes]]:
@@ -257,6 +258,7 @@ class OutputsRound:
     totals_exact: bool
     caught: int  # A's batches and produce requests refused by a check
     rechecked: int  # produce requests checked again (over 1 s after the last check)
+    acked_late: int  # acknowledged over 1 s after their check: the residual window's bound
     dead_letters: int
     context: str
 
@@ -333,6 +335,7 @@ def outputs_round(kafka: ServiceInfo, redis: ServiceInfo, workdir: Path,
         totals_exact=totals == dict(want),
         caught=a_log.count(PRODUCED_FENCED),
         rechecked=a_log.count(RECHECKED),
+        acked_late=a_log.count(ACKED_LATE),
         dead_letters=len(asyncio.run(harness.read_all(bootstrap, dead, PARTITIONS, quiet=0.5))),
         context=f"ends {ends}; copies (partition, offset): {where}; logs {a.logs + b.logs}")
 
@@ -358,5 +361,6 @@ def test_a_thawed_zombie_produces_no_exclusive_output_twice(
     # window) would show as copies above; the re-checks are the pauses that landed
     # between a batch's check and its send, and were caught.
     print(f"produce requests checked again after a pause: {[r.rechecked for r in rounds]}; "
-          f"refused by a check: {[r.caught for r in rounds]}; copies: 0 in {len(rounds)} "
-          "rounds")
+          f"refused by a check: {[r.caught for r in rounds]}; acknowledged over 1 s after "
+          f"their check (the residual window's bound): {[r.acked_late for r in rounds]}; "
+          f"copies: 0 in {len(rounds)} rounds")
