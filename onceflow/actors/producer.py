@@ -54,6 +54,7 @@ from onceflow.stores.fencing import Fenced, Guard
 
 log = logging.getLogger(__name__)
 
+
 @functools.lru_cache(maxsize=16_384)
 def key_hash(key: bytes) -> int:
     """murmur2 of a key, as Kafka's default partitioner uses it (``& 0x7fffffff``).
@@ -140,7 +141,7 @@ class ProducerActor(ReportingActor):
         outbox = None if self._outbox_store is None else \
             OutboxWriter(self._outbox_store, self._tally, self._outbox_guard)
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
-        if self._output_fence is not None:
+        if self._output_fence is not None and not faults.NO_FENCING:
             self._gate(self._producer.client)
         await self._producer.start()
 
