@@ -33,7 +33,6 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
-from aiokafka.protocol.produce import ProduceRequest
 
 from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
@@ -53,6 +52,9 @@ from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard
 
 log = logging.getLogger(__name__)
+
+#: Kafka's API key of a produce request (aiokafka's request classes carry it in every version).
+PRODUCE_API_KEY = 0
 
 
 @functools.lru_cache(maxsize=16_384)
@@ -196,7 +198,7 @@ class ProducerActor(ReportingActor):
         send = client.send
 
         async def gated(node_id: int, request: Any, **kwargs: Any) -> Any:
-            if not isinstance(request, ProduceRequest):
+            if getattr(request, "API_KEY", None) != PRODUCE_API_KEY:
                 return await send(node_id, request, **kwargs)
             await self._fresh(client, node_id)  # at most one check a second
             loop = asyncio.get_running_loop()
