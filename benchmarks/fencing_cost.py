@@ -9,8 +9,18 @@ On Redis the guarded write is the Lua script against a plain MSET; on
 Cassandra the epochs' read before the same timestamped INSERTs. A few seconds
 (Cassandra: a minute to start); the store and the client share the machine.
 
+``--outputs``: the check before exclusive outputs instead. A Tansu broker and
+Redis are started; the worker's ``ProducerActor`` produces ``--messages``
+exclusive outputs (80-byte records, ``--batch`` per ``Send``, spread over 4
+partitions as a worker's batches are) and waits for their acks, alternately
+with the check (``OutputFence``: one ``check_epochs`` read per ``Send``) and
+without it, ``--repeat`` times each; it prints the median rate of each and their
+ratio, and the check's median round trip.
+
     python benchmarks/fencing_cost.py [--store redis|cassandra] [--rows 1000 10000]
         [--partitions 4] [--repeat 30]
+    python benchmarks/fencing_cost.py --outputs [--messages 100000] [--batch 100 500]
+        [--repeat 5]
 """
 
 from __future__ import annotations
@@ -45,9 +55,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[100, 1_000, 10_000])
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--repeat", type=int, default=None)
     parser.add_argument("--store", choices=["redis", "cassandra"], default="redis")
+    parser.add_argument("--outputs", action="store_true",
+                        help="the check before exclusive outputs, with against without")
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--batch", type=int, nargs="+", default=[100, 500])
     args = parser.parse_args()
+    if args.outputs:
+        outputs_cost(args.messages, args.batch, args.repeat or 5)
+        return
+    args.repeat = args.repeat or 30
     with tempfile.TemporaryDirectory() as state:
         start = services.start_redis if args.store == "redis" else services.start_cassandra
         info = start(Path(state))
@@ -69,6 +87,68 @@ def main() -> None:
             store.close()
         finally:
             services.stop(info)
+
+
+def outputs_cost(messages: int, batches: list[int], repeat: int) -> None:
+    """Exclusive outputs through the ProducerActor, with the fence check and without."""
+    import asyncio
+
+    from onceflow.actors.delivery import DeliverySettings, OutboxTally
+    from onceflow.actors.fence import EpochFence, OutputFence
+    from onceflow.actors.loop import EventLoopThread
+    from onceflow.actors.messages import Barrier, Send
+    from onceflow.actors.producer import ProducerActor
+    from onceflow.devtools import harness
+    from onceflow.stages.outcome import Output
+
+    topic, inputs = "bench-exclusive", [("bench-in", p) for p in range(4)]
+    settings = DeliverySettings(delivery_timeout=120, request_timeout=30, retries=2**31 - 1,
+                                retry_backoff=0.1, reconnect_backoff=0.05,
+                                reconnect_backoff_max=1)
+    with tempfile.TemporaryDirectory() as state:
+        kafka = services.start_tansu(Path(state) / "kafka")
+        redis_info = services.start_redis(Path(state) / "redis")
+        store = RedisStore(f"redis://{redis_info.address}/0", "bench", "outputs")
+        io = EventLoopThread()
+        try:
+            asyncio.run(harness.create_topic(kafka.address, topic, 4))
+            fence = EpochFence()
+            fence.assign(store.take_epochs(inputs))
+            check = median_seconds(partial(store.check_epochs, fence.held()), 200)
+            print(f"check of 1 epoch (the store's round trip): {check * 1e3:.3f} ms")
+            print(f"{'batch':>6} {'without rec/s':>14} {'with rec/s':>11} {'ratio':>6}")
+
+            def run(batch: int, checked: bool) -> float:
+                producer = ProducerActor.start(
+                    options={"bootstrap_servers": kafka.address, "acks": "all",
+                             "enable_idempotence": False, "linger_ms": 5},
+                    delivery=settings, max_block=60, outbox=None, tally=OutboxTally(),
+                    output_fence=OutputFence(store, fence, frozenset({topic})) if checked
+                    else None, io=io, start_timeout=60, on_fatal=lambda who, error: None)
+                try:
+                    started = time.perf_counter()
+                    for number, first in enumerate(range(0, messages, batch), 1):
+                        p = number % 4
+                        outputs = [Output(topic, None, STATE, (), p)
+                                   for _ in range(min(batch, messages - first))]
+                        producer.tell(Send(outputs, number, frozenset({inputs[p]})))
+                    producer.ask(Barrier())
+                    return messages / (time.perf_counter() - started)
+                finally:
+                    producer.stop()
+
+            for batch in batches:
+                rates: dict[bool, list[float]] = {False: [], True: []}
+                for _ in range(repeat):
+                    for checked in (False, True):
+                        rates[checked].append(run(batch, checked))
+                without, with_ = (statistics.median(rates[c]) for c in (False, True))
+                print(f"{batch:>6} {without:>14,.0f} {with_:>11,.0f} {with_ / without:>6.3f}")
+        finally:
+            io.stop()
+            store.close()
+            services.stop(redis_info)
+            services.stop(kafka)
 
 
 def open_store(kind: str, info: ServiceInfo) -> StateStore:

@@ -16,6 +16,9 @@ broker acknowledged. The records keep their envelopes (event ids, source
 chains), so a re-sent record that did arrive before is a duplicate
 downstream, never a second count.
 
+A send refused because the worker is fenced (``FencedProduce``) is not
+retried: the lane fails with everything it holds, which is never sent.
+
 A record is *settled* once acknowledged or durably in the outbox; the
 producer's barrier waits for that. Input offsets wait for more: the
 checkpoint ledger holds nothing committable while the outbox holds a record
@@ -33,6 +36,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from itertools import islice
 
+from aiokafka.errors import KafkaError
+
 from onceflow.actors import metrics
 from onceflow.actors.outbox_rows import SeqClock, decode_record, encode_record, lane_name
 from onceflow.actors.retry import retrying
@@ -42,6 +47,13 @@ from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard
 
 log = logging.getLogger(__name__)
+
+
+class FencedProduce(KafkaError):  # type: ignore[misc]  # aiokafka is untyped
+    """A produce request of exclusive outputs refused before it was written: another
+    worker holds the epochs of its inputs now. Never retried."""
+
+    retriable = False
 
 MAX_BATCH_RECORDS = 2000
 
@@ -255,8 +267,8 @@ class Lane:
                 taken = await asyncio.wait_for(
                     self._send(self.topic, self.partition, [e.output for e in head]),
                     max(bound, 0.001))
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                raise
+            except (asyncio.CancelledError, KeyboardInterrupt, FencedProduce):
+                raise  # fenced: the lane fails, nothing it holds is sent
             except Exception as error:
                 metrics.PRODUCE_FAILURES.labels(self.topic).inc()
                 if not self.outboxing:

@@ -2,8 +2,10 @@
 
 Shared by the consumer (which takes new epochs on each assignment), the
 persistence actor (which guards a snapshot's writes with the epochs of the
-partitions the snapshot depends on) and the outbox writer (guarded with every
-held epoch). Pure bookkeeping under a lock; the store calls are the callers'.
+partitions the snapshot depends on), the outbox writer (guarded with every
+held epoch) and the producer (``OutputFence``: it checks the epochs of a
+batch's input partitions before producing its exclusive outputs). Pure
+bookkeeping under a lock; the store calls are the callers'.
 
 A partition whose previous epoch (the store answers it with the new one) is
 not the last one taken here was taken by another worker in between, so what
@@ -20,7 +22,9 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from onceflow.actors import faults
 from onceflow.actors.retry import retrying
+from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard, Taken
@@ -114,6 +118,52 @@ class Fencing:
         for other in self.others:
             other.raise_counter(taken.epoch)
         return taken
+
+
+#: Seconds after which a check is repeated right before a produce request is written: the
+#: records waited (behind a slow broker), or the whole process was paused in between.
+RECHECK_AFTER = 1.0
+
+
+@dataclass(frozen=True)
+class OutputFence:
+    """The check before exclusive outputs (exclusive republish, dead letters, late events)
+    are produced: this worker still holds the epochs of the input partitions they come
+    from, in the store that keeps them (one read per batch, not per record).
+
+    Kafka cannot refuse a zombie's records as the store refuses its states, so a
+    worker paused past its session timeout would, once thawed, write what it had in
+    hand after its successor read the outputs' tails: copies in topics promised to be
+    written once. Fenced, the producer drops those records and fails its incarnation
+    (docs/architecture.md, "Fencing").
+    """
+
+    store: StateStore
+    fence: EpochFence
+    topics: frozenset[str]
+
+    def wanted(self, outputs: Iterable[Output]) -> bool:
+        """Whether a batch holds an exclusive output (and the check is on)."""
+        topics = self.topics
+        return not faults.NO_FENCING and any(o.topic in topics for o in outputs)
+
+    def check(self, depends: Iterable[TopicPartition]) -> Guard:
+        """The guard of ``depends``, checked against the store; raise ``Fenced`` if one is
+        no longer held here or there."""
+        guard = self.fence.expect(depends)
+        self.recheck(guard)
+        return guard
+
+    def recheck(self, guard: Guard) -> None:
+        """Check ``guard`` against the store again (a batch that waited)."""
+        if not guard:
+            return
+        try:  # once without tenacity's per-call set-up (a tenth of the check's cost)
+            self.store.check_epochs(guard)
+        except Fenced:
+            raise
+        except Exception:  # transient ones retried with backoff, the others re-raised
+            retrying("check epochs", lambda: self.store.check_epochs(guard))
 
 
 def epoch_source(stores: Iterable[StateStore]) -> StateStore | None:

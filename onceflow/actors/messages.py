@@ -77,10 +77,13 @@ class Forget:
 
 @dataclass(frozen=True)
 class Send:
-    """Records to produce, in order; ``number`` is the ledger's number of this send."""
+    """Records to produce, in order; ``number`` is the ledger's number of this send;
+    ``depends``: the input partitions of the batch they come from (their epochs are
+    checked before exclusive outputs are produced)."""
 
     outputs: Sequence[Output]
     number: int
+    depends: frozenset[TopicPartition] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -248,7 +248,7 @@ class PipelineActor(ReportingActor):
             number = ledger.processed(outcome.next_offsets, sent=bool(outcome.outputs),
                                       marks=marks)
         if outcome.outputs:
-            self._producer.tell(Send(outcome.outputs, number))
+            self._producer.tell(Send(outcome.outputs, number, frozenset(outcome.next_offsets)))
         batch = outcome.stats(len(records))
         self._stats.update(batch)
         metrics.RECORDS.inc(len(records))

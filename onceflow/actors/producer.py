@@ -10,6 +10,15 @@ states. ``Adopt`` (asked by a consumer stream on every assignment) queues
 the outbox rows of lanes that left other workers. A delivery that fails without an
 outbox to keep it fails the barrier, so nothing behind it is persisted or
 committed.
+
+Fencing: a ``Send`` holding exclusive outputs (exclusive republish, dead
+letters, late events) is checked first (``OutputFence``: the epochs of its
+input partitions, one store read). A produce request is checked again at
+the last moment, right before aiokafka writes it, when the last check is
+over ``RECHECK_AFTER`` old (the records waited, or
+the process was paused in between). A worker found fenced drops what it
+holds (the lanes are stopped unsent) and fails its incarnation: the
+supervisor restarts it from the store and the outputs' tails.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,20 +34,27 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from onceflow.actors import faults
+from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.delivery import (
     DeliverySettings,
+    FencedProduce,
     Lanes,
     OutboxTally,
     OutboxWriter,
 )
+from onceflow.actors.fence import RECHECK_AFTER, OutputFence
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Adopt, Barrier, Pending, ProducerMessage, Send, unexpected
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
-from onceflow.stores.fencing import Guard
+from onceflow.stores.fencing import Fenced, Guard
+
+log = logging.getLogger(__name__)
+
+#: Kafka's API key of a produce request (aiokafka's request classes carry it in every version).
+PRODUCE_API_KEY = 0
 
 
 @functools.lru_cache(maxsize=16_384)
@@ -92,6 +109,7 @@ class ProducerActor(ReportingActor):
         outbox: StateStore | None,
         tally: OutboxTally,
         outbox_guard: Callable[[], Guard] | None = None,
+        output_fence: OutputFence | None = None,
         io: EventLoopThread,
         start_timeout: float,
         on_fatal: FatalHandler,
@@ -102,6 +120,8 @@ class ProducerActor(ReportingActor):
         self._max_block = max_block
         self._outbox_store = outbox
         self._outbox_guard = outbox_guard
+        self._output_fence = output_fence
+        self._checked = 0.0  # loop time of the last passed check of exclusive outputs
         self._tally = tally
         self._start_timeout = start_timeout
         self._io = io
@@ -123,6 +143,8 @@ class ProducerActor(ReportingActor):
         outbox = None if self._outbox_store is None else \
             OutboxWriter(self._outbox_store, self._tally, self._outbox_guard)
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
+        if self._output_fence is not None and not faults.NO_FENCING:
+            self._gate(self._producer.client)
         await self._producer.start()
 
     def on_receive(self, message: ProducerMessage
@@ -133,6 +155,7 @@ class ProducerActor(ReportingActor):
             case Send():
                 self._last_send = max(self._last_send, message.number)
                 if message.outputs:
+                    self._check(message)
                     self._pending.append(self._io.submit(self._send(message.outputs)))
             case Barrier():
                 pending, self._pending = self._pending, []
@@ -149,6 +172,71 @@ class ProducerActor(ReportingActor):
             case _:
                 unexpected("ProducerActor", message)
         return None
+
+    def _check(self, message: Send) -> None:
+        """Check the epochs of a batch with exclusive outputs in the store; fenced, drop
+        everything in hand and fail."""
+        fence = self._output_fence
+        if fence is None or not fence.wanted(message.outputs):
+            return
+        # A check is as old as its start: a pause while the store's answer was on its way
+        # must not make it look fresh.
+        started = self._io.loop.time()
+        try:
+            fence.check(message.depends)
+        except Fenced as error:
+            self._fenced(error, len(message.outputs))
+            self._io.run(self._close(), timeout=self._start_timeout)  # in-hand: never sent
+            raise
+        self._checked = max(self._checked, started)
+
+    def _gate(self, client: Any) -> None:
+        """Check again, right before aiokafka writes a produce request, when the last
+        check is over ``RECHECK_AFTER`` old (aiokafka's own ``send``: nothing yields
+        between this and the write once the node is ready). Every produce request: which
+        topics one holds is private to aiokafka, and it costs at most a read a second."""
+        send = client.send
+
+        async def gated(node_id: int, request: Any, **kwargs: Any) -> Any:
+            if getattr(request, "API_KEY", None) != PRODUCE_API_KEY:
+                return await send(node_id, request, **kwargs)
+            await self._fresh(client, node_id)  # at most one check a second
+            loop = asyncio.get_running_loop()
+            checked = self._checked
+            answer = await send(node_id, request, **kwargs)
+            if (late := loop.time() - checked) > RECHECK_AFTER:  # an upper bound of the window
+                log.info("a produce request was acknowledged %.1fs after its epochs' last "
+                         "check: if a pause fell before it left the process (the fence's "
+                         "residual window), a successor may have written its records too",
+                         late)
+            return answer
+
+        client.send = gated
+
+    async def _fresh(self, client: Any, node_id: int) -> None:
+        """Until the last check is younger than ``RECHECK_AFTER``: check every held epoch
+        again (the node made ready first, so no wait is left before the write)."""
+        assert self._output_fence is not None
+        fence, loop = self._output_fence, asyncio.get_running_loop()
+        while (waited := (started := loop.time()) - self._checked) > RECHECK_AFTER:
+            log.log(logging.INFO if waited > 3 * RECHECK_AFTER else logging.DEBUG,
+                    "epochs last checked %.1fs ago (a pause, or records that waited): checked "
+                    "again before the produce request", waited)
+            try:
+                await asyncio.to_thread(fence.recheck, fence.fence.held())
+            except Fenced as error:
+                self._fenced(error, None)
+                self._on_fatal(type(self).__name__, error)
+                raise FencedProduce(str(error)) from error
+            self._checked = max(self._checked, started)  # as old as its start (see _check)
+            await client.ready(node_id)
+
+    def _fenced(self, error: Fenced, dropped: int | None) -> None:
+        metrics.FENCED.inc()
+        log.error("%s; exclusive outputs not produced (%s): the pipeline restarts from "
+                  "what is durable and the outputs' tails", error,
+                  "a produce request and the records in its lanes dropped" if dropped is None else
+                  f"a batch of {dropped} records and those waiting in the lanes dropped")
 
     async def _send(self, outputs: Sequence[Output]) -> None:
         """Hand each record to its partition's lane, in order; wait until all are settled.

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from onceflow.actors import faults
 from onceflow.runtime.kafka_security import PLAINTEXT, KafkaSecurity, client_kwargs
 
 ASSIGNED = re.compile(r"partitions assigned: \[\(")
@@ -49,8 +50,8 @@ class WorkerProcess:
         log = self._log_dir / f"{self._name}-{len(self.logs)}.log"
         self.logs.append(log)
         with log.open("wb") as out:
-            self._proc = subprocess.Popen(self._argv, env=self._env, stdout=out,
-                                          stderr=subprocess.STDOUT)
+            self._proc = subprocess.Popen(fault_aware(self._argv, self._env), env=self._env,
+                                          stdout=out, stderr=subprocess.STDOUT)
 
     def kill(self) -> None:
         assert self._proc is not None
@@ -118,6 +119,14 @@ async def kill_repeatedly(worker: WorkerProcess, times: int, rng: random.Random,
         worker.kill()
     worker.start()
     await worker.assigned()
+
+
+def fault_aware(argv: Sequence[str], env: Mapping[str, str]) -> list[str]:
+    """``argv`` (``python -m onceflow ...``) through the test-only entry point that reads the
+    ``ONCEFLOW_FAULT_*`` switches when ``env`` sets one (``onceflow run`` refuses them)."""
+    if faults.set_in(env) and list(argv[1:3]) == ["-m", "onceflow"]:
+        return [argv[0], "-m", "onceflow.devtools.fault_worker", *argv[3:]]
+    return list(argv)
 
 
 def packaged_config(name: str) -> Path:

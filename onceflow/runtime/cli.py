@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
+from onceflow.actors import faults
 from onceflow.runtime import extras
 from onceflow.runtime.config import ConfigError, load_settings
 from onceflow.runtime.stop import StopSignals
@@ -108,6 +110,11 @@ def _run(config: str, assignments: list[str]) -> int:
     # Handlers first: loading the worker's modules takes about a second, and
     # a SIGTERM meanwhile would take the default action (killed, exit -15).
     signals = StopSignals().install()
+    if stray := faults.set_in(os.environ):  # test-only switches: never silently ignored
+        print(f"onceflow: config error: {', '.join(stray)} set: fault switches are for tests "
+              "only (python -m onceflow.devtools.fault_worker); unset it to run the worker",
+              file=sys.stderr)
+        return EXIT_CONFIG
     from onceflow.runtime.wiring import (
         check_exclusive,
         check_landing,

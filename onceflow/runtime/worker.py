@@ -40,7 +40,7 @@ from onceflow.actors.commit import CommitActor
 from onceflow.actors.consumer import ConsumerActor
 from onceflow.actors.continuity import GapCheck, PartitionRewound
 from onceflow.actors.delivery import OutboxTally
-from onceflow.actors.fence import Fencing, epoch_source, share_epochs
+from onceflow.actors.fence import Fencing, OutputFence, epoch_source, share_epochs
 from onceflow.actors.join_watch import JoinWatch
 from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.log_marks import LogCheck
@@ -151,12 +151,19 @@ class PipelineCore:
         outbox_kind = outbox_store(s, pipeline)
         self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
         share_epochs(source, (*write_stores.values(), self._outbox))
+        exclusive = frozenset(out.topic for out in resumed_outputs(
+            pipeline, s.kafka.dead_letter_topic, s.kafka.late_events_topic))
+        # The check before exclusive outputs (one read per batch), with persistence's clients.
+        checker = epoch_source(write_stores.values())
+        output_fence = None if checker is None or fence is None else \
+            OutputFence(checker, fence, exclusive)
         self.producer = ProducerActor.start(
             options=producer_options(s), delivery=delivery_settings(s),
             max_block=s.kafka.producer.max_block, outbox=self._outbox,
             tally=OutboxTally(self._count_outboxed),
             outbox_guard=fence.held if fence is not None and self._outbox is not None
             and type(self._outbox) is type(source) else None,
+            output_fence=output_fence,
             io=self.io, start_timeout=self.start_timeout,
             on_fatal=on_fatal,
         )

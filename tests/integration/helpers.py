@@ -93,7 +93,8 @@ def start_worker(bootstrap: str, redis_url: str, group: str, prefix: str, topic:
                                   redis_settings(bootstrap, redis_url, group, prefix))
     env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic}
     with log.open("wb") as out:
-        return subprocess.Popen([*argv, *extra], env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(harness.fault_aware([*argv, *extra], env), env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
 
 
 def wait_for_log(proc: subprocess.Popen[bytes], log: Path, needle: str, timeout: float) -> None:

@@ -68,8 +68,8 @@ def test_a_crash_loop_is_503_with_the_real_lag_then_escalates(
     monkeypatch.setenv("ONCEFLOW_FAULT_STAGE_RAISES_ON", '"serial":')  # every batch fails
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
-        worker = subprocess.Popen(harness.worker_command(config, {}), stdout=out,
-                                  stderr=subprocess.STDOUT)
+        argv = harness.fault_aware(harness.worker_command(config, {}), os.environ)
+        worker = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline, seen = time.monotonic() + 120, None
         while time.monotonic() < deadline and worker.poll() is None:
