@@ -183,7 +183,7 @@ class ConsumerActor(ReportingActor):
                             high - recs[-1].offset - 1)
                     records += self._continuous(tp, recs)
             self._check_ends(consumer)
-            self._watch_fetches(consumer, batches)
+            await self._watch_fetches(consumer, batches)
             if records:
                 self._in_flight += 1
                 if self._in_flight >= self._max_in_flight:
@@ -203,22 +203,35 @@ class ConsumerActor(ReportingActor):
                 if (high := consumer.highwater(tp)) is not None:
                     self._continuity.ends_at(ours(tp), high, now)
 
-    def _watch_fetches(self, consumer: AIOKafkaConsumer,
-                       batches: Mapping[KafkaPartition, Sequence[Any]]) -> None:
+    async def _watch_fetches(self, consumer: AIOKafkaConsumer,
+                             batches: Mapping[KafkaPartition, Sequence[Any]]) -> None:
         """After a fetch: does a partition starve (records wait, none come)?"""
         now = asyncio.get_running_loop().time()
         paused = consumer.paused()
         for tp in consumer.assignment():
             fetched = bool(batches.get(tp))
+            expected, high = self._continuity.expected(ours(tp)), consumer.highwater(tp)
+            if (not fetched and tp not in paused and expected is not None
+                    and high is not None and high > expected):
+                # The client's position may be past it: a transaction marker at the end
+                # is skipped without a record.
+                expected = max(expected, await self._position(consumer, tp))
             if fetched and tp in self._starving:
                 self._starving.discard(tp)
                 log.info("%s[%d]: fetches bring records again (fetch max wait now %d ms)",
-                            tp.topic, tp.partition, self._max_wait_ms(consumer) or -1)
-            starved = self._fetch_watch.observe(
-                ours(tp), now, expected=self._continuity.expected(ours(tp)),
-                highwater=consumer.highwater(tp), fetched=fetched, paused=tp in paused)
+                     tp.topic, tp.partition, self._max_wait_ms(consumer) or -1)
+            starved = self._fetch_watch.observe(ours(tp), now, expected=expected, highwater=high,
+                                                fetched=fetched, paused=tp in paused)
             if starved is not None:
                 self._starved(consumer, tp, starved)
+
+    @staticmethod
+    async def _position(consumer: AIOKafkaConsumer, tp: KafkaPartition) -> int:
+        """The client's next fetch offset of ``tp`` (-1 if it has none now)."""
+        try:
+            return int(await asyncio.wait_for(consumer.position(tp), 1.0))
+        except (TimeoutError, IllegalStateError, KafkaError):
+            return -1
 
     @staticmethod
     def _max_wait_ms(consumer: AIOKafkaConsumer) -> int | None:
