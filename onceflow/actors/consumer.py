@@ -9,7 +9,11 @@ it. Backpressure: at most ``max_in_flight`` batches are with the pipeline
 actor; beyond that the assigned partitions are paused. Continuity: with a
 ``GapCheck``, a fetch that skips offsets is cut before the hole and the
 partition re-fetched from it; always, a partition that serves records below
-its assigned position stops the worker (see ``continuity``).
+its assigned position stops the worker (see ``continuity``). Starvation: a
+partition whose fetches bring no records while its log holds some past the
+expected offset for ``STARVED_AFTER`` seconds doubles the fetch's max wait,
+up to ``MAX_FETCH_WAIT_MS``; starving at that ceiling fails the stream, which
+the supervisor re-creates (see ``fetch_watch``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.connection_check import ConnectionCheck, check_connection
 from onceflow.actors.continuity import Continuity, GapCheck
 from onceflow.actors.fence import Fencing
+from onceflow.actors.fetch_watch import FetchWatch, Starved
 from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.kafka_parts import close_parts, ours
 from onceflow.actors.ledger import SharedLedger
@@ -58,6 +63,17 @@ if TYPE_CHECKING:
     from onceflow.actors.producer import ProducerActor
 
 log = logging.getLogger(__name__)
+
+#: Seconds of fetching a partition without records while its log holds some, before
+#: the fetch's max wait is doubled (or, at the ceiling, the stream re-created).
+STARVED_AFTER = 2.0
+#: The longest max wait starvation widens a fetch to (Tansu needed ~100 ms at the tail
+#: of 150,000 records in 5-record batches); never above half the request timeout.
+MAX_FETCH_WAIT_MS = 5_000
+
+
+class FetchStarved(RuntimeError):
+    """Fetches at the widest max wait still brought no records while the log holds some."""
 
 
 class ConsumerActor(ReportingActor):
@@ -92,6 +108,10 @@ class ConsumerActor(ReportingActor):
         self._settling: set[KafkaPartition] = set()  # assigned, paused until adoption is done
         self._gap_backoff = gap_check.backoff
         self._continuity = Continuity(gap_check.refetches, gap_check.rewind_grace)
+        self._fetch_watch = FetchWatch(STARVED_AFTER)
+        self._starving: set[KafkaPartition] = set()  # widened for, no records since
+        self._max_wait_ceiling = min(MAX_FETCH_WAIT_MS,
+                                     int(options.get("request_timeout_ms", 40_000)) // 2)
         self._ends_checked = 0.0  # when the fetched high watermarks were last compared
         self._held: dict[KafkaPartition, asyncio.TimerHandle] = {}  # paused before a re-fetch
         self._join = join_watch
@@ -152,6 +172,7 @@ class ConsumerActor(ReportingActor):
             if self._in_flight >= self._max_in_flight:
                 consumer.pause(*consumer.assignment())
                 await self._room.wait()
+                self._fetch_watch.idle()  # nothing was fetched while paused
                 consumer.resume(*(consumer.assignment() - set(self._held) - self._settling))
             batches = await consumer.getmany(
                 timeout_ms=self._poll_timeout_ms, max_records=self._max_records
@@ -169,6 +190,7 @@ class ConsumerActor(ReportingActor):
                         marks[ours(tp)] = mark_of(delivered[-1])  # one per partition
                         records += delivered
             self._check_ends(consumer)
+            await self._watch_fetches(consumer, batches)
             if records:
                 self._in_flight += 1
                 if self._in_flight >= self._max_in_flight:
@@ -187,6 +209,61 @@ class ConsumerActor(ReportingActor):
             for tp in consumer.assignment():
                 if (high := consumer.highwater(tp)) is not None:
                     self._continuity.ends_at(ours(tp), high, now)
+
+    async def _watch_fetches(self, consumer: AIOKafkaConsumer,
+                             batches: Mapping[KafkaPartition, Sequence[Any]]) -> None:
+        """After a fetch: does a partition starve (records wait, none come)?"""
+        now = asyncio.get_running_loop().time()
+        paused = consumer.paused()
+        for tp in consumer.assignment():
+            fetched = bool(batches.get(tp))
+            expected, high = self._continuity.expected(ours(tp)), consumer.highwater(tp)
+            if (not fetched and tp not in paused and expected is not None
+                    and high is not None and high > expected):
+                # The client's position may be past it: a transaction marker at the end
+                # is skipped without a record.
+                expected = max(expected, await self._position(consumer, tp))
+            if fetched and tp in self._starving:
+                self._starving.discard(tp)
+                log.info("%s[%d]: fetches bring records again (fetch max wait now %d ms)",
+                     tp.topic, tp.partition, self._max_wait_ms(consumer) or -1)
+            starved = self._fetch_watch.observe(ours(tp), now, expected=expected, highwater=high,
+                                                fetched=fetched, paused=tp in paused)
+            if starved is not None:
+                self._starved(consumer, tp, starved)
+
+    @staticmethod
+    async def _position(consumer: AIOKafkaConsumer, tp: KafkaPartition) -> int:
+        """The client's next fetch offset of ``tp`` (-1 if it has none now)."""
+        try:
+            return int(await asyncio.wait_for(consumer.position(tp), 1.0))
+        except (TimeoutError, IllegalStateError, KafkaError):
+            return -1
+
+    @staticmethod
+    def _max_wait_ms(consumer: AIOKafkaConsumer) -> int | None:
+        """The fetcher's max wait (aiokafka keeps it on its private fetcher), if readable."""
+        wait = getattr(getattr(consumer, "_fetcher", None), "_fetch_max_wait_ms", None)
+        return wait if isinstance(wait, int) else None
+
+    def _starved(self, consumer: AIOKafkaConsumer, tp: KafkaPartition,
+                 starved: Starved) -> None:
+        """Widen the fetches' max wait; at the ceiling, fail the stream (re-created)."""
+        metrics.FETCH_STARVED.labels(tp.topic, str(tp.partition)).inc()
+        wait = self._max_wait_ms(consumer)
+        what = (f"{tp.topic}[{tp.partition}]: fetches at offset {starved.expected} brought "
+                f"no records for {starved.seconds:.1f}s while the log ends at "
+                f"{starved.highwater}")
+        if wait is None or wait >= self._max_wait_ceiling:
+            raise FetchStarved(f"{what}, at a fetch max wait of {wait} ms: re-creating the "
+                               f"consumer")
+        wider = min(max(2 * wait, 1), self._max_wait_ceiling)
+        consumer._fetcher._fetch_max_wait_ms = wider
+        self._poll_timeout_ms = max(self._poll_timeout_ms, wider + 100)
+        self._starving.add(tp)
+        log.warning("%s: the broker answers within the fetch max wait (%d ms) with nothing "
+                    "(Tansu does when finding the offset takes longer); waiting up to %d ms "
+                    "from now (README, \"A fetch that brings nothing\")", what, wait, wider)
 
     def _continuous(self, tp: KafkaPartition, recs: list[Any]) -> list[Any]:
         """The records of ``tp`` before any hole; a hole makes ``tp`` re-fetch from it."""
@@ -393,6 +470,8 @@ class ConsumerActor(ReportingActor):
         self._release_all()  # a new assignment starts unpaused
         lost = frozenset(ours(tp) for tp in revoked)
         self._continuity.forget(lost)
+        self._fetch_watch.forget(lost)
+        self._starving -= revoked
         if not lost:
             return
         loop = asyncio.get_running_loop()

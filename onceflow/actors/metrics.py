@@ -62,6 +62,10 @@ PRODUCE_FAILURES = Counter("onceflow_produce_failures", "Failed batch deliveries
                            "retried or outboxed)", ["topic"], registry=REGISTRY)
 REFETCHES = Counter("onceflow_offset_refetches", "Re-fetches of a partition from the first "
                     "offset a fetch skipped", ["topic", "partition"], registry=REGISTRY)
+FETCH_STARVED = Counter("onceflow_fetch_starved", "Times a partition's fetches brought no "
+                        "records for seconds while its log held some (the fetch max wait "
+                        "was doubled, or the stream re-created)", ["topic", "partition"],
+                        registry=REGISTRY)
 GAPS_ACCEPTED = Counter("onceflow_offset_gaps_accepted", "Holes in a partition's offsets still "
                         "there after every re-fetch, moved past", ["topic", "partition"],
                         registry=REGISTRY)

@@ -1,5 +1,16 @@
 """Windows depend on the input, not on lag: republishers killed and kept down make no
-event late when the input's disorder is within the allowed lateness."""
+event late when the input's disorder is within the allowed lateness.
+
+The limit (README, "Idle partitions"): a root partition whose records stop for
+longer than ``windows.idle-timeout`` of event time is passed over by rule, and
+its events are late when they come. A kill's outage is the down time, the
+session timeout and a rejoin; a kill inside a rebalance chains rejoins (each
+waits out the dead member's session). This input's event time runs 25x faster
+than the clock, so the test sets the idle timeout to 8 minutes (19 s) and
+strikes only settled groups (``settled_kills``). Without that (seed 563015,
+kills anywhere) 15,982 of 60,263 events were late, each once, with nothing lost,
+doubled or mismatched: the rule, not a lost or double count.
+"""
 
 from __future__ import annotations
 

@@ -2,9 +2,11 @@
 
 The worker's sends to the dead-letter topic fail (fault injection, as an
 unreachable leader or a refusing broker would): the dead letter goes to the
-outbox, commits stop behind it while valid records are still folded, and
-/health says so (503, ``commits_held``). A worker started without the fault
-delivers the dead letter and commits everything; the totals are exact.
+outbox, commits stop behind it, and /health says so (503, ``commits_held``),
+while the valid records behind it are still folded and written (the test waits
+until the stored states are exact with nothing committed past the dead letter).
+A worker started without the fault delivers the dead letter and commits
+everything; the totals are exact.
 """
 
 from __future__ import annotations
@@ -79,11 +81,20 @@ def test_an_unreachable_dead_letter_topic_holds_commits_and_loses_nothing(
         time.sleep(0.2)
     log = cut_off.logs[-1]
     assert status == 503 and body["commits_held"] and body["outbox"] == 1, (body, log)
-    time.sleep(1.0)  # the valid records after it were folded; still nothing committed past it
+    # The 200 valid records behind the stuck dead letter are folded and written to the
+    # store, while nothing is committed past it (offset 200 is the hostile record).
+    store = RedisStore(redis_url, prefix, "robots")
+    try:
+        folded = _wait_for_states(store, truth, cut_off, timeout=60)
+    finally:
+        store.close()
+    assert folded == {r: dict(c) for r, c in truth.items()}, (folded, log)
     committed = asyncio.run(_committed(kafka_service.address, group, topic))
-    assert committed <= 200, (committed, log)  # offset 200 is the hostile record
-    assert health(port)[1]["commits_held"]
+    assert committed <= 200, (committed, log)
+    status, body = health(port)
+    assert status == 503 and body["commits_held"] and body["outbox"] == 1, (body, log)
     assert cut_off.terminate(15) == 0, log.read_text()[-3000:]
+    assert asyncio.run(_committed(kafka_service.address, group, topic)) <= 200, log
 
     healed = harness.WorkerProcess(argv, env, tmp_path, "healed")
     healed.start()
@@ -98,6 +109,18 @@ def test_an_unreachable_dead_letter_topic_holds_commits_and_loses_nothing(
         assert stored_states(store, "per_robot") == {r: dict(c) for r, c in truth.items()}
     finally:
         store.close()
+
+
+def _wait_for_states(store: RedisStore, truth: dict[str, Counter[str]],
+                     worker: harness.WorkerProcess, timeout: float) -> dict[str, Any]:
+    """The stored per-robot states, once they equal ``truth`` (or at the timeout)."""
+    want = {r: dict(c) for r, c in truth.items()}
+    deadline = time.monotonic() + timeout
+    while (states := stored_states(store, "per_robot")) != want \
+            and time.monotonic() < deadline:
+        assert worker.exited() is None, worker.log_tail()
+        time.sleep(0.2)
+    return states
 
 
 async def _committed(bootstrap: str, group: str, topic: str) -> int:

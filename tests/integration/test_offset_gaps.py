@@ -1,4 +1,5 @@
-"""A worker tailing a partition that several producers append to, under CPU load.
+"""A worker tailing a partition that several producers append to, under CPU load;
+and a worker far behind on a partition of small batches.
 
 Tansu reserves a batch's offsets before it writes the batch, so a fetch that
 lands in between returns the later batches without it. Without the
@@ -9,10 +10,17 @@ The hole is a race, so the test makes it likely and then waits for it: the
 worker fetches often (fetch-max-wait 20 ms) and must stay at the tail (only a
 consumer at the tail meets a hole), the producers keep Tansu busy with many
 small requests, and they run until the worker's /metrics shows a re-fetch.
+
+Tansu also answers a fetch with no records once finding its offset takes longer
+than the fetch's max wait (it walks the partition's batches): past ~100,000
+records in 5-record batches a 20 ms wait brought nothing, and the tailing
+worker stopped progressing, silently (issue 29). The worker now doubles its
+fetch max wait when a partition's records wait and its fetches bring none.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -22,6 +30,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from aiokafka import AIOKafkaProducer
 from helpers import create_topic, expected_counts, start_worker, stored_states, wait_for_log
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -48,20 +57,22 @@ LONGEST = 75.0  # seconds of load at most, waiting for the first hole
 HOLD_LAG, RESUME_LAG = 2_000, 200
 
 # One producer process: its own connection, small batches, until the stop file
-# appears (waiting while the hold file exists); prints how many messages were
-# acknowledged (a prefix of its deterministic stream).
+# appears (waiting while the hold file exists); creates its ready file once it can
+# send, and prints how many messages were acknowledged (a prefix of its
+# deterministic stream).
 PRODUCER = """
 import asyncio, os, sys
 from aiokafka import AIOKafkaProducer
 from onceflow.devtools.robot_stream import generate
 
-bootstrap, topic, seed, stop, hold, batch, pause, most, robots = sys.argv[1:10]
+bootstrap, topic, seed, stop, hold, batch, pause, most, robots, ready = sys.argv[1:11]
 messages = generate(int(most), robots=int(robots), seed=int(seed), fleet=f"r{seed}").messages
 
 async def main():
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
                                 enable_idempotence=False, linger_ms=0)
     await producer.start()
+    open(ready, "w").close()
     sent = 0
     try:
         while sent < len(messages) and not os.path.exists(stop):
@@ -94,6 +105,18 @@ def scrape(port: int) -> dict[str, float]:
     return totals
 
 
+def wait_ready(ready: list[Path], procs: list[subprocess.Popen[bytes]],
+               worker: subprocess.Popen[bytes]) -> None:
+    """Until every producer can send (generating its stream takes seconds under load):
+    the load is measured from there."""
+    deadline = time.monotonic() + 300
+    while not all(path.exists() for path in ready):
+        assert worker.poll() is None, "worker died"
+        assert all(p.poll() is None for p in procs), "a producer died"
+        assert time.monotonic() < deadline, "producers not ready after 300 s"
+        time.sleep(0.2)
+
+
 def load_until_refetch(port: int, worker: subprocess.Popen[bytes], hold: Path) -> float:
     """Seconds of load: SHORTEST at least, then until a re-fetch or LONGEST.
 
@@ -115,10 +138,12 @@ def load_until_refetch(port: int, worker: subprocess.Popen[bytes], hold: Path) -
     return elapsed
 
 
-def wait_processed(port: int, total: int, worker: subprocess.Popen[bytes]) -> float:
-    """Records the worker processed, once it reached ``total`` or stopped progressing."""
+def wait_processed(port: int, total: int, worker: subprocess.Popen[bytes],
+                   quiet: float = 15.0) -> float:
+    """Records the worker processed, once it reached ``total`` or made no progress for
+    ``quiet`` seconds."""
     seen, since = -1.0, time.monotonic()
-    while time.monotonic() - since < 15:
+    while time.monotonic() - since < quiet:
         assert worker.poll() is None, "worker died"
         now = scrape(port).get("onceflow_records_total", 0.0)
         if now >= total:
@@ -149,12 +174,14 @@ def test_tailing_worker_under_cpu_load_refetches_holes_and_counts_every_record(
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
         helpers.append(subprocess.Popen([sys.executable, "-c", BURN, str(LONGEST + 30)]))
         seeds = range(100, 100 + PRODUCERS)
+        ready = [tmp_path / f"ready-{seed}" for seed in seeds]
         producers = [
             subprocess.Popen([sys.executable, "-c", PRODUCER, bootstrap, topic, str(seed),
                               str(stop), str(hold), str(BATCH), str(PAUSE), str(MOST),
-                              str(ROBOTS)], stdout=subprocess.PIPE, env=env)
-            for seed in seeds]
+                              str(ROBOTS), str(path)], stdout=subprocess.PIPE, env=env)
+            for seed, path in zip(seeds, ready, strict=True)]
         helpers += producers
+        wait_ready(ready, producers, worker)
         seconds = load_until_refetch(port, worker, hold)
         stop.touch()
         sent = {seed: int(p.communicate(timeout=60)[0])
@@ -184,3 +211,71 @@ def test_tailing_worker_under_cpu_load_refetches_holes_and_counts_every_record(
         store.close()
     assert accepted == 0
     assert refetches > 0  # the hole really happened (else the load found nothing to test)
+
+
+FAR_RECORDS = 20_000  # in 5-record batches: 4,000 batches, ~12 ms of Tansu lookup here
+FAR_FETCH_MAX_WAIT = "1ms"  # far below that lookup on any host
+
+
+async def fill(bootstrap: str, topic: str,
+               streams: list[list[tuple[bytes, bytes]]]) -> None:
+    """Append each stream in order, in BATCH-record batches (one request each), all
+    streams at once, each from its own producer (as the tailing test's producers)."""
+
+    async def lane(messages: list[tuple[bytes, bytes]]) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+                                    enable_idempotence=False, linger_ms=0)
+        await producer.start()
+        try:
+            for i in range(0, len(messages), BATCH):
+                batch = producer.create_batch()
+                for key, value in messages[i:i + BATCH]:
+                    batch.append(key=key, value=value, timestamp=None)
+                batch.close()
+                await (await producer.send_batch(batch, topic, partition=0))
+        finally:
+            await producer.stop()
+
+    await asyncio.gather(*(lane(messages) for messages in streams))
+
+
+def test_a_worker_far_behind_widens_a_fetch_that_brings_nothing_and_counts_every_record(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    """A fetch max wait shorter than Tansu's lookup brought no record, for ever (the
+    stall of issue 29, here from the start): the worker says so and widens it."""
+    bootstrap = kafka_service.address
+    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    redis_url = f"redis://{redis_service.address}/0"
+    create_topic(bootstrap, topic, 1)
+    streams = [generate(FAR_RECORDS // PRODUCERS, robots=ROBOTS, seed=seed, fleet=f"f{seed}")
+               for seed in range(PRODUCERS)]  # a fleet each: one robot, one producer
+    asyncio.run(fill(bootstrap, topic, [stream.messages for stream in streams]))
+    total = sum(len(stream.messages) for stream in streams)
+    port = free_port()
+    log = tmp_path / "worker.log"
+    worker = start_worker(bootstrap, redis_url, group, prefix, topic, log,
+                          ["--set", f"onceflow.metrics.port={port}",
+                           "--set", f"onceflow.kafka.fetch-max-wait={FAR_FETCH_MAX_WAIT}"])
+    try:
+        wait_for_log(worker, log, "partitions assigned", timeout=60)
+        # Each doubling of the max wait follows 2 s of fetches bringing nothing.
+        processed = wait_processed(port, total, worker, quiet=40)
+        series = scrape(port)
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert processed == total, text[-3000:]
+    assert series.get("onceflow_fetch_starved_total", 0.0) > 0
+    assert "brought no records" in text
+    store = RedisStore(redis_url, prefix, "robots")
+    try:
+        assert stored_states(store, "per_robot") == expected_counts(
+            *(stream.truth for stream in streams))
+    finally:
+        store.close()
