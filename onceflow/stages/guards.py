@@ -12,7 +12,7 @@ record is refused with a reason and the batch goes on.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from onceflow.stages.formats import FormatError
 from onceflow.stages.lineage import Position, RootPartition
@@ -22,9 +22,9 @@ from onceflow.stages.state import StateTable, TopicPartition, compact_json
 #: Most hops a source chain may have (onceflow's own chains grow by one per republish hop).
 MAX_HOPS = 100
 #: Integers below this in magnitude encode in at most 20 characters (``_fits``).
-_SHORT_INT = 10**19
+_SHORT_INT: Final = 10**19
 #: Nesting ``_fits`` walks; a deeper value is encoded to be measured.
-_WALK_DEPTH = 64
+_WALK_DEPTH: Final = 64
 
 
 class UnstorableState(ValueError):
