@@ -21,8 +21,9 @@ from onceflow.stages.state import StateTable, TopicPartition, compact_json
 
 #: Most hops a source chain may have (onceflow's own chains grow by one per republish hop).
 MAX_HOPS = 100
-#: Integers below this in magnitude encode in at most 20 characters (``_fits``).
-_SHORT_INT: Final = 10**19
+#: Integers up to this in magnitude encode in at most 19 characters (``_fits``); below
+#: 2**62, a short int compiled (compared in C, not as objects).
+_SHORT_INT: Final = 999_999_999_999_999_999
 #: Nesting ``_fits`` walks; a deeper value is encoded to be measured.
 _WALK_DEPTH: Final = 64
 
@@ -147,7 +148,7 @@ def _fits(value: object, budget: int, depth: int) -> int:
     kind = type(value)
     if kind is int:
         number = cast(int, value)
-        return budget - 20 if -_SHORT_INT < number < _SHORT_INT else -1
+        return budget - 20 if -_SHORT_INT <= number <= _SHORT_INT else -1
     if kind is str:
         return budget - 6 * len(cast(str, value)) - 2
     if kind is float:
@@ -161,7 +162,14 @@ def _fits(value: object, budget: int, depth: int) -> int:
         for name, item in cast(dict[object, object], value).items():
             if type(name) is not str:
                 return -1
-            budget = _fits(item, budget - 6 * len(name) - 3, depth + 1)
+            budget -= 6 * len(name) + 3
+            if type(item) is int:  # the commonest leaf, without a call (a counter's)
+                number = item
+                if not -_SHORT_INT <= number <= _SHORT_INT:
+                    return -1
+                budget -= 20
+            else:
+                budget = _fits(item, budget, depth + 1)
             if budget < 0:
                 return -1
         return budget
