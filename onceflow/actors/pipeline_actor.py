@@ -41,10 +41,16 @@ from onceflow.stages.outcome import DEAD_LETTER_MAX_VALUE
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
 from onceflow.stages.runner import PipelineRunner
-from onceflow.stages.state import AggregateState, TopicPartition, compact_json, decode_state
+from onceflow.stages.state import (
+    MAX_STATE_BYTES,
+    AggregateState,
+    TopicPartition,
+    compact_json,
+    decode_state,
+)
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stages.window_clock import IDLE_TIMEOUT, MAX_FUTURE
-from onceflow.stores.base import StateStore
+from onceflow.stores.base import StateStore, UndecodableState
 
 if TYPE_CHECKING:
     from onceflow.actors.persistence import PersistenceActor
@@ -73,6 +79,7 @@ class PipelineActor(ReportingActor):
         dead_letter_max_value: int = DEAD_LETTER_MAX_VALUE,
         idle_timeout: float = IDLE_TIMEOUT,
         max_future: float = MAX_FUTURE,
+        max_state_bytes: int = MAX_STATE_BYTES,
     ):
         super().__init__(on_fatal)
         self._stores = stores
@@ -81,7 +88,8 @@ class PipelineActor(ReportingActor):
                                       load_sequences=self._load_sequences, max_states=max_states,
                                       dead_letter_max_value=dead_letter_max_value,
                                       load_rows=self._load_rows, idle_timeout=idle_timeout,
-                                      hold_new=True, max_future=max_future)
+                                      hold_new=True, max_future=max_future,
+                                      max_state_bytes=max_state_bytes)
         self._sequence_store = pipeline.dedup_store
         self._warned_misaligned: set[str] = set()
         self._warned_unkeyed: set[TopicPartition] = set()
@@ -97,12 +105,22 @@ class PipelineActor(ReportingActor):
         self._cache_totals: Counter[str] = Counter()  # evictions and reloads, for the stats line
 
     def _load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
-        rows = retrying(f"load {spec.id}", lambda: self._stores[spec.store].load(spec.id, keys))
+        """The stored states of ``keys``; UndecodableState (the worker stops) for a row
+        that holds no state onceflow wrote."""
+        store = self._stores[spec.store]
+        rows = retrying(f"load {spec.id}", lambda: store.load(spec.id, keys))
         metrics.STATE_LOADS.labels(spec.id).inc(len(keys))
         if rows:
             metrics.STATE_RELOADS.labels(spec.id).inc(len(rows))
             self._cache_totals[f"{spec.id}.reloaded"] += len(rows)
-        return {key: decode_state(value) for key, value in rows.items()}
+        states = {}
+        for key, value in rows.items():
+            try:
+                states[key] = decode_state(value)
+            except ValueError as error:
+                raise UndecodableState(spec.id, key, store.row_name(spec.id, key),
+                                       error) from error
+        return states
 
     def _load_rows(self, store: str, keys: Iterable[str]) -> Mapping[str, bytes]:
         """Watermark and open-window rows (``stages.window_clock``)."""

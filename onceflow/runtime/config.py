@@ -162,7 +162,8 @@ def _build(read: Reader, source: str) -> Settings:
         ),
         persistence=PersistenceSettings(read.duration("onceflow.persistence.interval", 0.01, 3600)),
         state=StateSettings(read.integer("onceflow.state.cache.max-states", 1, 1_000_000_000),
-                            _history_retention(read)),
+                            _history_retention(read),
+                            read.integer("onceflow.state.max-bytes", 1024, 16_777_216)),
         commit=CommitSettings(read.duration("onceflow.commit.interval", 0.01, 3600)),
         stores=StoresSettings(
             redis,

@@ -86,6 +86,7 @@ class StateSettings:
 
     max_cached_states: int
     history_retention: float = 0.0
+    max_state_bytes: int = 1_048_576  # one aggregate value, encoded (stages.guards)
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,7 @@ from onceflow.runtime.wiring import (
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.access import access_denied
+from onceflow.stores.base import UndecodableState
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +100,10 @@ GRACE = 3.0  # s past the shutdown timeout (and escalation grace) before the exi
 
 
 def _permanent(error: BaseException) -> bool:
-    """Failures no restart can fix: a store refusing us, a partition whose log restarted."""
-    return access_denied(error) is not None or isinstance(error, PartitionRewound)
+    """Failures no restart can fix: a store refusing us, a partition whose log restarted,
+    a stored state that is no state."""
+    return access_denied(error) is not None or isinstance(error, (PartitionRewound,
+                                                                  UndecodableState))
 
 
 def tune_gc() -> None:
@@ -197,6 +200,7 @@ class PipelineCore:
             idle_timeout=s.windows.idle_timeout,
             max_future=s.windows.max_future,
             dead_letter_max_value=s.kafka.dead_letter_max_value,
+            max_state_bytes=s.state.max_state_bytes,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
         self._actors: list[pykka.ActorRef[Any]] = [  # several kinds of actor

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from onceflow.stages.guards import check_state
 from onceflow.stages.lineage import Position
 from onceflow.stages.outcome import (
     BatchOutcome,
@@ -46,7 +47,9 @@ class GeneralPath:
         (docs/architecture.md, invariant 6: downstream first). Outputs, like
         states, are kept back until the whole record has applied: a step that
         fails later dead-letters the record with nothing of it produced
-        (invariant 3).
+        (invariant 3). So is a record whose fold makes a value no store can hold
+        (``guards.check_state``: each non-windowed key's new value once the step has
+        folded it, each window's value as it is folded).
         """
         staged: list[tuple[StateTable, dict[str, list[Any]]]] = []
         counts: list[tuple[Counter[str], str, int]] = []
@@ -90,7 +93,7 @@ class GeneralPath:
                                                   clock.max_future_ms)
                         watermark = clock.observe(fed_from, root, ts)
                     except Exception as error:
-                        raise StageFailure(spec.id, error) from error
+                        raise StageFailure(spec.id, error, key) from error
                 if stopped and is_stopped(pos, stopped):
                     continue
                 current = new.get(key)
@@ -120,7 +123,10 @@ class GeneralPath:
                     result = fold_windowed(window, spec.init, fold, current[0], value, watermark,
                                            ts)
                 except Exception as error:
-                    raise StageFailure(spec.id, error) from error
+                    raise StageFailure(spec.id, error, key) from error
+                if result.late_by_ms is None:  # the window this value was folded into
+                    check_state(spec.id, key, result.state["open"][str(ts - ts % window.size_ms)],
+                                table.max_bytes)
                 current[0] = result.state
                 if result.closed:
                     current[2] = [*(current[2] or ()), *result.closed]
@@ -133,6 +139,9 @@ class GeneralPath:
                                                    first_late + len(late_outputs)))
                 else:
                     folded += 1
+            if clock is None:  # every key of ``new`` folded a value (late ones are windowed)
+                for key, current in new.items():
+                    check_state(spec.id, key, current[0], table.max_bytes)
             staged.append((table, new))
             if folded:
                 counts.append((outcome.folded, spec.id, folded))

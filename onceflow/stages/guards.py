@@ -3,8 +3,8 @@
 A source topic may hold anything its writers put there. What a user function
 returns is checked where the runner meets it; these are the checks on what
 comes from the record itself and on what a store must hold: a header name that
-is not UTF-8, a source chain no onceflow step can have written, and aggregate
-keys no store can encode. Each
+is not UTF-8, a source chain no onceflow step can have written, aggregate
+keys no store can encode, and aggregate values no store can hold. Each
 raises what the runner dead-letters (``FormatError``, ``StageFailure``), so the
 record is refused with a reason and the batch goes on.
 """
@@ -12,15 +12,24 @@ record is refused with a reason and the batch goes on.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final, cast
 
 from onceflow.stages.formats import FormatError
 from onceflow.stages.lineage import Position, RootPartition
 from onceflow.stages.outcome import ConsumedHeader, StageFailure
-from onceflow.stages.state import StateTable, TopicPartition
+from onceflow.stages.state import StateTable, TopicPartition, compact_json
 
 #: Most hops a source chain may have (onceflow's own chains grow by one per republish hop).
 MAX_HOPS = 100
+#: Integers up to this in magnitude encode in at most 19 characters (``_fits``); below
+#: 2**62, a short int compiled (compared in C, not as objects).
+_SHORT_INT: Final = 999_999_999_999_999_999
+#: Nesting ``_fits`` walks; a deeper value is encoded to be measured.
+_WALK_DEPTH: Final = 64
+
+
+class UnstorableState(ValueError):
+    """A fold or init made a value the state store cannot hold."""
 
 
 def check_header_names(headers: Sequence[ConsumedHeader]) -> None:
@@ -101,3 +110,75 @@ def unknown_keys(shares: Iterable[tuple[StateTable, Sequence[Any]]]
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 200 else f"{text[:200]}..."
+
+
+def check_state(stage_id: str, key: str, value: Any, limit: int) -> None:
+    """StageFailure, naming the stage and the key, unless the stores can hold ``value``:
+    ``compact_json`` (the states' encoder) takes it, in at most ``limit`` bytes.
+
+    Called by every fold path on each value it is about to install, before it
+    installs any: the record that made the value is known (it is dead-lettered,
+    the states stay as before it), where the snapshot that encodes the state
+    later knows no record and could only fail the worker, again on each replay.
+    On the record path, so cheap: ``_fits`` bounds the encoding's length from
+    the value's types alone, and only a value it cannot bound is encoded.
+    """
+    if _fits(value, limit, 0) >= 0:
+        return
+    try:
+        size = len(compact_json(value))
+    except Exception as error:  # TypeError, ValueError (a cycle, a huge int), RecursionError
+        raise StageFailure(stage_id, UnstorableState(
+            f"the state is not JSON-serialisable ({type(error).__name__}: {error})"), key
+        ) from error
+    if size > limit:
+        raise StageFailure(stage_id, UnstorableState(
+            f"the state encodes to {size} bytes, more than onceflow.state.max-bytes "
+            f"({limit})"), key)
+
+
+def _fits(value: object, budget: int, depth: int) -> int:
+    """What is left of ``budget`` (bytes) once ``value`` is encoded, at worst; -1 when
+    unknown (a type ``compact_json`` may refuse, a huge number, deep nesting) or short.
+
+    Every type it bounds, ``compact_json`` writes (a str's character is at most
+    6 bytes, ``\\udXXX``; a float at most 24 characters; tests/unit/
+    test_storable_state.py checks the bound against the encoder).
+    """
+    kind = type(value)
+    if kind is int:
+        number = cast(int, value)
+        return budget - 20 if -_SHORT_INT <= number <= _SHORT_INT else -1
+    if kind is str:
+        return budget - 6 * len(cast(str, value)) - 2
+    if kind is float:
+        return budget - 24
+    if kind is bool or value is None:
+        return budget - 5
+    if depth >= _WALK_DEPTH:
+        return -1
+    if kind is dict:
+        budget -= 2
+        for name, item in cast(dict[object, object], value).items():
+            if type(name) is not str:
+                return -1
+            budget -= 6 * len(name) + 3
+            if type(item) is int:  # the commonest leaf, without a call (a counter's)
+                number = item
+                if not -_SHORT_INT <= number <= _SHORT_INT:
+                    return -1
+                budget -= 20
+            else:
+                budget = _fits(item, budget, depth + 1)
+            if budget < 0:
+                return -1
+        return budget
+    if kind is list or kind is tuple:
+        budget -= 2
+        # a Sequence, not a list: compiled, a cast to list is checked
+        for item in cast(Sequence[object], value):
+            budget = _fits(item, budget - 1, depth + 1)
+            if budget < 0:
+                return -1
+        return budget
+    return -1

@@ -94,12 +94,21 @@ class BatchOutcome:
 
 
 class StageFailure(Exception):
-    """A user function raised; the record goes to the dead-letter topic."""
+    """A user function raised, or made a state no store can hold (``guards.check_state``);
+    the record goes to the dead-letter topic. ``key``: the aggregate key, when known."""
 
-    def __init__(self, stage_id: str, error: BaseException):
-        super().__init__(f"stage {stage_id!r}: {type(error).__name__}: {error}")
+    def __init__(self, stage_id: str, error: BaseException, key: str | None = None):
+        where = f"stage {stage_id!r}" if key is None else f"stage {stage_id!r}, key {_brief(key)}"
+        super().__init__(f"{where}: {type(error).__name__}: {error}")
         self.stage_id = stage_id
         self.error = error
+        self.key = key
+
+
+def _brief(key: str) -> str:
+    """A key as the reason quotes it: a huge key would crowd the error out of ``MAX_REASON``."""
+    text = repr(key)
+    return text if len(text) <= 200 else f"{text[:200]}... ({len(key)} characters)"
 
 
 class KeyHomedElsewhere(Exception):

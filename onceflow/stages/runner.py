@@ -38,7 +38,7 @@ from onceflow.stages.republish import WrittenOutputs, defaults, republished
 from onceflow.stages.segments import AGGREGATE, REPUBLISH, segments, through
 from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.single_fold import FoldSegment
-from onceflow.stages.state import AggregateState, StateTable, TopicPartition
+from onceflow.stages.state import MAX_STATE_BYTES, AggregateState, StateTable, TopicPartition
 from onceflow.stages.watermark import RowLoader
 from onceflow.stages.window_clock import IDLE_TIMEOUT, MAX_FUTURE, StateLoader, WindowClock
 from onceflow.stages.window_fold import WindowSegment
@@ -70,9 +70,11 @@ class PipelineRunner:
         idle_timeout: float = IDLE_TIMEOUT,
         hold_new: bool = False,  # a first start waits idle_timeout for unmet roots (watermark)
         max_future: float = MAX_FUTURE,  # seconds an event time may lead its record's timestamp
+        max_state_bytes: int = MAX_STATE_BYTES,  # per aggregate value encoded (guards)
     ):
         self.pipeline = pipeline
-        self.tables = [StateTable(spec, max_states) for spec in pipeline.aggregates]
+        self.tables = [StateTable(spec, max_states, max_state_bytes)
+                       for spec in pipeline.aggregates]
         self._segments = segments(pipeline, self.tables)
         self._first = self._segments[pipeline.topics[0]]
         self._load = load
@@ -177,12 +179,18 @@ class PipelineRunner:
             if sequence_table is not None:
                 assert sequences is not None
                 sequences.covered(fed_from, sequence_table, start, replays)
+        failed: dict[tuple[StateTable, str], StageFailure] = {}  # keys whose init raised
         for table, feeders in missing.items():
-            self._load_into(table, dict(sorted(feeders.items())))
+            self._load_into(table, dict(sorted(feeders.items())), failed)
         for entry in held:  # in order; on the fused path where their topic has one
             if isinstance(entry, tuple):
                 self._dead_letter(outcome, entry[0], entry[1])
                 continue
+            if failed:
+                uninitialised = _uninitialised(entry, failed)
+                if uninitialised is not None:
+                    self._dead_letter(outcome, entry.record, uninitialised)
+                    continue
             try:
                 record = entry.record
                 fused = self._fused.get(record.topic)
@@ -258,21 +266,28 @@ class PipelineRunner:
             raise StageFailure(stage, error) from error
         return plan
 
-    def _load_into(self, table: StateTable, feeders: dict[str, TopicPartition]) -> None:
-        """Load states (new keys start from ``init``); claim a home for those without one."""
+    def _load_into(self, table: StateTable, feeders: dict[str, TopicPartition],
+                   failed: dict[tuple[StateTable, str], StageFailure]) -> None:
+        """Load states (new keys start from ``init``); claim a home for those without one.
+
+        A key whose ``init`` raises is not cached but noted in ``failed``: the records
+        held back for it are dead-lettered, and its next record tries again.
+        """
         loaded = self._load(table.spec, list(feeders))
         for key in feeders:
             state = loaded.get(key)
             if state is None:
                 try:
                     initial = empty_windows() if table.spec.window else table.spec.init()
-                    state = AggregateState(initial)
                 except Exception as error:
-                    raise StageFailure(table.spec.id, error) from error
+                    failed[(table, key)] = StageFailure(table.spec.id, error, key)
+                    continue
+                state = AggregateState(initial)
             table.install(key, state)
         if self._claim is None:
             return
-        homeless = {key: fed for key, fed in feeders.items() if table.states[key].home is None}
+        homeless = {key: fed for key, fed in feeders.items()
+                    if (table, key) not in failed and table.states[key].home is None}
         if homeless:
             homes = self._claim(table.spec, homeless)
             for key in homeless:
@@ -290,3 +305,15 @@ class PipelineRunner:
                              self._max_value)
         for placed in self.side.placed((letter,), record):
             outcome.dead_letter(placed, reason)
+
+
+def _uninitialised(plan: Plan, failed: dict[tuple[StateTable, str], StageFailure]
+                   ) -> StageFailure | None:
+    """The failure of the first key of ``plan`` whose ``init`` raised, if any."""
+    for share in plan.order:
+        if type(share) is Fold:
+            for key in share.keys:
+                failure = failed.get((share.table, key))
+                if failure is not None:
+                    return failure
+    return None

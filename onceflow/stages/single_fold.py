@@ -7,8 +7,9 @@ events and republished outputs. None of them can occur here, so a record
 whose keys are all cached is folded straight from its values: per key, the
 values at or below the route's watermark (replays) are dropped, the rest
 folded, and every new state installed only once all of the record's values
-folded (a failing fold leaves every state as it was: the record is one
-unit). ``tests/unit/test_single_fold.py`` checks it against the general path.
+folded and checked (a failing fold, or a state no store can hold,
+``guards.check_state``, leaves every state as it was: the record is one unit).
+``tests/unit/test_single_fold.py`` checks it against the general path.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from onceflow.stages.guards import check_state
 from onceflow.stages.lineage import Position, Route
 from onceflow.stages.outcome import BatchOutcome, ConsumedRecord, KeyHomedElsewhere, StageFailure
 from onceflow.stages.plan import Fold, Head, Plan
@@ -103,8 +105,8 @@ def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[A
                 positions: list[Position], values: list[Any], route: Route,
                 fed_from: TopicPartition, check_home: bool) -> tuple[int, int]:
     """Fold one record's values (their keys cached): (values folded, replays dropped);
-    StageFailure, with nothing installed, if a fold raises or a key is homed on another
-    partition."""
+    StageFailure, with nothing installed, if a fold raises, makes a state no store can
+    hold, or a key is homed on another partition."""
     if not keys:
         return 0, 0
     if keys.count(keys[0]) == len(keys):  # one key: a record's values usually share it
@@ -133,8 +135,11 @@ def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[A
         try:
             current[0] = fold(current[0], value)
         except Exception as error:
-            raise StageFailure(table.spec.id, error) from error
+            raise StageFailure(table.spec.id, error, key) from error
         folded += 1
+    stage_id, limit = table.spec.id, table.max_bytes
+    for key, current in new.items():
+        check_state(stage_id, key, current[0], limit)
     dirty = table.dirty
     for key, (value, pos) in new.items():
         state = states[key]
@@ -164,10 +169,11 @@ def _fold_one_key(table: StateTable, fold: Callable[[Any, Any], Any], key: str,
         try:
             value = fold(value, item)
         except Exception as error:
-            raise StageFailure(table.spec.id, error) from error
+            raise StageFailure(table.spec.id, error, key) from error
         folded += 1
     if folded:
         assert last is not None
+        check_state(table.spec.id, key, value, table.max_bytes)
         state.value = value
         state.watermarks[route] = last
         table.dirty.add(key)

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from onceflow.stages.pipeline import Aggregate
 
 TopicPartition = tuple[str, int]
+#: Default of ``onceflow.state.max-bytes``: the most bytes one aggregate value (one
+#: window's, for a windowed aggregate) may take encoded (``guards.check_state``).
+MAX_STATE_BYTES = 1_048_576
 
 
 class AggregateState:
@@ -91,11 +94,29 @@ def encode_state(state: AggregateState) -> bytes:
 
 
 def decode_state(data: bytes) -> AggregateState:
-    doc = json.loads(data)
-    marks = {(topic, partition): tuple(pos) for topic, partition, pos in doc["w"]}
-    home = doc.get("h")
-    return AggregateState(doc["v"], marks, None if home is None else (home[0], home[1]),
-                          len(data))
+    """The state ``encode_state`` wrote; ValueError for anything else (garbage in the store
+    row), whose watermarks or home would fail far from here, on a record."""
+    try:
+        doc = json.loads(data)
+        marks = {_partition(topic, partition): _position(pos) for topic, partition, pos
+                 in doc["w"]}
+        home = doc.get("h")
+        return AggregateState(doc["v"], marks, None if home is None else _partition(*home),
+                              len(data))
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
+        raise ValueError(f"not a onceflow state: {type(error).__name__}: {error}") from error
+
+
+def _partition(topic: object, partition: object) -> TopicPartition:
+    if type(topic) is not str or type(partition) is not int:
+        raise TypeError(f"partition {topic!r}/{partition!r} is not a topic and a number")
+    return topic, partition
+
+
+def _position(pos: object) -> Position:
+    if type(pos) is not list or not pos or any(type(p) is not int for p in pos):
+        raise TypeError(f"position {pos!r} is not a list of offsets")
+    return tuple(pos)
 
 
 class StateTable:
@@ -112,9 +133,11 @@ class StateTable:
     untouched): a snapshot moves the keys it takes to the recent end.
     """
 
-    def __init__(self, spec: Aggregate, max_states: int | None = None):
+    def __init__(self, spec: Aggregate, max_states: int | None = None,
+                 max_bytes: int = MAX_STATE_BYTES):
         self.spec = spec
         self.max_states = max_states
+        self.max_bytes = max_bytes  # the most bytes a value of it may encode to (guards)
         self.states: OrderedDict[str, AggregateState] = OrderedDict()  # least recent first
         self.dirty: set[str] = set()
         self.unwritten: dict[str, int] = {}  # key -> the snapshot holding its last change

@@ -12,7 +12,8 @@ as replays, windows the watermark passed close (history rows), a value whose
 window closed already is late (counted, routed to the late topic, and
 stopped with the replays: later aggregates never see it), the rest folded;
 every new state is installed only once the whole record folded (a failing
-fold or a key homed elsewhere installs nothing). Anything else (a key not
+fold, a window value no store can hold, ``guards.check_state``, or a key homed
+elsewhere installs nothing). Anything else (a key not
 cached or not a string, a replay whose late events were written before)
 answers the record's plan for the general path.
 ``tests/unit/test_window_fold.py`` checks it against the general path.
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, cast
 
+from onceflow.stages.guards import check_state
 from onceflow.stages.lineage import Position, RootPartition, Route
 from onceflow.stages.outcome import (
     BatchOutcome,
@@ -184,6 +186,7 @@ class WindowSegment:
             fold, init, event_time = window_stage.fold, window_stage.init, window_stage.event_time
             size, span = window_stage.size, window_stage.span
             clock = window_stage.clock
+            max_bytes = window_stage.table.max_bytes
             stage_mark = clock.watermark
             partitions: dict[Any, PartitionWatermark] = stage_mark.partitions
             if fed_key not in partitions:
@@ -220,7 +223,7 @@ class WindowSegment:
                         moved = True
                     watermark: Any = mark.value  # an object: compared with the states' own
                 except Exception as error:
-                    raise StageFailure(stage_id, error) from error
+                    raise StageFailure(stage_id, error, key) from error
                 if stopped is not None and pos in stopped:
                     continue
                 current = new.get(key)
@@ -241,7 +244,7 @@ class WindowSegment:
                         current = new[key] = [windows["open"], closed_to, False, UNKNOWN, pos,
                                               None, False]
                     except Exception as error:
-                        raise StageFailure(stage_id, error) from error
+                        raise StageFailure(stage_id, error, key) from error
                 elif pos <= current[4]:
                     replayed += 1
                     halted.append(pos)
@@ -299,8 +302,9 @@ class WindowSegment:
                             if first is not UNKNOWN and (first is None or start < first):
                                 current[3] = start
                 except Exception as error:
-                    raise StageFailure(stage_id, error) from error
+                    raise StageFailure(stage_id, error, key) from error
                 if late_by is None:
+                    check_state(stage_id, key, current[0][slot], max_bytes)
                     folded += 1
                     continue
                 late += 1

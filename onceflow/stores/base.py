@@ -25,6 +25,18 @@ HISTORY_SUFFIX = "#history"
 OutboxKey = tuple[str, int]
 
 
+class UndecodableState(ValueError):
+    """A row in the store that is no state onceflow wrote (garbage written by hand, another
+    program, a damaged copy): no restart can fix it, so the worker stops, naming the stage,
+    the key and the row for an operator to repair or delete."""
+
+    def __init__(self, stage_id: str, key: str, row: str, error: BaseException):
+        super().__init__(f"the stored state of stage {stage_id!r}, key {key!r} cannot be "
+                         f"decoded ({error}); its row: {row}; repair or delete that row, "
+                         "then start the worker again")
+        self.stage_id, self.key, self.row = stage_id, key, row
+
+
 class StateStore(ABC):
     """Per-key state rows of one pipeline, namespaced by stage id.
 
@@ -55,6 +67,10 @@ class StateStore(ABC):
         With a ``guard``, a fenced store writes nothing and raises ``Fenced`` unless it
         holds exactly those epochs, checked atomically with the write.
         """
+
+    def row_name(self, stage_id: str, key: str) -> str:
+        """Where ``load(stage_id, [key])`` reads, as an operator would find it."""
+        return f"{type(self).__name__} stage {stage_id!r} key {key!r}"
 
     @abstractmethod
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:

@@ -87,7 +87,13 @@ from cassandra.query import PreparedStatement, Statement, tuple_factory
 from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, cassandra_options
 from onceflow.stores.base import OutboxKey, StateStore
 from onceflow.stores.cassandra_fence import CassandraFence, WriteClock
-from onceflow.stores.cassandra_schema import EPOCHS_TABLE, TABLES, Statements, with_schema
+from onceflow.stores.cassandra_schema import (
+    EPOCHS_TABLE,
+    STATES_TABLE,
+    TABLES,
+    Statements,
+    with_schema,
+)
 from onceflow.stores.fencing import Guard, Taken
 
 __all__ = ["CONSISTENCY_LEVELS", "TABLES", "CassandraStore", "CassandraUnavailable"]
@@ -215,6 +221,10 @@ class CassandraStore(StateStore):
             if row is not None:
                 rows[key] = row[0]
         return rows
+
+    def row_name(self, stage_id: str, key: str) -> str:
+        return (f'cassandra table "{self._keyspace}".{STATES_TABLE} row (pipeline, stage, key) '
+                f"= ({self._pipeline!r}, {stage_id!r}, {key!r})")
 
     def save(self, stage_id: str, rows: Mapping[str, bytes], ttl: float = 0, *,
              guard: Guard | None = None) -> None:

@@ -49,6 +49,9 @@ class RedisStore(StateStore):
     def _key(self, stage_id: str, key: str) -> str:
         return f"{self._base}:s:{stage_id}:{key}"
 
+    def row_name(self, stage_id: str, key: str) -> str:
+        return f"redis key {self._key(stage_id, key)!r}"
+
     def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
         if not keys:
             return {}

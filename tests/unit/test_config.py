@@ -167,7 +167,7 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
           single-worker = true
           consumer { max-in-flight-batches = 16, gap-refetches = 0, gap-refetch-backoff = 20ms }
           persistence.interval = 500ms
-          state { cache.max-states = 50, history.retention = 30d }
+          state { cache.max-states = 50, history.retention = 30d, max-bytes = 65536 }
           stores.redis { url = "rediss://cache:6380/2", key-prefix = "shop" }
         }
         """
@@ -188,7 +188,8 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
     assert settings.consumer == ConsumerSettings(16, gap_refetches=0, gap_refetch_backoff=0.02,
                                                  rewind_grace=30.0)
     assert settings.persistence.interval == 0.5
-    assert settings.state == StateSettings(max_cached_states=50, history_retention=30 * 86400)
+    assert settings.state == StateSettings(max_cached_states=50, history_retention=30 * 86400,
+                                           max_state_bytes=65536)
     assert settings.stores.redis == RedisSettings(  # rediss://: TLS, the system's CAs
         "rediss://cache:6380/2", "shop", StoreAccess(tls=TlsFiles(None, None, None, True)))
 
@@ -500,6 +501,11 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "state.cache.max-states = 2000000000",
             "onceflow.state.cache.max-states",
             "expected an integer in 1..1000000000, got 2000000000",
+        ),
+        (
+            "state.max-bytes = 20000000",
+            "onceflow.state.max-bytes",
+            "expected an integer in 1024..16777216, got 20000000",
         ),
         (
             "windows.idle-timeout = 500ms",

@@ -153,7 +153,7 @@ def test_flat_mapped_unit_applies_whole_or_not_at_all() -> None:
     assert run.counters["dead_letters"] == 1
     (dead,) = run.produced
     assert dead.topic == "dlq" and dead.value == bad.value
-    assert dead.headers["onceflow.reason"].startswith("stage 'sum': ValueError: negative")
+    assert dead.headers["onceflow.reason"].startswith("stage 'sum', key 'a': ValueError: negative")
     assert run.dead_letters == [testing.DeadLetter(bad, dead.headers["onceflow.reason"])]
     run.commit()
     assert run.committed == {("in", 0): 2}  # the dead-lettered record is still covered

@@ -2,15 +2,16 @@
 path, on the same batches: same states, watermarks, counters and outputs.
 
 Hypothesis draws batches over two partitions with replays of earlier offsets,
-values a fold refuses, keys that are not strings and keys fed from both
-partitions (homed elsewhere, so dead-lettered), and snapshots between batches
-that let the cache evict and reload states.
+values a fold refuses or makes a state of that no store can hold, keys that are not
+strings and keys fed from both partitions (homed elsewhere, so dead-lettered), and
+snapshots between batches that let the cache evict and reload states.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from typing import Any
 
 from hypothesis import given, settings
@@ -23,9 +24,11 @@ from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state
 
 
-def refusing_fold(total: int, value: tuple[str, int]) -> int:
+def refusing_fold(total: int, value: tuple[str, int]) -> Any:
     if value[1] == 7:
         raise ValueError("seven is refused")
+    if value[1] == 5:
+        return Decimal(total + 5)  # a state no store can hold (guards.check_state)
     return total + value[1]
 
 

@@ -101,7 +101,8 @@ def test_a_failing_function_and_an_undecodable_record_become_dead_letters() -> N
     boom, garbage, negative = run.dead_letters
     assert boom.record == fed[1] and boom.reason == "stage 'explode': ValueError: no numbers"
     assert garbage.record == fed[2] and garbage.reason.startswith("undecodable envelope")
-    assert negative.record == fed[3] and negative.reason == "stage 'sum': ValueError: negative"
+    assert negative.record == fed[3]
+    assert negative.reason == "stage 'sum', key 'z': ValueError: negative"
     assert run.outputs() == [] and len(run.outputs(run.dead_letter_topic)) == 3
     assert run.counters["dead_letters"] == 3
     run.commit()

@@ -149,9 +149,9 @@ def test_an_event_time_is_read_through_int_compiled_or_pure(general: bool) -> No
     run.feed([Record({"k": "a", "t": t}) for t in ("61000", 62_000.9, "x", None)])
     assert run.states("per_minute")["a"] == {"open": {str(MINUTE): 3}, "max_ts": 62_000}
     assert [d.headers["onceflow.reason"] for d in run.outputs(run.dead_letter_topic)] == [
-        "stage 'per_minute': ValueError: invalid literal for int() with base 10: 'x'",
-        "stage 'per_minute': TypeError: int() argument must be a string, a bytes-like object "
-        "or a real number, not 'NoneType'"]
+        "stage 'per_minute', key 'a': ValueError: invalid literal for int() with base 10: 'x'",
+        "stage 'per_minute', key 'a': TypeError: int() argument must be a string, a "
+        "bytes-like object or a real number, not 'NoneType'"]
     window = Tumbling(MINUTE, event_time_ms=lambda r: r["t"])
     step = fold_windowed(window, lambda: 0, lambda n, _: n + 1, empty_windows(), {"t": "61000"})
     assert step.state == {"open": {str(MINUTE): 1}, "max_ts": None}
