@@ -30,7 +30,7 @@ from onceflow.analytics.frames import read_frames, windowed_stages
 from onceflow.analytics.overview import OverviewResult, overview
 from onceflow.analytics.session import build_session, spark_progress
 from onceflow.analytics.user_job import Job, load_job
-from onceflow.runtime.config import ConfigError, Settings, load_settings
+from onceflow.runtime.config import ConfigError, Settings, load_settings, split_assignment
 from onceflow.stages.pipeline import Pipeline
 
 __all__ = ["cli", "parse_time", "run_analytics", "summary_table"]
@@ -107,7 +107,7 @@ def cli(argv: list[str]) -> int:
     from onceflow.runtime.wiring import load_pipeline
 
     try:
-        overrides = dict(_split(a) for a in args.set)
+        overrides = dict(split_assignment(a) for a in args.set)
         settings = load_settings(args.config, overrides)
         pipeline = load_pipeline(settings)
         job = load_job(args.job) if args.job else None
@@ -159,10 +159,3 @@ def _follow(settings: Settings, pipeline: Pipeline, master: str | None, out: Pat
         except KeyboardInterrupt:
             query.stop()
     return 0
-
-
-def _split(assignment: str) -> tuple[str, str]:
-    key, sep, value = assignment.partition("=")
-    if not sep or not key:
-        raise ValueError(f"--set expects KEY=VALUE, got {assignment!r}")
-    return key.strip(), value

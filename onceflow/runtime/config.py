@@ -102,6 +102,14 @@ _PIPELINE = r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*"
 _PIPELINE_HINT = "'module:attribute' naming a onceflow.stages.Pipeline"
 
 
+def split_assignment(assignment: str) -> tuple[str, str]:
+    """``--set KEY=VALUE`` as (key, value); ValueError naming what was expected."""
+    key, sep, value = assignment.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--set expects KEY=VALUE, got {assignment!r}")
+    return key.strip(), value
+
+
 def load_settings(path: str | Path, overrides: Mapping[str, str] | None = None) -> Settings:
     """Read ``path`` over the packaged reference.conf, check it, return Settings.
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from onceflow.actors.fence import epoch_source, share_epochs
 from onceflow.actors.log_marks import LOGS_STAGE, NO_MARK
-from onceflow.runtime.config import ConfigError, Settings, load_settings
+from onceflow.runtime.config import ConfigError, Settings, load_settings, split_assignment
 from onceflow.stages.lineage import Route
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
@@ -173,7 +173,7 @@ def cli(argv: list[str]) -> int:
     from onceflow.runtime.wiring import load_pipeline
 
     try:
-        overrides = dict(_split(a) for a in args.set)
+        overrides = dict(split_assignment(a) for a in args.set)
         settings = load_settings(args.config, overrides)
         pipeline = load_pipeline(settings)
     except (ConfigError, ValueError) as error:
@@ -188,10 +188,3 @@ def cli(argv: list[str]) -> int:
                       "rows": {f"{store}/{stage}": len(rows)
                                for (store, stage), rows in sorted(done.rows.items())}}))
     return 0
-
-
-def _split(assignment: str) -> tuple[str, str]:
-    key, sep, value = assignment.partition("=")
-    if not sep or not key:
-        raise ValueError(f"--set expects KEY=VALUE, got {assignment!r}")
-    return key.strip(), value

@@ -243,20 +243,26 @@ def test_a_taken_metrics_port_exits_2_within_10s_before_any_actor_or_join(
     assert run.committed() == {0: 0}
 
 
+def _busy_worker(run: Run, seed: int) -> tuple[subprocess.Popen[bytes], int]:
+    """A worker taking 20,000 records one per batch, once assigned: stopped mid-way."""
+    produced = 20_000
+    produce(run.bootstrap, run.topic, generate(produced, seed=seed).messages)
+    worker = run.start(["--set", f"onceflow.shutdown.timeout={SHORT:g}s",
+                        "--set", "onceflow.kafka.max-poll-records=1",
+                        "--set", "onceflow.consumer.max-in-flight-batches=1",
+                        "--set", "onceflow.persistence.interval=100ms",
+                        "--set", "onceflow.commit.interval=200ms"])
+    wait_for_log(worker, run.log, "partitions assigned", timeout=60)
+    return worker, produced
+
+
 def test_sigterm_with_the_store_frozen_exits_in_time_having_committed_only_what_is_stored(
     kafka_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
 ) -> None:
     redis = services.start_redis(tmp_path / "redis")  # private: this test freezes it
     try:
         run = Run(kafka_service, redis, tmp_path, unique_name, partitions=2)
-        produced = 20_000
-        produce(run.bootstrap, run.topic, generate(produced, seed=6).messages)
-        worker = run.start(["--set", f"onceflow.shutdown.timeout={SHORT:g}s",
-                            "--set", "onceflow.kafka.max-poll-records=1",
-                            "--set", "onceflow.consumer.max-in-flight-batches=1",
-                            "--set", "onceflow.persistence.interval=100ms",
-                            "--set", "onceflow.commit.interval=200ms"])
-        wait_for_log(worker, run.log, "partitions assigned", timeout=60)
+        worker, produced = _busy_worker(run, seed=6)
         services.freeze(redis)  # every store call from now on hangs
         try:
             code = run.sigterm_within(worker)
@@ -276,14 +282,7 @@ def test_sigterm_with_the_broker_frozen_mid_processing_exits_in_time(
     kafka = services.start_tansu(tmp_path / "kafka")  # private: this test freezes it
     try:
         run = Run(kafka, redis_service, tmp_path, unique_name, partitions=2)
-        produced = 20_000
-        produce(run.bootstrap, run.topic, generate(produced, seed=7).messages)
-        worker = run.start(["--set", f"onceflow.shutdown.timeout={SHORT:g}s",
-                            "--set", "onceflow.kafka.max-poll-records=1",
-                            "--set", "onceflow.consumer.max-in-flight-batches=1",
-                            "--set", "onceflow.persistence.interval=100ms",
-                            "--set", "onceflow.commit.interval=200ms"])
-        wait_for_log(worker, run.log, "partitions assigned", timeout=60)
+        worker, produced = _busy_worker(run, seed=7)
         services.freeze(kafka)  # fetches, sends, commits and the group leave hang
         try:
             run.sigterm_within(worker)
