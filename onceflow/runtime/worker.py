@@ -450,7 +450,8 @@ class Worker:
         if self._failure is None and running and core is not None and stream is not None:
             try:
                 stream.stop_fetching()
-                log.info("stopped: flushed and committed %s", core.drain())
+                log.info("stopped: flushed and committed %s (only offsets not committed before)",
+                         core.drain())
             except Exception as error:
                 self._escalate("shutdown", error)
         supervisor.stop_children().get()
