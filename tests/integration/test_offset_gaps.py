@@ -51,7 +51,10 @@ FETCH_MAX_WAIT = "20ms"  # a fetch every 20 ms (Tansu always waits this long; 0 
 # P(no hole in SHORTEST) = e^-3 = 5% (then the load goes on) and
 # P(no hole in LONGEST) = e^-7.5 = 0.06%.
 SHORTEST = 30.0  # seconds of load at least, holes or not
-LONGEST = 75.0  # seconds of load at most, waiting for the first hole
+LONGEST = 150.0  # seconds of load at most, waiting for the first hole
+# Once the partition has grown, the worker widens its fetch wait (a fetch that brings
+# nothing, issue 29), and a wider wait meets fewer holes: 75 s of load found none in one
+# CI-like run of ten. The wait for the first hole ends as soon as one is re-fetched.
 # Tansu slows down as the partition grows, and a consumer that fell far behind
 # may never catch up: the producers hold while the worker lags this much.
 HOLD_LAG, RESUME_LAG = 2_000, 200
@@ -167,7 +170,11 @@ def test_tailing_worker_under_cpu_load_refetches_holes_and_counts_every_record(
     stop, hold = tmp_path / "stop", tmp_path / "hold"
     worker = start_worker(bootstrap, redis_url, group, prefix, topic, log,
                           ["--set", f"onceflow.metrics.port={port}",
-                           "--set", f"onceflow.kafka.fetch-max-wait={FETCH_MAX_WAIT}"])
+                           "--set", f"onceflow.kafka.fetch-max-wait={FETCH_MAX_WAIT}",
+                           # /health's group-lag reader (two clients and a fetch from the
+                           # committed offset each interval) is not what this test is about:
+                           # read it once, not every 5 s on the two loaded cores
+                           "--set", "onceflow.metrics.lag-interval=1h"])
     helpers: list[subprocess.Popen[bytes]] = []
     try:
         wait_for_log(worker, log, "partitions assigned", timeout=60)
