@@ -263,7 +263,8 @@ class ConsumerActor(ReportingActor):
         self._starving.add(tp)
         log.warning("%s: the broker answers within the fetch max wait (%d ms) with nothing "
                     "(Tansu does when finding the offset takes longer); waiting up to %d ms "
-                    "from now (README, \"A fetch that brings nothing\")", what, wait, wider)
+                    "from now (docs/guide/operations-and-health.md, \"A fetch that brings "
+                    "nothing\")", what, wait, wider)
 
     def _continuous(self, tp: KafkaPartition, recs: list[Any]) -> list[Any]:
         """The records of ``tp`` before any hole; a hole makes ``tp`` re-fetch from it."""

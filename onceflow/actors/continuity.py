@@ -60,8 +60,9 @@ class PartitionRewound(RuntimeError):
             f"had reached: the topic was deleted and re-created (or truncated). "
             f"Its new records would sit below the watermarks of the old ones and be "
             f"discarded as copies, so the worker stops. Give the new topic a new name, or "
-            f"start over with a new pipeline id and consumer group (README: \"A log that "
-            f"restarts below the group's offset\")")
+            f"start over with a new pipeline id and consumer group "
+            f"(docs/guide/operations-and-health.md: \"A log that restarts below the "
+            f"group's offset\")")
         self.tp, self.committed, self.found = tp, committed, found
 
 

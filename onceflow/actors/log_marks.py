@@ -116,8 +116,8 @@ class LogReplaced(PartitionRewound):
             f"would sit below the watermarks of the old ones and be discarded as copies, so "
             f"the worker stops. Either give the new topic a new name, or, if its events are "
             f"new and must be counted, stop every worker of the pipeline and run "
-            f"`onceflow forget --topic {tp[0]} -c <app.conf>` (README: \"A topic re-created "
-            f"under its name\")")
+            f"`onceflow forget --topic {tp[0]} -c <app.conf>` "
+            f"(docs/guide/operations-and-health.md: \"A topic re-created under its name\")")
         self.tp, self.committed, self.found = tp, mark.offset + 1, -1
         self.mark = mark
 

@@ -303,7 +303,8 @@ class PipelineActor(ReportingActor):
                             "re-send only on its original's partition, and a producer that "
                             "re-sends without a key may land on another (then it is counted "
                             "twice); key the records, by producer or by producer and sequence "
-                            "(README, \"Producer duplicates\")", topic, partition)
+                            "(docs/guide/reading-topics-and-producer-duplicates.md)",
+                            topic, partition)
 
     def _snapshot(self, force: bool) -> Snapshot | None:
         """Encode dirty states now: later folds cannot change what gets written."""

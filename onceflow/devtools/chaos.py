@@ -258,7 +258,7 @@ def spread(messages: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]
     partitions, and a re-send, the same report sent again, lands on its original's (as a
     keyed producer's re-sends do): producer-sequence dedup compares them there. (A re-send
     under another key may land elsewhere, where no partition's table has the original;
-    README, "Producer duplicates".)"""
+    docs/guide/reading-topics-and-producer-duplicates.md.)"""
     keyed = []
     for _, value in messages:
         report = parse_report(value)

@@ -392,7 +392,7 @@ class Worker:
         if unfenced:
             log.warning("writes to %s are not fenced: a worker paused past its session "
                         "timeout could still add rows there, sent again later as duplicates "
-                        "(README, Fencing)", ", ".join(unfenced))
+                        "(docs/guide/security.md, Fencing)", ", ".join(unfenced))
 
     def status(self) -> dict[str, Any]:
         """What /health reports: per-child state, escalation, restart loop, progress, lag."""

@@ -23,7 +23,7 @@ from google.protobuf.message import DecodeError
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.outcome import ConsumedHeader, ConsumedRecord
-from onceflow.stages.record_meta import RecordMeta as RecordMeta  # the README names it here
+from onceflow.stages.record_meta import RecordMeta as RecordMeta  # the docs name it here
 
 #: ``"envelope"``, ``"json"``, ``"bytes"``, ``"str"`` or a deserializer of the value bytes.
 Format = str | Callable[[bytes], Any]

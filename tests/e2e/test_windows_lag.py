@@ -1,7 +1,7 @@
 """Windows depend on the input, not on lag: republishers killed and kept down make no
 event late when the input's disorder is within the allowed lateness.
 
-The limit (README, "Idle partitions"): a root partition whose records stop for
+The limit (docs/guide/windows.md, "Idle partitions"): a root partition whose records stop for
 longer than ``windows.idle-timeout`` of event time is passed over by rule, and
 its events are late when they come. A kill's outage is the down time, the
 session timeout and a rejoin; a kill inside a rebalance chains rejoins (each

@@ -21,7 +21,7 @@ middle of the stream, B writes everything, and the thawed A, which still holds
 batches and prefetched records, must produce none of them (its epochs are checked
 before each batch of exclusive outputs): no record twice in the exclusive and
 late-events topics, and the totals exact. Pauses that land between a check and
-the send are counted from A's log (README, "Fencing": the residual window).
+the send are counted from A's log (docs/guide/security.md, "Fencing": the residual window).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ and a worker far behind on a partition of small batches.
 Tansu reserves a batch's offsets before it writes the batch, so a fetch that
 lands in between returns the later batches without it. Without the
 consumer's continuity check the worker moves past the missing batch and its
-records are never counted (seen by hand with gap-refetches = 0: see README).
+records are never counted (seen by hand with gap-refetches = 0: see
+docs/guide/operations-and-health.md).
 
 The hole is a race, so the test makes it likely and then waits for it: the
 worker fetches often (fetch-max-wait 20 ms) and must stay at the tail (only a

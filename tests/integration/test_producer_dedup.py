@@ -142,7 +142,8 @@ def test_re_sent_records_are_dropped_across_sigkills(
     assert states == truth(messages)
     assert len(tables) == PARTITIONS
     assert sum(table.duplicates for table in tables) == resends  # the durable, exact count
-    # The stats counter is best effort (README): a SIGKILL between a snapshot and its stats
-    # update loses that interval's counts, so it is only checked to be wired, not exact.
+    # The stats counter is best effort (docs/guide/guarantees.md): a SIGKILL between a
+    # snapshot and its stats update loses that interval's counts, so it is only checked to be
+    # wired, not exact.
     assert 0 < stats["source.producer_duplicates"] <= 2 * resends
     assert resends > 300

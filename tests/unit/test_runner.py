@@ -256,7 +256,7 @@ def test_a_replay_discarded_upstream_never_reaches_downstream() -> None:
 
 
 def test_persisting_upstream_first_then_crashing_loses_downstream_events() -> None:
-    """Why states are persisted downstream first (README, "Guarantees" 6), on the pure runner."""
+    """Why states are persisted downstream first (docs/guide/guarantees.md, 6), on the runner."""
     records = [Rec("in", 0, o, envelope({"k": "a", "xs": [1]})) for o in range(5)]
 
     def crash_after_persisting(order: list[int]) -> int:

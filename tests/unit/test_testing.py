@@ -33,12 +33,14 @@ def test_the_module_docstring_example_runs() -> None:
     assert result.attempted >= 10 and result.failed == 0
 
 
-def test_the_readme_example_runs() -> None:
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+def test_the_guide_example_runs() -> None:
+    guide = Path(__file__).parents[2] / "docs" / "guide"
+    pipelines, testing = ((guide / page).read_text() for page in
+                          ("pipelines-and-steps.md", "testing.md"))
     namespace: dict[str, Any] = {}
-    exec(blocks[0], namespace)  # the pipeline of "Writing a pipeline"
-    (example,) = [block for block in blocks if "onceflow.testing" in block]
+    exec(re.findall(r"```python\n(.*?)```", pipelines, re.S)[0], namespace)  # "Writing a pipeline"
+    (example,) = [block for block in re.findall(r"```python\n(.*?)```", testing, re.S)
+                  if "onceflow.testing" in block]
     exec(example, namespace)
     namespace["test_counts_are_exact_under_a_crash"]()
 

@@ -1,4 +1,4 @@
-"""`onceflow analytics` for any pipeline: the README's first (non-windowed) pipeline through
+"""`onceflow analytics` for any pipeline: the guide's first (non-windowed) pipeline through
 the generic report after SIGKILLs, and a user's --job over a windowed and a non-windowed
 stage, every number against the stored states and the produced events' ground truth."""
 
