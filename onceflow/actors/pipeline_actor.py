@@ -37,6 +37,7 @@ from onceflow.actors.messages import (
     unexpected,
 )
 from onceflow.actors.retry import retrying
+from onceflow.actors.stored_rows import checked_sequence_rows, checked_window_rows
 from onceflow.stages.outcome import DEAD_LETTER_MAX_VALUE
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
@@ -124,14 +125,15 @@ class PipelineActor(ReportingActor):
 
     def _load_rows(self, store: str, keys: Iterable[str]) -> Mapping[str, bytes]:
         """Watermark and open-window rows (``stages.window_clock``)."""
-        keys = list(keys)
-        return retrying("load window rows",
-                        lambda: self._stores[store].load(WINDOWS_STAGE, keys))
+        keys, where = list(keys), self._stores[store]
+        return checked_window_rows(where, retrying("load window rows",
+                                                   lambda: where.load(WINDOWS_STAGE, keys)))
 
     def _load_sequences(self, keys: Sequence[str]) -> Mapping[str, bytes]:
         assert self._sequence_store is not None
         store = self._stores[self._sequence_store]
-        return retrying("load producer sequences", lambda: store.load(SEQUENCE_STAGE, keys))
+        return checked_sequence_rows(store, retrying("load producer sequences",
+                                                     lambda: store.load(SEQUENCE_STAGE, keys)))
 
     def _claim_homes(self, spec: Aggregate, feeders: Mapping[str, TopicPartition]
                      ) -> dict[str, TopicPartition]:

@@ -130,7 +130,7 @@ class _Chaos:
         env = {**os.environ, "ONCEFLOW_CHAIN_RAW_TOPIC": self.raw,
                "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": self.normalized,
                "ONCEFLOW_ROBOTS_STORE": o.store}
-        self.late_topic = f"chaos-late-{run_id}"
+        self.late_topic, self.dead_topic = f"chaos-late-{run_id}", f"chaos-dlq-{run_id}"
         normalize = "normalize" if o.units else "normalize_per_value"
         pipelines = {"republisher": f"onceflow.examples.robot_chain:{normalize}",
                      "aggregator": "onceflow.examples.robot_chain:windows"}
@@ -144,7 +144,7 @@ class _Chaos:
                     "onceflow.pipeline": pipelines[role],
                     "onceflow.kafka.bootstrap-servers": bootstrap,
                     "onceflow.kafka.group-id": self.groups[role],
-                    "onceflow.kafka.dead-letter-topic": f"chaos-dlq-{run_id}",
+                    "onceflow.kafka.dead-letter-topic": self.dead_topic,
                     "onceflow.kafka.late-events-topic": self.late_topic,
                     "onceflow.kafka.producer.outbox-store": o.store,  # the one store started
                     **dict(o.settings),
@@ -161,7 +161,7 @@ class _Chaos:
         stream = generate(o.messages, seed=o.seed, disorder=o.disorder,
                           max_delay_ms=o.max_delay_ms, resend=o.resend, start_ms=o.start_ms)
         self.report.events, self.report.resends = stream.events, stream.resends
-        for topic in (self.raw, self.normalized, self.late_topic):
+        for topic in (self.raw, self.normalized, self.late_topic, self.dead_topic):
             await create_topic(self.bootstrap, topic, o.partitions)
         for worker in self.workers.values():
             worker.start()

@@ -115,6 +115,7 @@ def _run(config: str, assignments: list[str]) -> int:
               "only (python -m onceflow.devtools.fault_worker); unset it to run the worker",
               file=sys.stderr)
         return EXIT_CONFIG
+    from onceflow.runtime.preflight import check_side_topics
     from onceflow.runtime.wiring import (
         check_exclusive,
         check_landing,
@@ -133,6 +134,7 @@ def _run(config: str, assignments: list[str]) -> int:
         check_landing(settings, pipeline)
         check_exclusive(settings, pipeline)
         check_store_access(settings, pipeline)
+        check_side_topics(settings, pipeline)  # before any actor: no group join
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
