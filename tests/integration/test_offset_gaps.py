@@ -27,15 +27,18 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaProducer
 from helpers import create_topic, expected_counts, start_worker, stored_states, wait_for_log
+from hole_proxy import HoleProxy
 from prometheus_client.parser import text_string_to_metric_families
 
-from onceflow.devtools.robot_stream import generate
+from onceflow.devtools import services
+from onceflow.devtools.robot_stream import generate, parse_report
 from onceflow.devtools.services import ServiceInfo, free_port
 from onceflow.stores.redis_store import RedisStore
 
@@ -292,3 +295,86 @@ def test_a_worker_far_behind_widens_a_fetch_that_brings_nothing_and_counts_every
             *(stream.truth for stream in streams))
     finally:
         store.close()
+
+
+HOLE_RECORDS = 3_000  # one producer, BATCH-record batches: offset i is message i
+HOLES = (600, 1_500, 2_400)  # a batch at or after each is removed from a fetch response
+HOLE_FETCH_MAX_WAIT_MS = 250  # the worker's consumer; its group-less readers use 100 ms
+
+
+def kept_counts(messages: list[tuple[bytes, bytes]], removed: list[tuple[int, int]]
+                ) -> dict[str, dict[str, int]]:
+    """The per-robot states of ``messages`` without the removed batches' records."""
+    lost = {offset for base, count in removed for offset in range(base, base + count)}
+    counts: dict[str, Counter[str]] = {}
+    for offset, (_, value) in enumerate(messages):
+        if offset not in lost:
+            report = parse_report(value)
+            tally = counts.setdefault(report["serial"], Counter())
+            tally.update("ok" if r["ok"] else "failed" for r in report["results"])
+    return expected_counts(counts)
+
+
+@pytest.mark.parametrize("refetches", [5, 0], ids=["checked", "unchecked"])
+def test_a_hole_in_a_fetch_response_is_refetched_and_every_record_counted(
+    redis_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
+    refetches: int,
+) -> None:
+    """The broker's race, made deterministic: a proxy removes one batch from the middle
+    of a fetch response at each of HOLES. The consumer's continuity check re-fetches each
+    hole and counts every record; unchecked (gap-refetches = 0) it accepts each hole and
+    the removed batches' records are lost, exactly those."""
+    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    proxy_port = free_port()
+    kafka = services.start_tansu(tmp_path / "kafka", advertised_port=proxy_port)
+    proxy = HoleProxy(proxy_port, kafka.port, topic, 0, HOLES,
+                      max_wait_ms=HOLE_FETCH_MAX_WAIT_MS)
+    bootstrap = f"127.0.0.1:{proxy_port}"
+    redis_url = f"redis://{redis_service.address}/0"
+    port = free_port()
+    log = tmp_path / "worker.log"
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        create_topic(bootstrap, topic, 1)
+        stream = generate(HOLE_RECORDS, robots=ROBOTS, seed=7, fleet="h")
+        asyncio.run(fill(bootstrap, topic, [stream.messages]))
+        worker = start_worker(
+            bootstrap, redis_url, group, prefix, topic, log,
+            ["--set", f"onceflow.metrics.port={port}",
+             "--set", f"onceflow.kafka.fetch-max-wait={HOLE_FETCH_MAX_WAIT_MS}ms",
+             "--set", f"onceflow.consumer.gap-refetches={refetches}"])
+        wait_for_log(worker, log, "partitions assigned", timeout=60)
+        expected = HOLE_RECORDS - BATCH * len(HOLES) if refetches == 0 else HOLE_RECORDS
+        processed = wait_processed(port, expected, worker)
+        series = scrape(port)
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=30)
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+        proxy.close()
+        services.stop(kafka)
+    text = log.read_text()
+    refetched = series.get("onceflow_offset_refetches_total", 0.0)
+    accepted = series.get("onceflow_offset_gaps_accepted_total", 0.0)
+    print(f"Fetch v{sorted(proxy.versions)}: removed {proxy.removed}, processed {processed} "
+          f"of {HOLE_RECORDS}, re-fetches {refetched}, holes accepted {accepted}")
+    assert proxy.errors == []
+    assert code == 0, text[-3000:]
+    assert proxy.pending == [] and len(proxy.removed) == len(HOLES)
+    assert all(count == BATCH for _, count in proxy.removed)
+    assert processed == expected, text[-3000:]
+    store = RedisStore(redis_url, prefix, "robots")
+    try:
+        states = stored_states(store, "per_robot")
+    finally:
+        store.close()
+    if refetches:
+        assert refetched >= len(HOLES)
+        assert accepted == 0
+        assert states == expected_counts(stream.truth)
+    else:
+        assert refetched == 0
+        assert accepted == len(HOLES)
+        assert states == kept_counts(stream.messages, proxy.removed)
+        assert states != expected_counts(stream.truth)
