@@ -19,8 +19,9 @@ that found both (8 producers of small batches, a CPU burner, a worker fetching
 every 20 ms at the tail) for a fixed LOAD: every record counted, no hole
 accepted, the worker reaches the total. The broker's own holes it meets
 (re-fetches) are printed, not required: with the widened wait they became rare
-(none in 4 runs of 35 s, 41,720 to 51,470 records, on a 2-core host at load
-average 14), and that many records stay below where the 20 ms wait stalled.
+(one re-fetch in 15 runs of 30-35 s, 26,800 to 67,605 records each, on a 2-core
+host at load average 11-17), and that many records stay below where the 20 ms
+wait stalled, so neither the hole nor the stall is what this test proves.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ from onceflow.stores.redis_store import RedisStore
 PRODUCERS = 8
 BATCH = 5  # records per produce request (linger 0)
 PAUSE = 0.005  # between one producer's requests
-MOST = 20_000  # messages each producer can send at most (more than LOAD allows)
+MOST = 12_000  # messages each producer sends at most (here at most 8,451 in LOAD)
 ROBOTS = 200
 FETCH_MAX_WAIT = "20ms"  # a fetch every 20 ms (Tansu always waits this long; 0 fetches nothing)
-LOAD = 35.0  # seconds of load, from the moment every producer can send
+LOAD = 30.0  # seconds of load, from the moment every producer can send
 # Tansu slows down as the partition grows, and a consumer that fell far behind
 # may never catch up: the producers hold while the worker lags this much.
 HOLD_LAG, RESUME_LAG = 2_000, 200
