@@ -1,0 +1,166 @@
+"""A Kafka proxy that removes chosen record batches from Fetch responses: offset holes
+on demand.
+
+Tansu reserves a batch's offsets before it writes the batch, so a fetch that lands in
+between returns the later batches without it (an "offset hole"). That race is rare and
+depends on load; this proxy makes the same hole where a test says, every run. For one
+partition, and each chosen offset in turn, the first Fetch response holding a complete
+batch at or after that offset with a complete batch after it (so the client sees later
+offsets without the earlier ones) loses that batch, and the batches after the next
+one: one hole per response, ending there (as a size limit could end a response). Every
+other byte is forwarded as is. ``removed`` lists what went: ``(base offset, records)``.
+
+Kafka frames every request and response as an int32 size and a body. A request body
+starts with api_key int16, api_version int16, correlation_id int32, client_id string;
+a response body with the correlation_id: the proxy remembers each Fetch (key 1)
+request's version by correlation id. aiokafka 0.14 speaks Fetch v4 to v11 (none of
+them "flexible"), whose response is: throttle_time_ms int32, [v7+ error_code int16,
+session_id int32], topics [name string, partitions [partition int32, error_code
+int16, high_watermark int64, last_stable_offset int64, (v5+) log_start_offset int64,
+aborted_transactions [producer_id int64, first_offset int64], (v11) preferred_read_
+replica int32, records bytes]]. The records are record batches, each base_offset int64,
+batch_length int32 and batch_length bytes, last_offset_delta int32 at byte 23; the
+last one may be cut short by the fetch's size limit (the client drops it).
+
+``max_wait_ms`` limits the holes to fetches with that max wait: the worker's own
+group-less readers (the lag reader, the log-mark check) fetch with 100 ms and must not
+use up a hole meant for its consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+from collections.abc import Iterable
+from itertools import pairwise
+
+from onceflow.actors.loop import EventLoopThread
+
+FETCH = 1
+VERSIONS = range(4, 12)  # the Fetch versions parsed here: aiokafka 0.14's
+
+
+def _batches(records: bytes) -> list[tuple[int, int, int, int]]:
+    """The complete batches of a records field: (start, end, base offset, records)."""
+    found, at = [], 0
+    while at + 27 <= len(records):
+        base, length = struct.unpack_from(">qi", records, at)
+        end = at + 12 + length
+        if end > len(records):
+            break  # cut short by the fetch's size limit
+        found.append((at, end, base, struct.unpack_from(">i", records, at + 23)[0] + 1))
+        at = end
+    return found
+
+
+class HoleProxy:
+    """Listens on ``port``, forwards to ``target_port``; punches holes in ``topic``'s
+    ``partition`` at ``offsets`` (see the module doc)."""
+
+    def __init__(self, port: int, target_port: int, topic: str, partition: int,
+                 offsets: Iterable[int], max_wait_ms: int | None = None,
+                 host: str = "127.0.0.1"):
+        self._io = EventLoopThread("hole-proxy")
+        self._host, self._target = host, target_port
+        self._topic, self._partition = topic.encode(), partition
+        self._max_wait = max_wait_ms
+        self.pending = sorted(offsets)  # offsets still to punch a hole at
+        self.removed: list[tuple[int, int]] = []  # (base offset, records) of each batch
+        self.versions: set[int] = set()  # Fetch versions seen
+        self.errors: list[str] = []  # responses that could not be parsed (forwarded as is)
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server = self._io.run(asyncio.start_server(self._link, host, port))
+
+    async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(self._host, self._target)
+        except OSError:
+            writer.close()
+            return
+        self._writers |= {writer, up_writer}
+        fetches: dict[int, int] = {}  # correlation id -> Fetch version, on this link
+        await asyncio.gather(self._requests(reader, up_writer, fetches),
+                             self._responses(up_reader, writer, fetches))
+
+    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        fetches: dict[int, int]) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while True:
+                size = await reader.readexactly(4)
+                body = await reader.readexactly(struct.unpack(">i", size)[0])
+                key, version, correlation = struct.unpack_from(">hhi", body)
+                if key == FETCH:
+                    client = struct.unpack_from(">h", body, 8)[0]
+                    max_wait = struct.unpack_from(">i", body, 10 + max(client, 0) + 4)[0]
+                    if self._max_wait is None or max_wait == self._max_wait:
+                        fetches[correlation] = version
+                writer.write(size + body)
+                await writer.drain()
+        writer.close()
+
+    async def _responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                         fetches: dict[int, int]) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while True:
+                size = await reader.readexactly(4)
+                body = await reader.readexactly(struct.unpack(">i", size)[0])
+                version = fetches.pop(struct.unpack_from(">i", body)[0], None)
+                if version is not None and self.pending:
+                    self.versions.add(version)
+                    try:
+                        body = self._punch(body, version)
+                    except (ValueError, struct.error) as error:
+                        self.errors.append(f"Fetch v{version}: {error!r}")
+                writer.write(struct.pack(">i", len(body)) + body)
+                await writer.drain()
+        writer.close()
+
+    def _punch(self, body: bytes, version: int) -> bytes:
+        """``body`` (a Fetch response) without the next chosen batch, if it holds it."""
+        if version not in VERSIONS:
+            raise ValueError(f"Fetch v{version} is not parsed here (only v4-v11)")
+        at = 4 + 4 + (6 if version >= 7 else 0)  # correlation id, throttle, error + session
+        (topics,), at = struct.unpack_from(">i", body, at), at + 4
+        for _ in range(topics):
+            (name_size,) = struct.unpack_from(">h", body, at)
+            name, at = body[at + 2:at + 2 + name_size], at + 2 + name_size
+            (partitions,), at = struct.unpack_from(">i", body, at), at + 4
+            for _ in range(partitions):
+                (partition,) = struct.unpack_from(">i", body, at)
+                at += 4 + 2 + 8 + 8 + (8 if version >= 5 else 0)  # id, error, hw, lso, start
+                (aborted,) = struct.unpack_from(">i", body, at)
+                at += 4 + 16 * max(aborted, 0) + (4 if version >= 11 else 0)
+                (size,) = struct.unpack_from(">i", body, at)
+                records = body[at + 4:at + 4 + max(size, 0)]
+                if (name, partition) == (self._topic, self._partition):
+                    kept = self._cut(records)
+                    if kept is not records:
+                        return (body[:at] + struct.pack(">i", len(kept)) + kept
+                                + body[at + 4 + size:])
+                at += 4 + max(size, 0)
+        return body
+
+    def _cut(self, records: bytes) -> bytes:
+        """``records`` without the first batch at or after the next chosen offset that
+        has a complete batch after it, and without the batches after that one (as a
+        fetch's size limit could end it): a client that moves on past the hole meets the
+        next chosen offset in a later response. ``records`` itself if there is none."""
+        batches = _batches(records)
+        for (start, end, base, count), (_, after, _, _) in pairwise(batches):
+            if base >= self.pending[0]:
+                self.pending.pop(0)
+                self.removed.append((base, count))
+                return records[:start] + records[end:after]
+        return records
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self._server.close()
+            for writer in list(self._writers):
+                writer.transport.abort()
+
+        try:
+            self._io.run(stop())
+        finally:
+            self._io.stop()
