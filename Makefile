@@ -13,8 +13,13 @@ COMPILED := onceflow/stages/_compiled.json
 demo: setup
 	$(BIN)/onceflow demo
 
+# The suite is mostly waiting (workers joining, kill schedules, outages), so
+# TEST_WORKERS processes run it side by side, each with its own services
+# (tests/conftest.py); the Spark tests share one process and one Spark session.
+TEST_WORKERS ?= 4
+
 test: setup lint
-	$(BIN)/pytest -q --durations=25 tests
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
 
 setup: prereqs $(STAMP) $(COMPILED)
 
