@@ -46,12 +46,12 @@ from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import (
     AggregateState,
-    StateTable,
     TopicPartition,
     compact_json,
     decode_state,
     encode_state,
 )
+from onceflow.stages.state_table import StateTable
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stages.window_clock import IDLE_TIMEOUT, MAX_FUTURE
 from onceflow.testing_records import (

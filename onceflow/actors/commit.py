@@ -11,7 +11,6 @@ discarded by the watermarks.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import pykka
 from aiokafka.errors import KafkaError
@@ -19,11 +18,15 @@ from aiokafka.errors import KafkaError
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.ledger import SharedLedger
-from onceflow.actors.messages import Commit, CommitMessage, CommitNow, CommitTick, unexpected
+from onceflow.actors.messages import (
+    Commit,
+    CommitMessage,
+    CommitNow,
+    CommitTick,
+    Mailbox,
+    unexpected,
+)
 from onceflow.stages.state import TopicPartition
-
-if TYPE_CHECKING:
-    from onceflow.actors.consumer import ConsumerActor
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +35,9 @@ class CommitActor(ReportingActor):
     def __init__(self, *, ledger: SharedLedger, on_fatal: FatalHandler):
         super().__init__(on_fatal)
         self._ledger = ledger
-        self._consumer: pykka.ActorRef[ConsumerActor] | None = None
+        self._consumer: Mailbox | None = None  # a ConsumerActor's
 
-    def use_consumer(self, consumer: pykka.ActorRef[ConsumerActor] | None) -> None:
+    def use_consumer(self, consumer: Mailbox | None) -> None:
         """The consumer stream to commit through; each new stream sets itself."""
         self._consumer = consumer
 
@@ -52,7 +55,7 @@ class CommitActor(ReportingActor):
         if not due or self._consumer is None:
             return {}
         try:
-            owned: dict[TopicPartition, int] = self._consumer.ask(Commit(due))  # type: ignore[assignment]
+            owned: dict[TopicPartition, int] = self._consumer.ask(Commit(due))
         except KafkaError as error:  # e.g. a rebalance is under way: retry next tick
             log.warning("commit of %s failed, will retry: %r", due, error)
             return {}

@@ -9,11 +9,10 @@ it. Backpressure: at most ``max_in_flight`` batches are with the pipeline
 actor; beyond that the assigned partitions are paused. Continuity: with a
 ``GapCheck``, a fetch that skips offsets is cut before the hole and the
 partition re-fetched from it; always, a partition that serves records below
-its assigned position stops the worker (see ``continuity``). Starvation: a
-partition whose fetches bring no records while its log holds some past the
-expected offset for ``STARVED_AFTER`` seconds doubles the fetch's max wait,
-up to ``MAX_FETCH_WAIT_MS``; starving at that ceiling fails the stream, which
-the supervisor re-creates (see ``fetch_watch``).
+its assigned position stops the worker (``fetch_continuity``). Starvation: a
+partition whose fetches bring no records while its log holds some widens the
+fetch's max wait, and at its ceiling fails the stream, which the supervisor
+re-creates (``fetch_starvation``).
 """
 
 from __future__ import annotations
@@ -32,9 +31,10 @@ from aiokafka.errors import IllegalStateError, KafkaError
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.connection_check import ConnectionCheck, check_connection
-from onceflow.actors.continuity import Continuity, GapCheck
+from onceflow.actors.continuity import GapCheck
 from onceflow.actors.fence import Fencing
-from onceflow.actors.fetch_watch import FetchWatch, Starved
+from onceflow.actors.fetch_continuity import FetchContinuity
+from onceflow.actors.fetch_starvation import FetchStarvation
 from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.kafka_parts import close_parts, ours
 from onceflow.actors.ledger import SharedLedger
@@ -63,18 +63,6 @@ if TYPE_CHECKING:
     from onceflow.actors.producer import ProducerActor
 
 log = logging.getLogger(__name__)
-
-#: Seconds of fetching a partition without records while its log holds some, before
-#: the fetch's max wait is doubled (or, at the ceiling, the stream re-created).
-STARVED_AFTER = 2.0
-#: The longest max wait starvation widens a fetch to (Tansu needed ~100 ms at the tail
-#: of 150,000 records in 5-record batches); never above half the request timeout.
-MAX_FETCH_WAIT_MS = 5_000
-
-
-class FetchStarved(RuntimeError):
-    """Fetches at the widest max wait still brought no records while the log holds some."""
-
 
 class ConsumerActor(ReportingActor):
     def __init__(
@@ -106,14 +94,9 @@ class ConsumerActor(ReportingActor):
         self._fencing, self._exclusive = fencing, exclusive  # both act on assignment
         self._single_worker = single_worker
         self._settling: set[KafkaPartition] = set()  # assigned, paused until adoption is done
-        self._gap_backoff = gap_check.backoff
-        self._continuity = Continuity(gap_check.refetches, gap_check.rewind_grace)
-        self._fetch_watch = FetchWatch(STARVED_AFTER)
-        self._starving: set[KafkaPartition] = set()  # widened for, no records since
-        self._max_wait_ceiling = min(MAX_FETCH_WAIT_MS,
-                                     int(options.get("request_timeout_ms", 40_000)) // 2)
-        self._ends_checked = 0.0  # when the fetched high watermarks were last compared
-        self._held: dict[KafkaPartition, asyncio.TimerHandle] = {}  # paused before a re-fetch
+        self._gaps = FetchContinuity(gap_check, self._may_resume)
+        self._continuity = self._gaps.continuity
+        self._starvation = FetchStarvation(options, self._continuity)
         self._join = join_watch
         self._stop_timeout = start_timeout if stop_timeout is None else stop_timeout
         self._opening: asyncio.Task[None] | None = None
@@ -172,10 +155,11 @@ class ConsumerActor(ReportingActor):
             if self._in_flight >= self._max_in_flight:
                 consumer.pause(*consumer.assignment())
                 await self._room.wait()
-                self._fetch_watch.idle()  # nothing was fetched while paused
-                consumer.resume(*(consumer.assignment() - set(self._held) - self._settling))
+                self._starvation.idle()  # nothing was fetched while paused
+                consumer.resume(*(consumer.assignment() - self._gaps.held - self._settling))
             batches = await consumer.getmany(
-                timeout_ms=self._poll_timeout_ms, max_records=self._max_records
+                timeout_ms=max(self._poll_timeout_ms, self._starvation.poll_floor_ms),
+                max_records=self._max_records
             )
             records: list[Any] = []
             marks: dict[TopicPartition, LogMark] = {}
@@ -185,12 +169,12 @@ class ConsumerActor(ReportingActor):
                     if high is not None:
                         metrics.LAG.labels(tp.topic, str(tp.partition)).set(
                             high - recs[-1].offset - 1)
-                    delivered = self._continuous(tp, recs)
+                    delivered = self._gaps.deliverable(consumer, tp, recs)
                     if delivered:
                         marks[ours(tp)] = mark_of(delivered[-1])  # one per partition
                         records += delivered
-            self._check_ends(consumer)
-            await self._watch_fetches(consumer, batches)
+            self._gaps.check_ends(consumer)
+            await self._starvation.after_fetch(consumer, batches)
             if records:
                 self._in_flight += 1
                 if self._in_flight >= self._max_in_flight:
@@ -201,111 +185,10 @@ class ConsumerActor(ReportingActor):
                     log.warning("pipeline actor gone (its failure is being handled): fetch stops")
                     return
 
-    def _check_ends(self, consumer: AIOKafkaConsumer) -> None:
-        """Once a second: does a partition's log end below where this worker is?"""
-        now = asyncio.get_running_loop().time()
-        if now - self._ends_checked >= 1.0:
-            self._ends_checked = now
-            for tp in consumer.assignment():
-                if (high := consumer.highwater(tp)) is not None:
-                    self._continuity.ends_at(ours(tp), high, now)
-
-    async def _watch_fetches(self, consumer: AIOKafkaConsumer,
-                             batches: Mapping[KafkaPartition, Sequence[Any]]) -> None:
-        """After a fetch: does a partition starve (records wait, none come)?"""
-        now = asyncio.get_running_loop().time()
-        paused = consumer.paused()
-        for tp in consumer.assignment():
-            fetched = bool(batches.get(tp))
-            expected, high = self._continuity.expected(ours(tp)), consumer.highwater(tp)
-            if (not fetched and tp not in paused and expected is not None
-                    and high is not None and high > expected):
-                # The client's position may be past it: a transaction marker at the end
-                # is skipped without a record.
-                expected = max(expected, await self._position(consumer, tp))
-            if fetched and tp in self._starving:
-                self._starving.discard(tp)
-                log.info("%s[%d]: fetches bring records again (fetch max wait now %d ms)",
-                     tp.topic, tp.partition, self._max_wait_ms(consumer) or -1)
-            starved = self._fetch_watch.observe(ours(tp), now, expected=expected, highwater=high,
-                                                fetched=fetched, paused=tp in paused)
-            if starved is not None:
-                self._starved(consumer, tp, starved)
-
-    @staticmethod
-    async def _position(consumer: AIOKafkaConsumer, tp: KafkaPartition) -> int:
-        """The client's next fetch offset of ``tp`` (-1 if it has none now)."""
-        try:
-            return int(await asyncio.wait_for(consumer.position(tp), 1.0))
-        except (TimeoutError, IllegalStateError, KafkaError):
-            return -1
-
-    @staticmethod
-    def _max_wait_ms(consumer: AIOKafkaConsumer) -> int | None:
-        """The fetcher's max wait (aiokafka keeps it on its private fetcher), if readable."""
-        wait = getattr(getattr(consumer, "_fetcher", None), "_fetch_max_wait_ms", None)
-        return wait if isinstance(wait, int) else None
-
-    def _starved(self, consumer: AIOKafkaConsumer, tp: KafkaPartition,
-                 starved: Starved) -> None:
-        """Widen the fetches' max wait; at the ceiling, fail the stream (re-created)."""
-        metrics.FETCH_STARVED.labels(tp.topic, str(tp.partition)).inc()
-        wait = self._max_wait_ms(consumer)
-        what = (f"{tp.topic}[{tp.partition}]: fetches at offset {starved.expected} brought "
-                f"no records for {starved.seconds:.1f}s while the log ends at "
-                f"{starved.highwater}")
-        if wait is None or wait >= self._max_wait_ceiling:
-            raise FetchStarved(f"{what}, at a fetch max wait of {wait} ms: re-creating the "
-                               f"consumer")
-        wider = min(max(2 * wait, 1), self._max_wait_ceiling)
-        consumer._fetcher._fetch_max_wait_ms = wider
-        self._poll_timeout_ms = max(self._poll_timeout_ms, wider + 100)
-        self._starving.add(tp)
-        log.warning("%s: the broker answers within the fetch max wait (%d ms) with nothing "
-                    "(Tansu does when finding the offset takes longer); waiting up to %d ms "
-                    "from now (docs/guide/operations-and-health.md, \"A fetch that brings "
-                    "nothing\")", what, wait, wider)
-
-    def _continuous(self, tp: KafkaPartition, recs: list[Any]) -> list[Any]:
-        """The records of ``tp`` before any hole; a hole makes ``tp`` re-fetch from it."""
-        assert self._consumer is not None
-        verdict = self._continuity.check(ours(tp), recs)
-        if verdict.deliver == len(recs) and verdict.accepted is None:
-            return recs
-        labels = tp.topic, str(tp.partition)
-        if verdict.accepted is not None:
-            first, last = verdict.accepted
-            log.warning("offsets %d..%d of %s[%d] missing after every re-fetch: moving on "
-                        "(compacted, a transaction marker, or lost by the broker)",
-                        first, last, tp.topic, tp.partition)
-            metrics.GAPS_ACCEPTED.labels(*labels).inc()
-        if verdict.refetch_from is not None:
-            log.info("hole at %s[%d] offset %d: re-fetching",
-                      tp.topic, tp.partition, verdict.refetch_from)
-            try:
-                self._consumer.seek(tp, verdict.refetch_from)  # drops what was prefetched
-            except IllegalStateError:  # no longer ours: the next owner starts at the commit
-                self._continuity.forget([ours(tp)])
-            else:
-                self._hold(tp)
-                metrics.REFETCHES.labels(*labels).inc()
-        return recs[:verdict.deliver]
-
-    def _hold(self, tp: KafkaPartition) -> None:
-        """Pause ``tp`` for the backoff, so the broker has time to write the missing batch."""
-        assert self._consumer is not None
-        self._consumer.pause(tp)
-        if (timer := self._held.pop(tp, None)) is not None:
-            timer.cancel()
-        self._held[tp] = asyncio.get_running_loop().call_later(
-            self._gap_backoff, self._release, tp)
-
-    def _release(self, tp: KafkaPartition) -> None:
-        self._held.pop(tp, None)
+    def _may_resume(self, tp: KafkaPartition) -> bool:
+        """Whether a partition whose re-fetch pause ends may be fetched again."""
         room = self._room is None or self._room.is_set()  # else the fetch loop resumes it
-        if (self._consumer is not None and room and tp in self._consumer.assignment()
-                and tp not in self._settling):
-            self._consumer.resume(tp)
+        return room and tp not in self._settling
 
     def settle(self, assigned: set[KafkaPartition]) -> None:
         """Pause newly assigned partitions until their outbox rows are adopted.
@@ -324,7 +207,7 @@ class ConsumerActor(ReportingActor):
         assert self._consumer is not None
         settled, self._settling = self._settling, set()
         if self._room is None or self._room.is_set():  # else the fetch loop resumes them
-            self._consumer.resume(*(settled & self._consumer.assignment() - set(self._held)))
+            self._consumer.resume(*(settled & self._consumer.assignment() - self._gaps.held))
 
     async def check_logs(self, assigned: set[KafkaPartition]) -> bool:
         """Whether every assigned partition still holds the record its states were folded
@@ -343,11 +226,6 @@ class ConsumerActor(ReportingActor):
     def check_single_worker(self, assigned: set[KafkaPartition]) -> None:
         if self._single_worker and self._consumer is not None:
             warn_partial_assignment(self._consumer, self._topics, assigned)
-
-    def _release_all(self) -> None:
-        for timer in self._held.values():
-            timer.cancel()
-        self._held.clear()
 
     async def learn_positions(self, assigned: set[KafkaPartition]) -> dict[TopicPartition, int]:
         """Where each assigned partition resumes (-1 if unknown).
@@ -434,7 +312,7 @@ class ConsumerActor(ReportingActor):
         return {ours(tp): o for tp, o in owned.items()}
 
     async def _stop_fetching(self) -> None:
-        self._release_all()
+        self._gaps.release_all()
         for task in (self._opening, self._join_enforcer, self._checker):
             if task is not None:
                 task.cancel()
@@ -468,11 +346,10 @@ class ConsumerActor(ReportingActor):
 
     async def on_revoked(self, revoked: set[KafkaPartition]) -> None:
         """Flush and commit before another member takes the partitions."""
-        self._release_all()  # a new assignment starts unpaused
+        self._gaps.release_all()  # a new assignment starts unpaused
         lost = frozenset(ours(tp) for tp in revoked)
         self._continuity.forget(lost)
-        self._fetch_watch.forget(lost)
-        self._starving -= revoked
+        self._starvation.forget(revoked)
         if not lost:
             return
         loop = asyncio.get_running_loop()

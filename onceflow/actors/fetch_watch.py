@@ -15,8 +15,8 @@ reported with it, whether records came and whether the partition was paused.
 A partition starves while records wait (log end above the expected offset)
 and none come; :meth:`observe` answers a :class:`Starved` once it has starved
 for ``after`` seconds of unpaused fetching (then counts again from zero).
-The consumer acts on it (``ConsumerActor``: a longer max wait, at the ceiling
-a re-created stream).
+The consumer acts on it (``fetch_starvation``: a longer max wait, at the
+ceiling a re-created stream).
 """
 
 from __future__ import annotations

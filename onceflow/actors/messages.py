@@ -11,17 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Never, NoReturn
-
-import pykka
+from typing import Any, Never, NoReturn, Protocol
 
 from onceflow.actors.ledger import Checkpoint
 from onceflow.actors.log_marks import LogMark
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 
-if TYPE_CHECKING:  # the actors import these messages
-    from onceflow.actors.consumer import ConsumerActor
+
+class Mailbox(Protocol):
+    """An actor as those who only message it see it (a ``pykka.ActorRef`` of any kind):
+    a message or an actor naming the one it answers to need not import that actor,
+    which imports them (the consumer imports these messages and the commit actor)."""
+
+    def tell(self, message: Any) -> None: ...
+    def ask(self, message: Any, *, timeout: float | None = None) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class Batch:
     """Records from one getmany, in partition order."""
 
     records: Sequence[Any]  # aiokafka ConsumerRecords
-    done_to: pykka.ActorRef[ConsumerActor] | None = None  # told BatchDone when processed
+    done_to: Mailbox | None = None  # the consumer, told BatchDone when processed
     #: Per partition, the batch's last record (``onceflow.actors.log_marks``).
     marks: Mapping[TopicPartition, LogMark] = field(default_factory=dict)
 

@@ -25,6 +25,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from onceflow.analytics.readers import (
+    CassandraSource,
+    RedisSource,
+    cassandra_windows,
+    landing_states,
+    landing_windows,
+    redis_windows,
+    window_schema,
+)
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.stages.pipeline import Pipeline
 
@@ -59,8 +68,6 @@ def store_windows(spark: Any, settings: Settings, pipeline: Pipeline, stages: Se
                   plain: Sequence[str] = ()) -> Any:
     """Raw rows of ``stages`` (windowed) and ``plain`` (not) from the stores their
     aggregates name, read in executors: (stage, key, window_start, closed, value)."""
-    from onceflow.analytics import readers
-
     by_store: dict[str, tuple[list[str], list[str]]] = {}
     for spec in pipeline.aggregates:
         if spec.id in stages or spec.id in plain:
@@ -71,17 +78,17 @@ def store_windows(spark: Any, settings: Settings, pipeline: Pipeline, stages: Se
     for store, (windowed, flat) in by_store.items():
         if store == "redis":
             r = settings.stores.redis
-            source = readers.RedisSource(r.url, r.key_prefix, pipeline.id, r.access)
-            frames.append(readers.redis_windows(spark, source, windowed, a.redis_shards, flat))
+            source = RedisSource(r.url, r.key_prefix, pipeline.id, r.access)
+            frames.append(redis_windows(spark, source, windowed, a.redis_shards, flat))
         else:
             c = settings.stores.cassandra
-            cassandra = readers.CassandraSource(
+            cassandra = CassandraSource(
                 c.contact_points, c.port, c.keyspace, pipeline.id, c.protocol_version,
                 c.local_datacenter, c.consistency, max(30.0, c.request_timeout), c.access)
-            frames.append(readers.cassandra_windows(spark, cassandra, windowed,
+            frames.append(cassandra_windows(spark, cassandra, windowed,
                                                     a.cassandra_splits, flat))
     if not frames:
-        return spark.createDataFrame([], readers.window_schema())
+        return spark.createDataFrame([], window_schema())
     frame = frames[0]
     for other in frames[1:]:
         frame = frame.unionByName(other)
@@ -92,8 +99,6 @@ def raw_states(spark: Any, settings: Settings, pipeline: Pipeline, stages: Seque
                source: str = "store") -> Any:
     """The raw rows of ``stages`` from the stores or the landing zone (closed windows, and
     the latest state of each key of a non-windowed stage)."""
-    from onceflow.analytics import readers
-
     sizes = stage_windows(pipeline)
     unknown = [s for s in stages if s not in sizes]
     if unknown:
@@ -113,8 +118,8 @@ def raw_states(spark: Any, settings: Settings, pipeline: Pipeline, stages: Seque
         raise ConfigError(settings.source, "onceflow.landing.dir",
                           f"no landing files of stage {missing[0]!r} in {root}: the landing zone "
                           "holds what workers wrote with it on; read it with --source store")
-    frames = ([readers.landing_windows(spark, root, windowed)] if windowed else []) + (
-        [readers.landing_states(spark, root, plain)] if plain else [])
+    frames = ([landing_windows(spark, root, windowed)] if windowed else []) + (
+        [landing_states(spark, root, plain)] if plain else [])
     return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
 
 

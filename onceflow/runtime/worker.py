@@ -2,11 +2,11 @@
 
 Two children, in dependency order (docs/architecture.md, "Supervision"):
 
-- ``core`` (``PipelineCore``): producer, persistence, commit and pipeline
-  actors, the stores, the event loop and the checkpoint ledger: everything
-  that holds in-memory states and what is durable of them;
-- ``consumer`` (``ConsumerStream``): the Kafka consumer, which depends on
-  the core. A broker outage, a silent connection or a stuck join fails only
+- ``core`` (``pipeline_core.PipelineCore``): producer, persistence, commit
+  and pipeline actors, the stores, the event loop and the checkpoint ledger:
+  everything that holds in-memory states and what is durable of them;
+- ``consumer`` (``consumer_stream.ConsumerStream``): the Kafka consumer,
+  which depends on the core. A broker outage, a silent connection or a stuck join fails only
   this child: it is re-created and the cached states stay (the ledger says
   which partitions, if any, came back from elsewhere and must reload).
 
@@ -36,32 +36,7 @@ import pykka
 
 from onceflow.actors import metrics, tolerant_records
 from onceflow.actors.base import FatalHandler
-from onceflow.actors.commit import CommitActor
-from onceflow.actors.consumer import ConsumerActor
-from onceflow.actors.continuity import GapCheck, PartitionRewound
-from onceflow.actors.delivery import OutboxTally
-from onceflow.actors.fence import Fencing, OutputFence, epoch_source, share_epochs
-from onceflow.actors.join_watch import JoinWatch
-from onceflow.actors.ledger import SharedLedger
-from onceflow.actors.log_marks import LogCheck
-from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import (
-    CommitNow,
-    CommitTick,
-    Flush,
-    LogStats,
-    PersistTick,
-    StopFetching,
-)
-from onceflow.actors.output_tail import (
-    ExclusiveResume,
-    TailReader,
-    resumed_outputs,
-    tail_options,
-)
-from onceflow.actors.persistence import PersistenceActor
-from onceflow.actors.pipeline_actor import PipelineActor
-from onceflow.actors.producer import ProducerActor
+from onceflow.actors.continuity import PartitionRewound
 from onceflow.actors.supervisor import (
     ChildSpec,
     ChildState,
@@ -69,24 +44,13 @@ from onceflow.actors.supervisor import (
     RestartSettings,
     Supervisor,
 )
-from onceflow.actors.ticker import Ticker
 from onceflow.runtime.config import ConfigError, Settings
+from onceflow.runtime.consumer_stream import ConsumerStream
 from onceflow.runtime.health import HealthServer, health_report
 from onceflow.runtime.lag import LagWatch
-from onceflow.runtime.topics import ensure_repartition_topics
-from onceflow.runtime.wiring import (
-    access_error,
-    connection_check,
-    consumer_options,
-    delivery_settings,
-    open_store,
-    open_stores,
-    outbox_store,
-    producer_options,
-    unfenced_stores,
-)
+from onceflow.runtime.pipeline_core import PipelineCore
+from onceflow.runtime.wiring import access_error, consumer_options, unfenced_stores
 from onceflow.stages.pipeline import Pipeline
-from onceflow.stages.state import TopicPartition
 from onceflow.stores.access import access_denied
 from onceflow.stores.base import UndecodableState
 
@@ -116,205 +80,6 @@ def tune_gc() -> None:
     """
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-
-
-class PipelineCore:
-    """The ``core`` child: one incarnation of the actors that hold the states.
-
-    A restart stops it (committing only what is already durable) and starts
-    a new one: states reload from the store and a new consumer stream
-    resumes from the committed offsets, so nothing processed but not
-    durable survives into the new incarnation, and nothing is lost either.
-    """
-
-    def __init__(self, settings: Settings, pipeline: Pipeline, on_fatal: FatalHandler):
-        s = self.settings = settings
-        self.pipeline = pipeline
-        self.io = EventLoopThread()
-        self.start_timeout = s.kafka.request_timeout + 10
-        try:
-            self.io.run(ensure_repartition_topics(
-                s.kafka.bootstrap_servers, pipeline, s.kafka.repartition_replication_factor,
-                s.kafka.security),
-                timeout=self.start_timeout)
-        except BaseException:
-            self.io.stop()
-            raise
-        self.ledger = SharedLedger()
-        self._stores = [open_stores(s, pipeline), open_stores(s, pipeline)]
-        stage_stores, write_stores = self._stores
-        self.stage_stores = stage_stores  # read on assignment too (log marks)
-        # Stats go to the first store the pipeline uses; a stateless republisher has none.
-        stats_store = next(iter(write_stores.values()), None)
-        # Fencing: ONE store keeps the epochs; guards carry them to every store.
-        source = epoch_source(stage_stores.values())
-        others = share_epochs(source, stage_stores.values())
-        self.fencing = None if source is None else Fencing(source, others=others)
-        fence = None if self.fencing is None else self.fencing.fence
-        outbox_kind = outbox_store(s, pipeline)
-        self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
-        share_epochs(source, (*write_stores.values(), self._outbox))
-        exclusive = frozenset(out.topic for out in resumed_outputs(
-            pipeline, s.kafka.dead_letter_topic, s.kafka.late_events_topic))
-        # The check before exclusive outputs (one read per batch), with persistence's clients.
-        checker = epoch_source(write_stores.values())
-        output_fence = None if checker is None or fence is None else \
-            OutputFence(checker, fence, exclusive)
-        self.producer = ProducerActor.start(
-            options=producer_options(s), delivery=delivery_settings(s),
-            max_block=s.kafka.producer.max_block, outbox=self._outbox,
-            tally=OutboxTally(self._count_outboxed),
-            outbox_guard=fence.held if fence is not None and self._outbox is not None
-            and type(self._outbox) is type(source) else None,
-            output_fence=output_fence,
-            io=self.io, start_timeout=self.start_timeout,
-            on_fatal=on_fatal,
-        )
-        self.commit = CommitActor.start(ledger=self.ledger, on_fatal=on_fatal)
-        landing = None
-        if s.landing.dir is not None and write_stores:  # Parquet handoff of closed windows
-            from onceflow.analytics.landing import LandingZone
-
-            landing = LandingZone(s.landing.dir, pipeline.id,
-                                  [a.id for a in pipeline.aggregates if a.window is None])
-        self._persistence = PersistenceActor.start(
-            stores=write_stores,
-            producer=self.producer,
-            ledger=self.ledger,
-            stats_store=stats_store,
-            on_fatal=on_fatal,
-            landing=landing,
-            fence=fence,
-        )
-        self.pipeline_actor = PipelineActor.start(
-            pipeline=pipeline,
-            stores=stage_stores,
-            dead_letter_topic=s.kafka.dead_letter_topic,
-            late_events_topic=s.kafka.late_events_topic,
-            producer=self.producer,
-            persistence=self._persistence,
-            ledger=self.ledger,
-            on_fatal=on_fatal,
-            single_worker=s.single_worker,
-            max_states=s.state.max_cached_states,
-            idle_timeout=s.windows.idle_timeout,
-            max_future=s.windows.max_future,
-            dead_letter_max_value=s.kafka.dead_letter_max_value,
-            max_state_bytes=s.state.max_state_bytes,
-        )
-        # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
-        self._actors: list[pykka.ActorRef[Any]] = [  # several kinds of actor
-            self.pipeline_actor, self._persistence, self.commit, self.producer]
-        self._tickers = [
-            Ticker(self.pipeline_actor, PersistTick(), s.persistence.interval).start(),
-            Ticker(self.commit, CommitTick(), s.commit.interval).start(),
-            Ticker(self.pipeline_actor, LogStats(), s.metrics.stats_interval).start(),
-        ]
-        self._stopped = False
-
-    def _count_outboxed(self, delta: int) -> None:
-        with self.ledger() as ledger:
-            ledger.outboxed(delta)
-
-    def drain(self) -> dict[TopicPartition, int]:
-        """Graceful, once the stream stopped fetching: persist everything processed, commit it."""
-        timeout = self.settings.shutdown.timeout
-        self.pipeline_actor.ask(Flush(), timeout=timeout)
-        committed: dict[TopicPartition, int] = self.commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
-        return committed
-
-    def stop(self) -> None:
-        """Stop every actor; commit only what is already durable (never more)."""
-        if self._stopped:
-            return
-        self._stopped = True
-        for ticker in self._tickers:
-            ticker.stop()
-        timeout = self.settings.shutdown.timeout
-        try:
-            self.commit.ask(CommitNow(), timeout=timeout)
-        except Exception as error:  # nothing more is committed then; a replay covers it
-            log.warning("final commit of durable offsets failed: %r", error)
-        for ref in self._actors:
-            try:
-                ref.stop(timeout=timeout)
-            except Exception as error:  # a failed actor is already stopped
-                log.debug("stopping %s: %r", ref, error)
-        self.io.stop()
-        for stores in self._stores:
-            for store in stores.values():
-                store.close()
-        if self._outbox is not None:
-            self._outbox.close()
-
-
-class ConsumerStream:
-    """The ``consumer`` child: one Kafka consumer feeding the current core.
-
-    Re-created alone after an outage (seed 004's stream shutdown -> re-create):
-    it rejoins the group and, on its assignment, the ledger compares where the
-    group resumes each partition with what this worker last committed.
-    """
-
-    def __init__(self, core: PipelineCore, on_fatal: FatalHandler):
-        s = core.settings
-        self.join = JoinWatch(s.kafka.join_timeout)
-        self._commit = core.commit
-        self._timeout = s.shutdown.timeout
-        self.actor = ConsumerActor.start(
-            options=consumer_options(s),
-            topics=core.pipeline.consumed_topics,
-            max_in_flight=s.consumer.max_in_flight_batches,
-            max_records=s.kafka.max_poll_records,
-            poll_timeout=s.kafka.fetch_max_wait + 0.1,
-            start_timeout=core.start_timeout,
-            io=core.io,
-            pipeline=core.pipeline_actor,
-            commit=core.commit,
-            producer=core.producer,
-            ledger=core.ledger,
-            on_fatal=on_fatal,
-            connection_check=connection_check(s),
-            gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff,
-                               s.consumer.rewind_grace),
-            join_watch=self.join,
-            single_worker=s.single_worker,
-            stop_timeout=s.shutdown.timeout / 2,  # leaving the group: half the budget
-            exclusive=exclusive_resume(core, on_fatal),
-            fencing=core.fencing,
-            log_check=log_check(core),
-        )
-        core.commit.proxy().use_consumer(self.actor).get()
-
-    def stop_fetching(self) -> None:
-        self.actor.ask(StopFetching(), timeout=self._timeout)
-
-    def stop(self) -> None:
-        try:
-            self._commit.proxy().use_consumer(None).get(timeout=self._timeout)
-        except Exception as error:  # the core is gone too
-            log.debug("detaching the commit actor: %r", error)
-        try:
-            self.actor.stop(timeout=self._timeout)
-        except Exception as error:  # a failed actor is already stopped
-            log.debug("stopping the consumer: %r", error)
-
-
-def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveResume:
-    """The tail reads on assignment: exclusive republish steps, dead letters, late events."""
-    kafka = core.settings.kafka
-    outputs = resumed_outputs(core.pipeline, kafka.dead_letter_topic, kafka.late_events_topic)
-    reader = TailReader(tail_options(consumer_options(core.settings)), core.start_timeout)
-    return ExclusiveResume(outputs, reader, core.pipeline_actor, core.producer, on_fatal)
-
-
-def log_check(core: PipelineCore) -> LogCheck | None:
-    """The check on assignment that each input log is the one the states were folded
-    from (``onceflow.actors.log_marks``); None for a pipeline without a store."""
-    store = next(iter(core.stage_stores.values()), None)
-    if store is None:
-        return None
-    return LogCheck(store, tail_options(consumer_options(core.settings)), core.start_timeout)
 
 
 class Worker:

@@ -24,7 +24,7 @@ from onceflow.stages.outcome import (
 from onceflow.stages.pipeline import Aggregate
 from onceflow.stages.plan import Emit, Fold, Plan, is_stopped
 from onceflow.stages.side_outputs import SideOutputs
-from onceflow.stages.state import StateTable
+from onceflow.stages.state_table import StateTable
 from onceflow.stages.watermark import FutureEventTime, future_limit
 from onceflow.stages.window_clock import WindowClock
 from onceflow.stages.windows import fold_windowed

@@ -17,7 +17,8 @@ from typing import Any, Final, cast
 from onceflow.stages.formats import FormatError
 from onceflow.stages.lineage import Position, RootPartition
 from onceflow.stages.outcome import ConsumedHeader, StageFailure
-from onceflow.stages.state import StateTable, TopicPartition, compact_json
+from onceflow.stages.state import TopicPartition, compact_json
+from onceflow.stages.state_table import StateTable
 
 #: Most hops a source chain may have (onceflow's own chains grow by one per republish hop).
 MAX_HOPS = 100

@@ -9,7 +9,7 @@ from typing import Any
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.lineage import Position, RootPartition, Route
 from onceflow.stages.outcome import ConsumedRecord, Output
-from onceflow.stages.state import StateTable
+from onceflow.stages.state_table import StateTable
 
 #: A record parsed, deduplicated and decoded: its envelope (if any), root, route, and its
 #: first values with their positions (parallel lists).

@@ -38,7 +38,8 @@ from onceflow.stages.republish import WrittenOutputs, defaults, republished
 from onceflow.stages.segments import AGGREGATE, REPUBLISH, segments, through
 from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.single_fold import FoldSegment
-from onceflow.stages.state import MAX_STATE_BYTES, AggregateState, StateTable, TopicPartition
+from onceflow.stages.state import MAX_STATE_BYTES, AggregateState, TopicPartition
+from onceflow.stages.state_table import StateTable
 from onceflow.stages.watermark import RowLoader
 from onceflow.stages.window_clock import IDLE_TIMEOUT, MAX_FUTURE, StateLoader, WindowClock
 from onceflow.stages.window_fold import WindowSegment

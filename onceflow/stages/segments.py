@@ -24,7 +24,7 @@ from onceflow.stages.pipeline import (
     Republish,
     Step,
 )
-from onceflow.stages.state import StateTable
+from onceflow.stages.state_table import StateTable
 
 MAP, FILTER, FLAT_MAP, AGGREGATE, REPUBLISH = range(5)
 KINDS = {Map: MAP, Filter: FILTER, FlatMap: FLAT_MAP, Aggregate: AGGREGATE, Republish: REPUBLISH}

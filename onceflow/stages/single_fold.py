@@ -22,7 +22,8 @@ from onceflow.stages.lineage import Position, Route
 from onceflow.stages.outcome import BatchOutcome, ConsumedRecord, KeyHomedElsewhere, StageFailure
 from onceflow.stages.plan import Fold, Head, Plan
 from onceflow.stages.segments import AGGREGATE, REPUBLISH, Segment, through
-from onceflow.stages.state import StateTable, TopicPartition
+from onceflow.stages.state import TopicPartition
+from onceflow.stages.state_table import StateTable
 
 
 class FoldSegment:

@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from onceflow.stages.lineage import RootPartition
-from onceflow.stages.state import AggregateState, StateTable, TopicPartition
+from onceflow.stages.state import AggregateState, TopicPartition
+from onceflow.stages.state_table import StateTable
 from onceflow.stages.watermark import (
     WINDOWS_STAGE,
     OpenWindows,

@@ -37,7 +37,8 @@ from onceflow.stages.outcome import (
 from onceflow.stages.plan import Fold, Head, Plan
 from onceflow.stages.segments import AGGREGATE, REPUBLISH, Segment, through
 from onceflow.stages.side_outputs import SideOutputs
-from onceflow.stages.state import StateTable, TopicPartition
+from onceflow.stages.state import TopicPartition
+from onceflow.stages.state_table import StateTable
 from onceflow.stages.watermark import FutureEventTime, PartitionWatermark, future_limit
 from onceflow.stages.window_clock import WindowClock
 from onceflow.stages.windows import closed_to_of

@@ -55,6 +55,19 @@ async def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
         await consumer.stop()
 
 
+def _stopped_with_1(worker: subprocess.Popen[bytes], log: Path, timeout: float) -> str:
+    """Wait up to ``timeout`` s for ``worker`` to stop on its own (killed if it has not),
+    check it exited 1 (the refusal's code), and answer its log."""
+    try:
+        code = worker.wait(timeout)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    text = log.read_text(errors="replace")
+    assert code == 1, text[-3000:]
+    return text
+
+
 def test_a_log_ending_below_the_committed_offset_stops_the_worker(
     kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
     unique_name: Callable[..., str],
@@ -69,13 +82,7 @@ def test_a_log_ending_below_the_committed_offset_stops_the_worker(
     started = time.monotonic()
     worker = start_worker(bootstrap, redis_url, group, prefix, topic, log,
                           ["--set", "onceflow.consumer.rewind-grace=2s"])
-    try:
-        code = worker.wait(90)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-    text = log.read_text(errors="replace")
-    assert code == 1, text[-3000:]
+    text = _stopped_with_1(worker, log, 90)
     assert f"{topic}[0] ends at offset {ends[0]}, below offset 400" in text, text[-3000:]
     assert time.monotonic() - started > 2  # not before the grace
     # Nothing was folded, nothing committed: the group still holds its offset.
@@ -201,14 +208,7 @@ def test_a_topic_recreated_under_its_name_is_refused_until_forgotten_then_counte
         assert all(new_ends[p] < old_ends[p] - 1 for p in old_ends)
 
     log = tmp_path / "refused.log"
-    worker = run.start(log)
-    try:
-        code = worker.wait(60)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
-    text = log.read_text(errors="replace")
-    assert code == 1, text[-3000:]
+    text = _stopped_with_1(run.start(log), log, 60)
     found = REFUSED.search(text)
     assert found is not None, text[-3000:]
     assert found[1] == topic

@@ -9,12 +9,11 @@ mark and its comparison, the ledger carrying marks into checkpoints, and
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pykka
 import pytest
+from persistence_doubles import DictStore, SettledProducer
 
 from onceflow.actors.continuity import PartitionRewound
 from onceflow.actors.fence import EpochFence
@@ -28,15 +27,14 @@ from onceflow.actors.log_marks import (
     judge,
     mark_of,
 )
-from onceflow.actors.messages import Barrier, Snapshot, StageRows
+from onceflow.actors.messages import Snapshot, StageRows
 from onceflow.actors.persistence import PersistenceActor
 from onceflow.runtime.forget import forget_topic
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
 from onceflow.stages.watermark import WINDOWS_STAGE
-from onceflow.stores.base import OutboxKey, StateStore
-from onceflow.stores.fencing import Guard, Taken
+from onceflow.stores.fencing import Fenced
 
 A: TopicPartition = ("orders", 0)
 
@@ -94,60 +92,6 @@ def test_the_ledger_hands_each_partitions_last_processed_record_to_the_next_chec
         ledger.forget([A])  # processed, not written: forgetting would lose it
 
 
-class DictStore(StateStore):
-    """Rows in a dict; epochs taken from a counter, guards checked like Redis's script."""
-
-    fenced = atomic_fence = True
-
-    def __init__(self) -> None:
-        self.rows: dict[tuple[str, str], bytes] = {}
-        self.epochs: dict[TopicPartition, int] = {}
-        self.counter = 0
-        self.guards: list[Guard | None] = []
-        self.saved: list[str] = []
-
-    def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
-        return {k: self.rows[(stage_id, k)] for k in keys if (stage_id, k) in self.rows}
-
-    def save(self, stage_id: str, rows: Mapping[str, bytes], *, guard: Guard | None = None
-             ) -> None:
-        assert guard is None or all(self.epochs.get(tp) == e for tp, e in guard.items())
-        self.guards.append(guard)
-        self.saved.append(stage_id)
-        self.rows.update({(stage_id, k): v for k, v in rows.items()})
-
-    def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
-        return iter([(k, v) for (s, k), v in list(self.rows.items()) if s == stage_id])
-
-    def take_epochs(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
-        self.counter += 1
-        previous = {tp: self.epochs.get(tp) for tp in partitions}
-        self.epochs.update(dict.fromkeys(partitions, self.counter))
-        return Taken(self.counter, previous)
-
-    def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:
-        raise NotImplementedError
-
-    def outbox_append(self, rows: Mapping[OutboxKey, bytes], *, guard: Guard | None = None
-                      ) -> None:
-        raise NotImplementedError
-
-    def outbox_remove(self, keys: Sequence[OutboxKey]) -> None:
-        raise NotImplementedError
-
-    def outbox_load(self) -> dict[str, list[tuple[int, bytes]]]:
-        raise NotImplementedError
-
-    def add_stats(self, counters: Mapping[str, int]) -> None:
-        pass
-
-    def read_stats(self) -> dict[str, int]:
-        return {}
-
-    def close(self) -> None:
-        pass
-
-
 def _pipeline() -> Pipeline:
     from onceflow.examples.robots import report_dedup
 
@@ -197,14 +141,6 @@ def test_forget_drops_the_topics_watermarks_tables_and_marks_and_nothing_else() 
     assert forget_topic({"mem": store}, _pipeline(), "orders").rows == {}  # done is done
 
 
-class SettledProducer(pykka.ThreadingActor):
-    """Answers every barrier: nothing was ever sent."""
-
-    def on_receive(self, message: Any) -> int:
-        assert isinstance(message, Barrier)
-        return 0
-
-
 @pytest.mark.parametrize("held", [True, False], ids=["held", "taken-over"])
 def test_a_snapshot_writes_its_marks_after_its_states_under_the_same_guard(held: bool
                                                                            ) -> None:
@@ -227,7 +163,7 @@ def test_a_snapshot_writes_its_marks_after_its_states_under_the_same_guard(held:
         if held:
             ref.ask(snapshot, timeout=5)
         else:
-            with pytest.raises(AssertionError):  # DictStore's refusal
+            with pytest.raises(Fenced):  # DictStore's refusal, as Redis's script's
                 ref.ask(snapshot, timeout=5)
     finally:
         ref.stop()

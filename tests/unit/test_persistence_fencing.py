@@ -1,88 +1,29 @@
 """PersistenceActor under fencing: a refused snapshot writes nothing and is never durable.
 
-The store here is a dict that checks guards as Redis's script does (every
-epoch equal, or nothing written); the real script is tested against Redis in
+The store here is a dict that checks guards as Redis's script does
+(``persistence_doubles.DictStore``); the real script is tested against Redis in
 ``tests/integration/test_fencing_redis.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pykka
 import pytest
+from persistence_doubles import DictStore, SettledProducer
 
 from onceflow.actors import metrics
 from onceflow.actors.fence import EpochFence
 from onceflow.actors.ledger import SharedLedger
-from onceflow.actors.messages import Barrier, Snapshot, StageRows
+from onceflow.actors.messages import Snapshot, StageRows
 from onceflow.actors.persistence import PersistenceActor
 from onceflow.stages.state import TopicPartition
-from onceflow.stores.base import OutboxKey, StateStore
-from onceflow.stores.fencing import Fenced, Guard, Taken, first_mismatch
+from onceflow.stores.fencing import Fenced, Taken
 
 A: TopicPartition = ("t", 0)
 B: TopicPartition = ("t", 1)
-
-
-class MemoryFencedStore(StateStore):
-    fenced = True
-
-    def __init__(self) -> None:
-        self.epochs: dict[TopicPartition, int] = {}
-        self.rows: dict[tuple[str, str], bytes] = {}
-        self.stats: dict[str, int] = {}
-
-    def _check(self, guard: Guard | None) -> None:
-        refused = first_mismatch(guard or {}, self.epochs)
-        if refused is not None:
-            raise refused
-
-    def save(self, stage_id: str, rows: Mapping[str, bytes], *, guard: Guard | None = None
-             ) -> None:
-        self._check(guard)
-        self.rows.update({(stage_id, key): value for key, value in rows.items()})
-
-    def check_epochs(self, guard: Guard) -> None:
-        self._check(guard)
-
-    def add_stats(self, counters: Mapping[str, int]) -> None:
-        for name, n in counters.items():
-            self.stats[name] = self.stats.get(name, 0) + n
-
-    def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
-        raise NotImplementedError
-
-    def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
-        raise NotImplementedError
-
-    def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:
-        raise NotImplementedError
-
-    def outbox_append(self, rows: Mapping[OutboxKey, bytes], *, guard: Guard | None = None
-                      ) -> None:
-        raise NotImplementedError
-
-    def outbox_remove(self, keys: Sequence[OutboxKey]) -> None:
-        raise NotImplementedError
-
-    def outbox_load(self) -> dict[str, list[tuple[int, bytes]]]:
-        raise NotImplementedError
-
-    def read_stats(self) -> dict[str, int]:
-        return dict(self.stats)
-
-    def close(self) -> None:
-        pass
-
-
-class SettledProducer(pykka.ThreadingActor):
-    """Answers every barrier: nothing was ever sent."""
-
-    def on_receive(self, message: Any) -> int:
-        assert isinstance(message, Barrier)
-        return 0
 
 
 @pytest.fixture
@@ -101,7 +42,7 @@ def snapshot_of(ledger: SharedLedger, rows: dict[str, bytes]) -> Snapshot:
     return Snapshot([StageRows("per_key", "mem", rows, {})] if rows else [], checkpoint)
 
 
-def persistence(store: MemoryFencedStore, ledger: SharedLedger, fence: EpochFence,
+def persistence(store: DictStore, ledger: SharedLedger, fence: EpochFence,
                 producer: pykka.ActorRef[Any], reported: list[BaseException]
                 ) -> pykka.ActorRef[PersistenceActor]:
     return PersistenceActor.start(stores={"mem": store}, producer=producer, ledger=ledger,
@@ -113,7 +54,7 @@ def persistence(store: MemoryFencedStore, ledger: SharedLedger, fence: EpochFenc
 def test_a_snapshot_of_a_partition_taken_over_is_refused_and_never_durable(
     producer: pykka.ActorRef[Any], rows: dict[str, bytes],
 ) -> None:
-    store, ledger, fence, reported = MemoryFencedStore(), SharedLedger(), EpochFence(), []
+    store, ledger, fence, reported = DictStore(), SharedLedger(), EpochFence(), []
     fence.assign(Taken(1, {A: None, B: None}))
     store.epochs = {A: 1, B: 2}  # another worker took B over
     before = metrics.FENCED._value.get()
@@ -134,7 +75,7 @@ def test_a_snapshot_of_a_partition_taken_over_is_refused_and_never_durable(
 def test_a_snapshot_of_partitions_still_held_is_written_and_durable(
     producer: pykka.ActorRef[Any],
 ) -> None:
-    store, ledger, fence, reported = MemoryFencedStore(), SharedLedger(), EpochFence(), []
+    store, ledger, fence, reported = DictStore(), SharedLedger(), EpochFence(), []
     fence.assign(Taken(1, {A: None, B: None}))
     store.epochs = {A: 1, B: 1}
     ref = persistence(store, ledger, fence, producer, reported)

@@ -18,7 +18,8 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
 from onceflow.stages import Aggregate, Pipeline, Tumbling
 from onceflow.stages.runner import PipelineRunner
-from onceflow.stages.state import AggregateState, StateTable, decode_state, encode_state
+from onceflow.stages.state import AggregateState, decode_state, encode_state
+from onceflow.stages.state_table import StateTable
 from onceflow.testing_records import Consumed as Rec
 
 SECOND = 1000

@@ -1,0 +1,98 @@
+"""The worker's ``consumer`` child: one Kafka consumer stream feeding the current core.
+
+It depends on the core (``pipeline_core``) and is the part a broker outage, a
+silent connection or a stuck join fails: the supervisor re-creates it alone,
+and the cached states stay (the ledger says which partitions, if any, came
+back from elsewhere and must reload). Its assignment work, the tail reads of
+exclusive outputs and the log check, is wired here too.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from onceflow.actors.base import FatalHandler
+from onceflow.actors.consumer import ConsumerActor
+from onceflow.actors.continuity import GapCheck
+from onceflow.actors.join_watch import JoinWatch
+from onceflow.actors.log_marks import LogCheck
+from onceflow.actors.messages import StopFetching
+from onceflow.actors.output_tail import (
+    ExclusiveResume,
+    TailReader,
+    resumed_outputs,
+    tail_options,
+)
+from onceflow.runtime.pipeline_core import PipelineCore
+from onceflow.runtime.wiring import connection_check, consumer_options
+
+log = logging.getLogger(__name__)
+
+
+class ConsumerStream:
+    """The ``consumer`` child: one Kafka consumer feeding the current core.
+
+    Re-created alone after an outage (seed 004's stream shutdown -> re-create):
+    it rejoins the group and, on its assignment, the ledger compares where the
+    group resumes each partition with what this worker last committed.
+    """
+
+    def __init__(self, core: PipelineCore, on_fatal: FatalHandler):
+        s = core.settings
+        self.join = JoinWatch(s.kafka.join_timeout)
+        self._commit = core.commit
+        self._timeout = s.shutdown.timeout
+        self.actor = ConsumerActor.start(
+            options=consumer_options(s),
+            topics=core.pipeline.consumed_topics,
+            max_in_flight=s.consumer.max_in_flight_batches,
+            max_records=s.kafka.max_poll_records,
+            poll_timeout=s.kafka.fetch_max_wait + 0.1,
+            start_timeout=core.start_timeout,
+            io=core.io,
+            pipeline=core.pipeline_actor,
+            commit=core.commit,
+            producer=core.producer,
+            ledger=core.ledger,
+            on_fatal=on_fatal,
+            connection_check=connection_check(s),
+            gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff,
+                               s.consumer.rewind_grace),
+            join_watch=self.join,
+            single_worker=s.single_worker,
+            stop_timeout=s.shutdown.timeout / 2,  # leaving the group: half the budget
+            exclusive=exclusive_resume(core, on_fatal),
+            fencing=core.fencing,
+            log_check=log_check(core),
+        )
+        core.commit.proxy().use_consumer(self.actor).get()
+
+    def stop_fetching(self) -> None:
+        self.actor.ask(StopFetching(), timeout=self._timeout)
+
+    def stop(self) -> None:
+        try:
+            self._commit.proxy().use_consumer(None).get(timeout=self._timeout)
+        except Exception as error:  # the core is gone too
+            log.debug("detaching the commit actor: %r", error)
+        try:
+            self.actor.stop(timeout=self._timeout)
+        except Exception as error:  # a failed actor is already stopped
+            log.debug("stopping the consumer: %r", error)
+
+
+def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveResume:
+    """The tail reads on assignment: exclusive republish steps, dead letters, late events."""
+    kafka = core.settings.kafka
+    outputs = resumed_outputs(core.pipeline, kafka.dead_letter_topic, kafka.late_events_topic)
+    reader = TailReader(tail_options(consumer_options(core.settings)), core.start_timeout)
+    return ExclusiveResume(outputs, reader, core.pipeline_actor, core.producer, on_fatal)
+
+
+def log_check(core: PipelineCore) -> LogCheck | None:
+    """The check on assignment that each input log is the one the states were folded
+    from (``onceflow.actors.log_marks``); None for a pipeline without a store."""
+    store = next(iter(core.stage_stores.values()), None)
+    if store is None:
+        return None
+    return LogCheck(store, tail_options(consumer_options(core.settings)), core.start_timeout)

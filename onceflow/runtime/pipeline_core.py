@@ -1,0 +1,171 @@
+"""The worker's ``core`` child: the actors that hold the states, and what they share.
+
+One incarnation holds the producer, persistence, commit and pipeline actors,
+the stores, the event loop and the checkpoint ledger: everything that holds
+in-memory states and what is durable of them. The supervisor restarts it as
+one (docs/architecture.md, "Supervision"); the consumer stream
+(``consumer_stream``) is started on it and never outlives it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pykka
+
+from onceflow.actors.base import FatalHandler
+from onceflow.actors.commit import CommitActor
+from onceflow.actors.delivery import OutboxTally
+from onceflow.actors.fence import Fencing, OutputFence, epoch_source, share_epochs
+from onceflow.actors.ledger import SharedLedger
+from onceflow.actors.loop import EventLoopThread
+from onceflow.actors.messages import CommitNow, CommitTick, Flush, LogStats, PersistTick
+from onceflow.actors.output_tail import resumed_outputs
+from onceflow.actors.persistence import PersistenceActor
+from onceflow.actors.pipeline_actor import PipelineActor
+from onceflow.actors.producer import ProducerActor
+from onceflow.actors.ticker import Ticker
+from onceflow.runtime.config import Settings
+from onceflow.runtime.topics import ensure_repartition_topics
+from onceflow.runtime.wiring import (
+    delivery_settings,
+    open_store,
+    open_stores,
+    outbox_store,
+    producer_options,
+)
+from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.state import TopicPartition
+
+log = logging.getLogger(__name__)
+
+
+class PipelineCore:
+    """The ``core`` child: one incarnation of the actors that hold the states.
+
+    A restart stops it (committing only what is already durable) and starts
+    a new one: states reload from the store and a new consumer stream
+    resumes from the committed offsets, so nothing processed but not
+    durable survives into the new incarnation, and nothing is lost either.
+    """
+
+    def __init__(self, settings: Settings, pipeline: Pipeline, on_fatal: FatalHandler):
+        s = self.settings = settings
+        self.pipeline = pipeline
+        self.io = EventLoopThread()
+        self.start_timeout = s.kafka.request_timeout + 10
+        try:
+            self.io.run(ensure_repartition_topics(
+                s.kafka.bootstrap_servers, pipeline, s.kafka.repartition_replication_factor,
+                s.kafka.security),
+                timeout=self.start_timeout)
+        except BaseException:
+            self.io.stop()
+            raise
+        self.ledger = SharedLedger()
+        self._stores = [open_stores(s, pipeline), open_stores(s, pipeline)]
+        stage_stores, write_stores = self._stores
+        self.stage_stores = stage_stores  # read on assignment too (log marks)
+        # Stats go to the first store the pipeline uses; a stateless republisher has none.
+        stats_store = next(iter(write_stores.values()), None)
+        # Fencing: ONE store keeps the epochs; guards carry them to every store.
+        source = epoch_source(stage_stores.values())
+        others = share_epochs(source, stage_stores.values())
+        self.fencing = None if source is None else Fencing(source, others=others)
+        fence = None if self.fencing is None else self.fencing.fence
+        outbox_kind = outbox_store(s, pipeline)
+        self._outbox = None if outbox_kind is None else open_store(s, outbox_kind, pipeline.id)
+        share_epochs(source, (*write_stores.values(), self._outbox))
+        exclusive = frozenset(out.topic for out in resumed_outputs(
+            pipeline, s.kafka.dead_letter_topic, s.kafka.late_events_topic))
+        # The check before exclusive outputs (one read per batch), with persistence's clients.
+        checker = epoch_source(write_stores.values())
+        output_fence = None if checker is None or fence is None else \
+            OutputFence(checker, fence, exclusive)
+        self.producer = ProducerActor.start(
+            options=producer_options(s), delivery=delivery_settings(s),
+            max_block=s.kafka.producer.max_block, outbox=self._outbox,
+            tally=OutboxTally(self._count_outboxed),
+            outbox_guard=fence.held if fence is not None and self._outbox is not None
+            and type(self._outbox) is type(source) else None,
+            output_fence=output_fence,
+            io=self.io, start_timeout=self.start_timeout,
+            on_fatal=on_fatal,
+        )
+        self.commit = CommitActor.start(ledger=self.ledger, on_fatal=on_fatal)
+        landing = None
+        if s.landing.dir is not None and write_stores:  # Parquet handoff of closed windows
+            from onceflow.analytics.landing import LandingZone
+
+            landing = LandingZone(s.landing.dir, pipeline.id,
+                                  [a.id for a in pipeline.aggregates if a.window is None])
+        self._persistence = PersistenceActor.start(
+            stores=write_stores,
+            producer=self.producer,
+            ledger=self.ledger,
+            stats_store=stats_store,
+            on_fatal=on_fatal,
+            landing=landing,
+            fence=fence,
+        )
+        self.pipeline_actor = PipelineActor.start(
+            pipeline=pipeline,
+            stores=stage_stores,
+            dead_letter_topic=s.kafka.dead_letter_topic,
+            late_events_topic=s.kafka.late_events_topic,
+            producer=self.producer,
+            persistence=self._persistence,
+            ledger=self.ledger,
+            on_fatal=on_fatal,
+            single_worker=s.single_worker,
+            max_states=s.state.max_cached_states,
+            idle_timeout=s.windows.idle_timeout,
+            max_future=s.windows.max_future,
+            dead_letter_max_value=s.kafka.dead_letter_max_value,
+            max_state_bytes=s.state.max_state_bytes,
+        )
+        # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
+        self._actors: list[pykka.ActorRef[Any]] = [  # several kinds of actor
+            self.pipeline_actor, self._persistence, self.commit, self.producer]
+        self._tickers = [
+            Ticker(self.pipeline_actor, PersistTick(), s.persistence.interval).start(),
+            Ticker(self.commit, CommitTick(), s.commit.interval).start(),
+            Ticker(self.pipeline_actor, LogStats(), s.metrics.stats_interval).start(),
+        ]
+        self._stopped = False
+
+    def _count_outboxed(self, delta: int) -> None:
+        with self.ledger() as ledger:
+            ledger.outboxed(delta)
+
+    def drain(self) -> dict[TopicPartition, int]:
+        """Graceful, once the stream stopped fetching: persist everything processed, commit it."""
+        timeout = self.settings.shutdown.timeout
+        self.pipeline_actor.ask(Flush(), timeout=timeout)
+        committed: dict[TopicPartition, int] = self.commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
+        return committed
+
+    def stop(self) -> None:
+        """Stop every actor; commit only what is already durable (never more)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for ticker in self._tickers:
+            ticker.stop()
+        timeout = self.settings.shutdown.timeout
+        try:
+            self.commit.ask(CommitNow(), timeout=timeout)
+        except Exception as error:  # nothing more is committed then; a replay covers it
+            log.warning("final commit of durable offsets failed: %r", error)
+        for ref in self._actors:
+            try:
+                ref.stop(timeout=timeout)
+            except Exception as error:  # a failed actor is already stopped
+                log.debug("stopping %s: %r", ref, error)
+        self.io.stop()
+        for stores in self._stores:
+            for store in stores.values():
+                store.close()
+        if self._outbox is not None:
+            self._outbox.close()
