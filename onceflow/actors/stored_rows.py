@@ -44,16 +44,20 @@ def checked_sequence_rows(store: StateStore, rows: Mapping[str, bytes]) -> Mappi
 def check_window_row(key: str, row: bytes) -> None:
     """Raise unless ``row`` is what ``window_clock`` writes under ``key``
     (``<stage>|wm|<topic>|<partition>``: a watermark; ``<stage>|open|...``: the keys with
-    open windows)."""
+    open windows). The document is checked before it is decoded, so the reason is the
+    same whether the decoder runs compiled (type checks of its own) or pure."""
     kind = key.rsplit("|", 3)[1] if key.count("|") >= 3 else None
     doc = json.loads(row)
     if kind == "wm":
-        mark = PartitionWatermark.decode(row, 0)
-        roots, value, held = doc["r"], mark.value, mark.held_until
-        _expect(all(isinstance(t, str) and _int(p) and _int(ts) for t, p, ts in roots),
-                f"roots {roots!r} are not [topic, partition, event time] triples")
+        _expect(isinstance(doc, dict), f"{doc!r} is not an object")
+        roots, value, held = doc["r"], doc["v"], doc.get("h")
+        _expect(isinstance(roots, list) and all(
+            isinstance(root, list) and len(root) == 3 and isinstance(root[0], str)
+            and _int(root[1]) and _int(root[2]) for root in roots),
+            f"roots {roots!r} are not [topic, partition, event time] triples")
         _expect(value is None or _int(value), f"watermark {value!r} is not an integer")
         _expect(held is None or _int(held), f"held-until {held!r} is not an integer")
+        PartitionWatermark.decode(row, 0)
     elif kind == "open":
         _expect(isinstance(doc, list) and all(isinstance(k, str) for k in doc),
                 f"{doc!r} is not a list of keys")
@@ -62,14 +66,20 @@ def check_window_row(key: str, row: bytes) -> None:
 
 
 def check_sequence_row(key: str, row: bytes) -> None:
-    """Raise unless ``row`` is a producer-sequence table as ``producer_dedup`` writes it."""
-    table = PartitionSequences.decode(row)
-    _expect(_int(table.next_offset) and _int(table.duplicates),
-            f"next offset {table.next_offset!r} or duplicates {table.duplicates!r} is not "
-            "an integer")
-    for producer, entry in table.producers.items():
-        _expect(isinstance(entry, list) and len(entry) == 3 and all(map(_int, entry)),
+    """Raise unless ``row`` is a producer-sequence table as ``producer_dedup`` writes it
+    (checked before it is decoded, as window rows are)."""
+    doc = json.loads(row)
+    _expect(isinstance(doc, dict), f"{doc!r} is not an object")
+    next_offset, duplicates, producers = doc["next"], doc["dups"], doc["producers"]
+    _expect(_int(next_offset) and _int(duplicates),
+            f"next offset {next_offset!r} or duplicates {duplicates!r} is not an integer")
+    _expect(isinstance(producers, dict), f"producers {producers!r} is not an object")
+    size = 3 if doc.get("seen") == "offset" else 2  # the timestamp rule kept [epoch, seq]
+    for producer, entry in producers.items():
+        _expect(isinstance(entry, list) and len(entry) >= size
+                and all(map(_int, entry[:size])),
                 f"producer {producer!r}: {entry!r} is not [epoch, sequence, offset]")
+    PartitionSequences.decode(row)
 
 
 def _checked(store: StateStore, namespace: str, rows: Mapping[str, bytes],

@@ -72,7 +72,7 @@ def test_an_undecodable_window_row_names_the_stage_the_key_and_the_row(
 
 
 @pytest.mark.parametrize(("row", "why"), [
-    (b"[]", "AttributeError"),
+    (b"[]", "TypeError: [] is not an object"),
     (b'{"next": 4, "dups": 0, "producers": {"d": [1, 2, "x"]}, "seen": "offset"}',
      "TypeError: producer 'd': [1, 2, 'x'] is not [epoch, sequence, offset]"),
     (b'{"next": "4", "dups": 0, "producers": {}, "seen": "offset"}', "TypeError: next offset '4'"),
