@@ -116,6 +116,7 @@ class ConsumerActor(ReportingActor):
         self._commit = commit
         self._consumer: AIOKafkaConsumer | None = None
         self._fetch_task: asyncio.Task[None] | None = None
+        self._stopping = False  # the fetch loop's own stop: a cancel can be swallowed
         self._in_flight = 0
         self._room: asyncio.Event | None = None
 
@@ -151,10 +152,12 @@ class ConsumerActor(ReportingActor):
     async def _fetch_forever(self) -> None:
         assert self._consumer is not None and self._room is not None
         consumer = self._consumer
-        while True:
+        while not self._stopping:
             if self._in_flight >= self._max_in_flight:
                 consumer.pause(*consumer.assignment())
                 await self._room.wait()
+                if self._stopping:
+                    return
                 self._starvation.idle()  # nothing was fetched while paused
                 consumer.resume(*(consumer.assignment() - self._gaps.held - self._settling))
             batches = await consumer.getmany(
@@ -175,7 +178,7 @@ class ConsumerActor(ReportingActor):
                         records += delivered
             self._gaps.check_ends(consumer)
             await self._starvation.after_fetch(consumer, batches)
-            if records:
+            if records and not self._stopping:
                 self._in_flight += 1
                 if self._in_flight >= self._max_in_flight:
                     self._room.clear()
@@ -312,12 +315,21 @@ class ConsumerActor(ReportingActor):
         return {ours(tp): o for tp, o in owned.items()}
 
     async def _stop_fetching(self) -> None:
+        """Stop the fetch loop for good. Cancelling it is not enough: a cancel that meets
+        an inner wait finishing at the same moment is swallowed (``asyncio.wait_for`` in
+        Python 3.11 returns the result instead), and the loop then waited for room that
+        only a ``BatchDone`` queued behind this very message could make: the stop hung
+        until the exit deadline. The flag and the room's event end it whatever the
+        cancel did."""
+        self._stopping = True
         self._gaps.release_all()
         for task in (self._opening, self._join_enforcer, self._checker):
             if task is not None:
                 task.cancel()
         if self._fetch_task is not None:
             self._fetch_task.cancel()
+            if self._room is not None:
+                self._room.set()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._fetch_task
 
