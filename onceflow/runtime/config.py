@@ -22,7 +22,9 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import difflib
+import functools
 import math
 import os
 import re
@@ -129,9 +131,8 @@ def load_settings(path: str | Path, overrides: Mapping[str, str] | None = None) 
         raise ConfigError(label, None, "file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(label, None, f"cannot read: {exc}") from None
-    reference = resources.files("onceflow.runtime").joinpath("reference.conf").read_text("utf-8")
-    schema = ConfigFactory.parse_string(reference, resolve=False)  # resolving drops null keys
-    defaults = _resolve(ConfigFactory.parse_string(reference, resolve=False))
+    schema = _reference()  # unresolved: resolving drops null keys
+    defaults = _resolve(_reference())  # resolved here: ${?VAR} reads today's environment
     try:
         app = ConfigFactory.parse_string(text, basedir=str(path.parent), resolve=False)
         tree = _resolve(_merge(defaults, app))
@@ -150,6 +151,18 @@ def load_settings(path: str | Path, overrides: Mapping[str, str] | None = None) 
 
     _check_keys(tree.get("onceflow", None), schema["onceflow"], "onceflow", origin)
     return _build(Reader(tree, origin), label)
+
+
+@functools.cache
+def _parsed_reference() -> ConfigTree:
+    """reference.conf parsed once per process (pyhocon takes most of a second)."""
+    text = resources.files("onceflow.runtime").joinpath("reference.conf").read_text("utf-8")
+    return ConfigFactory.parse_string(text, resolve=False)
+
+
+def _reference() -> ConfigTree:
+    """A private copy of the parsed reference.conf: resolving and merging change a tree."""
+    return copy.deepcopy(_parsed_reference())
 
 
 def _build(read: Reader, source: str) -> Settings:
