@@ -70,9 +70,10 @@ def check_sequence_row(key: str, row: bytes) -> None:
     (checked before it is decoded, as window rows are)."""
     doc = json.loads(row)
     _expect(isinstance(doc, dict), f"{doc!r} is not an object")
-    next_offset, duplicates, producers = doc["next"], doc["dups"], doc["producers"]
-    _expect(_int(next_offset) and _int(duplicates),
-            f"next offset {next_offset!r} or duplicates {duplicates!r} is not an integer")
+    next_offset = doc["next"]
+    _expect(_int(next_offset), f"next offset {next_offset!r} is not an integer")
+    duplicates, producers = doc["dups"], doc["producers"]
+    _expect(_int(duplicates), f"duplicates {duplicates!r} is not an integer")
     _expect(isinstance(producers, dict), f"producers {producers!r} is not an object")
     size = 3 if doc.get("seen") == "offset" else 2  # the timestamp rule kept [epoch, seq]
     for producer, entry in producers.items():

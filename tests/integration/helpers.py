@@ -97,6 +97,19 @@ def start_worker(bootstrap: str, redis_url: str, group: str, prefix: str, topic:
                                 stderr=subprocess.STDOUT)
 
 
+def exit_code_within(worker: subprocess.Popen[bytes], bound: float, log: Path,
+                     what: str) -> int:
+    """The worker's exit code if it exits within ``bound`` s; else it is killed and the test
+    fails with ``what`` (e.g. "no exit after SIGTERM") and the log's tail."""
+    try:
+        return worker.wait(timeout=bound)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+        raise AssertionError(f"{what} ({bound:.0f}s):\n"
+                             f"{log.read_text(errors='replace')[-3000:]}") from None
+
+
 def wait_for_log(proc: subprocess.Popen[bytes], log: Path, needle: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -29,6 +29,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from helpers import (
     committed,
     create_topic,
+    exit_code_within,
     expected_counts,
     produce,
     start_worker,
@@ -58,11 +59,7 @@ async def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
 def _stopped_with_1(worker: subprocess.Popen[bytes], log: Path, timeout: float) -> str:
     """Wait up to ``timeout`` s for ``worker`` to stop on its own (killed if it has not),
     check it exited 1 (the refusal's code), and answer its log."""
-    try:
-        code = worker.wait(timeout)
-    finally:
-        if worker.poll() is None:
-            worker.kill()
+    code = exit_code_within(worker, timeout, log, "not stopped")
     text = log.read_text(errors="replace")
     assert code == 1, text[-3000:]
     return text

@@ -33,6 +33,7 @@ from helpers import (
     committed,
     consume_all,
     create_topic,
+    exit_code_within,
     expected_counts,
     produce,
     start_worker,
@@ -71,26 +72,13 @@ class Run:
     def sigterm(self, worker: subprocess.Popen[bytes]) -> int:
         """SIGTERM; the exit code, within the bound (else the worker is killed and we fail)."""
         worker.send_signal(signal.SIGTERM)
-        try:
-            return worker.wait(timeout=BOUND)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-            raise AssertionError(f"no exit {BOUND}s after SIGTERM:\n{self.text()[-3000:]}"
-                                 ) from None
+        return exit_code_within(worker, BOUND, self.log, "no exit after SIGTERM")
 
     def sigterm_within(self, worker: subprocess.Popen[bytes], bound: float = SHORT_BOUND
                        ) -> int:
         """SIGTERM; the exit code, within ``bound`` seconds (else killed, and we fail)."""
         worker.send_signal(signal.SIGTERM)
-        try:
-            code = worker.wait(timeout=bound)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-            raise AssertionError(f"no exit {bound}s after SIGTERM:\n{self.text()[-3000:]}"
-                                 ) from None
-        return code
+        return exit_code_within(worker, bound, self.log, "no exit after SIGTERM")
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -227,13 +215,7 @@ def test_a_taken_metrics_port_exits_2_within_10s_before_any_actor_or_join(
         taken.listen()
         port = taken.getsockname()[1]
         worker = run.start(["--set", f"onceflow.metrics.port={port}"])
-        try:
-            code = worker.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-            raise AssertionError(f"still running 10s after start:\n{run.text()[-3000:]}"
-                                 ) from None
+        code = exit_code_within(worker, 10, run.log, "still running after start")
     text = run.text()
     assert code == 2, text[-3000:]
     lines = [line for line in text.splitlines() if "onceflow.metrics.port" in line]

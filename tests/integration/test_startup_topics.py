@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
-from helpers import committed, create_topic, produce, start_worker
+from helpers import committed, create_topic, exit_code_within, produce, start_worker
 
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo, free_port
@@ -58,13 +57,7 @@ def test_a_missing_dead_letter_topic_exits_2_naming_it_before_the_group_is_joine
     worker = start_worker(bootstrap, f"redis://{redis_service.address}/0", group,
                           unique_name("p"), topic, log,
                           ["--set", f'onceflow.kafka.dead-letter-topic="{missing}"'])
-    try:
-        code = worker.wait(timeout=BOUND)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait()
-        raise AssertionError(f"still running {BOUND}s after start:\n"
-                             f"{log.read_text()[-3000:]}") from None
+    code = exit_code_within(worker, BOUND, log, "still running after start")
     text = log.read_text(errors="replace")
     assert code == 2, text[-3000:]
     assert time.monotonic() - started < BOUND

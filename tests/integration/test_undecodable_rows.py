@@ -5,12 +5,11 @@ to decode inside each batch and the supervisor restarted the pipeline again and 
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import redis
-from helpers import committed, create_topic, produce, start_worker
+from helpers import committed, create_topic, exit_code_within, produce, start_worker
 
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
@@ -39,12 +38,7 @@ def test_an_undecodable_producer_sequence_table_stops_the_worker_naming_its_row(
     log = tmp_path / "worker.log"
     worker = start_worker(bootstrap, redis_url, group, prefix, topic, log,
                           ["--set", "onceflow.supervision.escalation-grace=1s"])
-    try:
-        code = worker.wait(timeout=STOPPED)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait()
-        raise AssertionError(f"still running:\n{log.read_text()[-3000:]}") from None
+    code = exit_code_within(worker, STOPPED, log, "still running")
     text = log.read_text(errors="replace")
     assert code == 1, text[-3000:]
     assert (f"the stored state of stage '{SEQUENCE_STAGE}', key '{topic}|0' cannot be decoded "
