@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from onceflow.runtime.app_path import import_hint
 from onceflow.runtime.settings import Settings
 
 __all__ = ["Job", "load_job"]
@@ -35,7 +36,8 @@ def load_job(spec: str) -> Job:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ValueError(f"--job {spec}: cannot import {module_name!r}: {error}") from error
+        raise ValueError(f"--job {spec}: cannot import {module_name!r}: {error}"
+                         f"{import_hint(module_name, error)}") from error
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"--job {spec}: module {module_name!r} has no function {name!r}")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from onceflow.actors import faults
 from onceflow.runtime import extras
+from onceflow.runtime.app_path import take_app_dir, use_app_dir
 from onceflow.runtime.config import ConfigError, load_settings
 from onceflow.runtime.stop import StopSignals
 
@@ -25,7 +26,12 @@ TOOLS = {"services": "embedded", "demo": "embedded", "chaos": "embedded",
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # the user's pipeline module is found as `python -m` finds it (app_path)
+        argv, directory = take_app_dir(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as error:
+        print(f"onceflow: {error}", file=sys.stderr)
+        return EXIT_CONFIG
+    use_app_dir(directory)
     verbose = bool(argv) and argv[0] in ("-v", "--verbose")
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -85,6 +91,8 @@ def _tool(command: str, argv: list[str]) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onceflow", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--app-dir", metavar="DIR", help="import the pipeline module from DIR "
+                        "(default: the current directory, as python -m does); any subcommand")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the worker until SIGTERM")
     run.add_argument("-c", "--config", required=True, help="application HOCON file")

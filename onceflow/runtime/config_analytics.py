@@ -7,8 +7,6 @@ from pyhocon import ConfigTree
 from onceflow.runtime.config_reader import Reader, show
 from onceflow.runtime.settings import AnalyticsSettings, SparkSettings
 
-_MEMORY = r"\d+[kmgt]"
-_MEMORY_HINT = "a JVM memory size such as 512m or 2g"
 _MASTER = r"local(\[(\*|\d+)(,\d+)?\])?|(spark|yarn|k8s|mesos)://\S+|yarn"
 _MASTER_HINT = "local, local[N], local[*] or a cluster URL such as spark://host:7077"
 
@@ -37,8 +35,8 @@ def analytics_settings(read: Reader) -> AnalyticsSettings:
         spark=SparkSettings(
             master=read.text(s + "master", _MASTER, _MASTER_HINT),
             app_name=read.text(s + "app-name"),
-            driver_memory=read.text(s + "driver-memory", _MEMORY, _MEMORY_HINT),
-            executor_memory=read.text(s + "executor-memory", _MEMORY, _MEMORY_HINT),
+            driver_memory=read.memory(s + "driver-memory"),
+            executor_memory=read.memory(s + "executor-memory"),
             shuffle_partitions=read.integer(s + "shuffle-partitions", 1, 100_000),
             ui_enabled=ui,
             conf=tuple(extra),

@@ -118,6 +118,23 @@ class Reader:
             raise self.error(key, f"expected a number in {low}..{high}, got {show(value, key)}")
         return float(value)
 
+    def memory(self, key: str) -> str:
+        """A JVM memory size (``512m``, ``2g``). pyhocon reads an unquoted ``512m`` as a
+        duration of 512 minutes (``m`` is its minute), so a duration of whole minutes is
+        read back as that many megabytes: ``512m`` means the same quoted or not."""
+        value = self.raw(key)
+        if not isinstance(value, str):
+            try:
+                minutes = parse_duration(value) / 60
+            except (ValueError, TypeError):
+                minutes = 0.0
+            if minutes >= 1 and minutes.is_integer():
+                value = f"{int(minutes)}m"
+        if not isinstance(value, str) or not re.fullmatch(r"\d+[kmgtKMGT]", value):
+            raise self.error(key, f"expected a JVM memory size such as 512m or 2g, got "
+                                  f"{show(self.raw(key), key)}")
+        return value
+
     def duration(self, key: str, low: float, high: float) -> float:
         value = self.raw(key)
         try:

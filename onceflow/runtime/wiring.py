@@ -14,6 +14,7 @@ from typing import Any
 from onceflow.actors.connection_check import ConnectionCheck
 from onceflow.actors.delivery import DeliverySettings
 from onceflow.runtime import extras
+from onceflow.runtime.app_path import import_hint
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.runtime.kafka_security import client_kwargs
 from onceflow.stages.pipeline import Pipeline
@@ -43,7 +44,8 @@ def load_pipeline(settings: Settings) -> Pipeline:
             settings.source,
             "onceflow.pipeline",
             f"expected 'module:attribute' naming a Pipeline; cannot load "
-            f"{settings.pipeline!r}: {type(error).__name__}: {error}",
+            f"{settings.pipeline!r}: {type(error).__name__}: {error}"
+            f"{import_hint(module_name, error)}",
         ) from None
     if isinstance(target, Pipeline):
         if settings.pipeline_settings:

@@ -1003,3 +1003,16 @@ def test_the_history_retention_reaches_the_stores(app_file: AppFile, store: str)
 
     assert open_store(settings, store, "p").history_retention == 2 * 86400
     assert open_store(default, store, "p").history_retention == 0  # clients connect lazily
+
+
+@pytest.mark.parametrize("text", ["512m", '"512m"', "90m", "2g", '"2g"', "1024k"])
+def test_a_memory_size_means_the_same_quoted_or_not(app_file: AppFile, text: str) -> None:
+    """pyhocon reads an unquoted 512m as 512 minutes; the memory keys read it as 512 MB,
+    in the file and in --set (issue 31: it exited 2 with 'expected ... 512m, got 512m')."""
+    size = text.strip('"')
+    in_file = load_settings(app_file(PIPELINE + f"onceflow.analytics.spark.executor-memory = "
+                                                f"{text}\n"))
+    assert in_file.analytics.spark.executor_memory == size
+    overridden = load_settings(app_file(PIPELINE),
+                               {"onceflow.analytics.spark.driver-memory": text})
+    assert overridden.analytics.spark.driver_memory == size

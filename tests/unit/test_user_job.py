@@ -25,7 +25,10 @@ def test_load_job_imports_the_function() -> None:
      "has no function 'HOUR_MS'"),
     ("no_such_module_xyz:job",
      "--job no_such_module_xyz:job: cannot import 'no_such_module_xyz': "
-     "No module named 'no_such_module_xyz'"),
+     "No module named 'no_such_module_xyz'; looked in the import path and the installed "
+     "packages: run onceflow from the directory that holds no_such_module_xyz/ or "
+     "no_such_module_xyz.py, pass --app-dir DIR, or install your package into this "
+     "environment"),
 ])
 def test_a_bad_job_says_what_is_wrong(spec: str, message: str) -> None:
     with pytest.raises(ValueError) as error:
