@@ -10,6 +10,11 @@ than the clock, so the test sets the idle timeout to 8 minutes (19 s) and
 strikes only settled groups (``settled_kills``). Without that (seed 563015,
 kills anywhere) 15,982 of 60,263 events were late, each once, with nothing lost,
 doubled or mismatched: the rule, not a lost or double count.
+
+The outage is wall-clock time, so the outcome depends on the pace of the
+machine: beside three other test processes on two cores one run's outages
+outlasted the 19 s (7,221 late, nothing lost or doubled). It runs ``alone``,
+after the parallel part of ``make test``.
 """
 
 from __future__ import annotations
@@ -19,9 +24,13 @@ import random
 import time
 from pathlib import Path
 
+import pytest
+
 from onceflow.devtools.chaos import ChaosOptions, run_chaos
 from onceflow.devtools.services import ServiceInfo
 from onceflow.examples.robot_chain import LATENESS_MS
+
+pytestmark = pytest.mark.alone
 
 DISORDER_MS = 20_000
 
