@@ -120,19 +120,25 @@ async def fetched_high_watermarks(options: Mapping[str, Any],
         consumer.assign(list(starts))
         for tp, offset in starts.items():
             consumer.seek(tp, offset or 0)
-        highs: dict[KafkaPartition, int] = {}
-        deadline = time.monotonic() + timeout
-        while missing := [tp for tp in starts if tp not in highs]:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no fetch answer for {missing[0].topic}"
-                                   f"{sorted(tp.partition for tp in missing)} within "
-                                   f"{timeout:g}s")
-            await consumer.getmany(*missing, timeout_ms=100, max_records=1)
-            highs.update({tp: int(high) for tp in missing
-                          if (high := consumer.highwater(tp)) is not None})
-        return highs
+        await fetch_until_answered(consumer, list(starts),
+                                   lambda tp: consumer.highwater(tp) is not None, timeout)
+        return {tp: int(consumer.highwater(tp)) for tp in starts}
     finally:
         await consumer.stop()
+
+
+async def fetch_until_answered(consumer: AIOKafkaConsumer, tps: Sequence[KafkaPartition],
+                               answered: Callable[[KafkaPartition], bool],
+                               timeout: float) -> None:
+    """Fetch the partitions not ``answered`` yet until each is, or TimeoutError naming
+    them after ``timeout`` s (one record at most each: the answer is the high watermark)."""
+    deadline = time.monotonic() + timeout
+    while missing := [tp for tp in tps if not answered(tp)]:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no fetch answer for {missing[0].topic}"
+                               f"{sorted(tp.partition for tp in missing)} within "
+                               f"{timeout:g}s")
+        await consumer.getmany(*missing, timeout_ms=100, max_records=1)
 
 
 def tail_options(consumer_options: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from onceflow.actors.output_tail import tail_options
+from onceflow.actors.output_tail import fetch_until_answered, tail_options
 
 __all__ = ["GroupLag", "LagReader", "LagWatch", "PartitionLag", "read_lag"]
 
@@ -150,15 +150,10 @@ class LagReader:
             consumer.seek(tp, self._highs.get(tp, offset or 0))
         before = {tp: consumer.last_poll_timestamp(tp) for tp in tps}  # a new fetch changes it
         consumer.resume(*tps)
-        try:
-            deadline = time.monotonic() + self._timeout
-            while missing := [tp for tp in tps if consumer.last_poll_timestamp(tp) == before[tp]
-                              or consumer.highwater(tp) is None]:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"no fetch answer for {missing[0].topic}"
-                                       f"{sorted(tp.partition for tp in missing)} within "
-                                       f"{self._timeout:g}s")
-                await consumer.getmany(*missing, timeout_ms=100, max_records=1)
+        try:  # answered: a new fetch of it came back since this reading began
+            await fetch_until_answered(
+                consumer, tps, lambda tp: consumer.last_poll_timestamp(tp) != before[tp]
+                and consumer.highwater(tp) is not None, self._timeout)
         finally:
             consumer.pause(*tps)
         self._highs = {tp: int(consumer.highwater(tp)) for tp in tps}
