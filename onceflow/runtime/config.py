@@ -87,6 +87,7 @@ __all__ = [
     "SupervisionSettings",
     "load_settings",
     "parse_duration",
+    "reference_default",
 ]
 
 # Mirrors the ${?VAR} lines of reference.conf, so a bad value is blamed on its variable.
@@ -158,6 +159,11 @@ def _parsed_reference() -> ConfigTree:
     """reference.conf parsed once per process (pyhocon takes most of a second)."""
     text = resources.files("onceflow.runtime").joinpath("reference.conf").read_text("utf-8")
     return ConfigFactory.parse_string(text, resolve=False)
+
+
+def reference_default(key: str) -> Any:
+    """A key's value as reference.conf writes it (before ``${?VAR}``), from the one parse."""
+    return _parsed_reference().get(key)
 
 
 def _reference() -> ConfigTree:

@@ -22,7 +22,7 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from onceflow.runtime.config import ConfigError, Settings
+from onceflow.runtime.config import ConfigError, Settings, reference_default
 from onceflow.runtime.kafka_security import client_kwargs
 from onceflow.stages.pipeline import Pipeline
 
@@ -32,9 +32,6 @@ log = logging.getLogger(__name__)
 
 DEAD_LETTER_KEY = "onceflow.kafka.dead-letter-topic"
 LATE_EVENTS_KEY = "onceflow.kafka.late-events-topic"
-#: reference.conf's values of those keys (a unit test keeps them equal; parsing the file
-#: again here would cost a second or two of every start)
-DEFAULTS = {DEAD_LETTER_KEY: "onceflow-dead-letters", LATE_EVENTS_KEY: "onceflow-late-events"}
 TIMEOUT = 10.0  # longest the check waits for the broker (at most the request timeout)
 
 
@@ -45,7 +42,7 @@ def side_topics(settings: Settings, pipeline: Pipeline) -> dict[str, str]:
     named = {DEAD_LETTER_KEY: k.dead_letter_topic}
     if any(spec.window is not None for spec in pipeline.aggregates):
         named[LATE_EVENTS_KEY] = k.late_events_topic
-    return {key: topic for key, topic in named.items() if topic != DEFAULTS[key]}
+    return {key: topic for key, topic in named.items() if topic != reference_default(key)}
 
 
 def check_side_topics(settings: Settings, pipeline: Pipeline) -> None:
