@@ -42,7 +42,7 @@ full).
 
     python benchmarks/chaos_throughput.py [--messages 30000] [--kills 10] [--store redis]
         [--persistence-interval 500ms] [--commit-interval 2s] [--raw-repeat 3]
-        [--repeat 1] [--out RESULTS.md]
+        [--repeat 1] [--out journal/<date>.md]
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from common import append, journal_page
 from raw_chain import WIRES, measure_chain
 from throughput import PARTITIONS, measure_raw
 
@@ -76,7 +77,6 @@ from onceflow.devtools.chaos import (
 )
 from onceflow.devtools.robot_stream import generate
 
-HERE = Path(__file__).resolve().parent
 NAMES = ("republisher", "aggregator")
 RECORDS = re.compile(rb"^onceflow_records_total (\S+)$", re.MULTILINE)
 COMMITTED = re.compile(rb"^onceflow_committed_offset\{[^}]*\} (\S+)$", re.MULTILINE)
@@ -475,7 +475,8 @@ def main() -> None:
                         help="both workers' onceflow.persistence.interval (demo.conf: 500ms)")
     parser.add_argument("--commit-interval", default="2s",
                         help="both workers' onceflow.commit.interval (demo.conf: 2s)")
-    parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--out", type=Path, default=journal_page(),
+                        help="the page the run's section is appended to (default: today's, UTC)")
     parser.add_argument("--raw-repeat", type=int, default=3,
                         help="passes of the raw loop; the median pass is the baseline")
     parser.add_argument("--repeat", type=int, default=1,
@@ -490,8 +491,8 @@ def main() -> None:
     args = parser.parse_args()
     if min(args.repeat, args.raw_repeat, args.aggregators) < 1:
         parser.error("--repeat, --raw-repeat and --aggregators take a positive count")
-    if not args.out.exists():
-        parser.error(f"--out {args.out}: no such file (results are appended to it)")
+    if not args.out.parent.is_dir():
+        parser.error(f"--out {args.out}: no such directory (results are appended to a page there)")
     state = Path(tempfile.mkdtemp(prefix="onceflow-chaos-bench-"))
     kafka = services.start_tansu(state / "kafka")
     rounds: list[Round] = []
@@ -534,7 +535,7 @@ def main() -> None:
             *section(args, rounds[middle], f"### The median round ({middle + 1}) in full"),
         ])
     print(text)
-    args.out.write_text(args.out.read_text().rstrip() + "\n\n" + text)
+    append(args.out, text)
 
 
 if __name__ == "__main__":

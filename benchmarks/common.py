@@ -19,7 +19,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,7 +31,9 @@ from onceflow.actors.producer import key_partition
 from onceflow.devtools.harness import packaged_config, worker_command
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "RESULTS.md"
+#: Where runs are recorded: a page per day (UTC). RESULTS.md's table of current figures is
+#: kept by hand from these pages (see journal/README.md).
+JOURNAL = HERE / "journal"
 T = TypeVar("T")
 ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow.actors.\S+: partitions assigned: (.*)$", re.M)
 
@@ -204,9 +206,20 @@ def machine() -> str:
             f"{platform.system()} {platform.release()}")
 
 
+def journal_page() -> Path:
+    """Today's journal page (UTC), the default ``--out`` of the benchmarks that record runs."""
+    return JOURNAL / f"{datetime.now(UTC):%Y-%m-%d}.md"
+
+
 def append(out: Path, section: str) -> None:
-    """Append one section to a results file (created with its title if missing)."""
-    previous = out.read_text() if out.exists() else "# Benchmark results\n\n"
+    """Append one section to a results file (a journal page is created with its title)."""
+    if out.exists():
+        previous = out.read_text()
+    elif out.parent == JOURNAL:
+        previous = (f"# Benchmark journal, {out.stem}\n\nRuns and notes of this day (UTC), in the "
+                    "order they were added. How to read them: [README.md](README.md).\n")
+    else:
+        previous = "# Benchmark results\n"
     out.write_text(previous.rstrip() + "\n\n" + section)
 
 

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
-from common import raw_republish
+from common import append, journal_page, raw_republish
 
 from onceflow.actors.output_tail import TailReader
 from onceflow.devtools import harness, services
@@ -44,7 +44,6 @@ from onceflow.devtools.chaos import start_store
 from onceflow.protos.envelope_pb2 import SourceRef
 from onceflow.stages.origin import plain_headers
 
-HERE = Path(__file__).resolve().parent
 PARTITIONS = 4
 PARTS = 3
 COMMIT_INTERVAL_INPUTS = 2_000
@@ -133,7 +132,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--tail-records", type=int, default=1_000_000)
-    parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--out", type=Path, default=journal_page(),
+                        help="the page the run's section is appended to (default: today's, UTC)")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-exclusive-bench-"))
     kafka = services.start_tansu(state / "kafka")
@@ -161,8 +161,7 @@ def main() -> None:
         services.stop(db)
     report = render(args, runs, tails)
     print(report)
-    previous = args.out.read_text() if args.out.exists() else "# Benchmark results\n\n"
-    args.out.write_text(previous.rstrip() + "\n\n" + report)
+    append(args.out, report)
 
 
 def render(args: argparse.Namespace, runs: list[tuple[dict[str, float], dict[str, float]]],

@@ -32,13 +32,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from common import (
-    RESULTS,
     CommitWatcher,
     RssSampler,
     Worker,
     append,
     chunked,
     count_records,
+    journal_page,
     machine,
     produce_chunks,
     raw_republish,
@@ -107,7 +107,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each path")
     parser.add_argument("--format", choices=("envelope", "json"), default="envelope",
                         help="what onceflow writes (the raw loop writes plain JSON)")
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=journal_page(),
+                        help="the page the run's section is appended to (default: today's, UTC)")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-republisher-bench-"))
     kafka = services.start_tansu(state / "kafka")

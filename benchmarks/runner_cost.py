@@ -1,7 +1,7 @@
 """The pipeline thread's cost per record, in process, beside ``json.loads`` of the same values.
 
 A worker's pipeline actor thread holds the GIL ~87% of the time on the
-robots path (py-spy, see RESULTS.md), so its per-record cost bounds the
+robots path (py-spy, see journal/2026-11-23.md), so its per-record cost bounds the
 worker. This runs ``PipelineRunner.process`` (the worker's own runner) over
 the robot stream in batches of 2,000 records, as ``getmany`` hands them over
 (each partition's records in a run),

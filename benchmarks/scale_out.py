@@ -23,12 +23,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from common import (
-    RESULTS,
     CommitWatcher,
     RssSampler,
     Worker,
     append,
     chunked,
+    journal_page,
     machine,
     produce_chunks,
 )
@@ -78,7 +78,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each")
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=journal_page(),
+                        help="the page the run's section is appended to (default: today's, UTC)")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-scale-bench-"))
     kafka = services.start_tansu(state / "kafka")

@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from common import (
-    RESULTS,
     CommitWatcher,
     RssSampler,
     Worker,
     append,
     chunked,
+    journal_page,
     machine,
     produce_chunks,
 )
@@ -122,7 +122,8 @@ def main() -> None:
     parser.add_argument("--unbounded", type=int, default=1_000_000_000,
                         help="max-states of the 'before' run (0: skip it)")
     parser.add_argument("--seed", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--out", type=Path, default=journal_page(),
+                        help="the page the run's section is appended to (default: today's, UTC)")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-soak-bench-"))
     kafka = services.start_tansu(state / "kafka")

@@ -26,10 +26,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from common import append, journal_page
+
 from onceflow.stages.lineage import Position, Route
 from onceflow.stages.state import AggregateState, decode_state, encode_state
 
-HERE = Path(__file__).resolve().parent
 ROUTES = (1, 4, 16, 64, 256)
 KEYS = 1_000_000
 ROOT, HOP = "orders", "orders-by-customer"  # as onceflow.examples.orders / regroup
@@ -122,12 +123,12 @@ def main() -> None:
     parser.add_argument("--offset", type=int, default=123_456_789,
                         help="root offsets (digits cost bytes: each digit less, 1 byte less)")
     parser.add_argument("--copies", type=int, default=500)
-    parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--out", type=Path, default=journal_page(),
+                        help="the page the run's section is appended to (default: today's, UTC)")
     args = parser.parse_args()
     report = render(args, measure(args.offset, args.copies))
     print(report)
-    previous = args.out.read_text() if args.out.exists() else "# Benchmark results\n\n"
-    args.out.write_text(previous.rstrip() + "\n\n" + report)
+    append(args.out, report)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from onceflow.devtools.robot_stream import generate
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
-from common import CommitWatcher  # noqa: E402
+from common import CommitWatcher, append, journal_page  # noqa: E402
 from helpers import create_topic, produce  # noqa: E402
 
 PARTITIONS = 4
@@ -148,7 +148,8 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=3, help="alternating runs of each path")
     parser.add_argument("--store", choices=("redis", "cassandra"), default="redis")
-    parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--out", type=Path, default=journal_page(),
+                        help="the page the run's section is appended to (default: today's, UTC)")
     parser.add_argument("--profile", type=Path, help="py-spy the worker into this folder")
     args = parser.parse_args()
     state = Path(tempfile.mkdtemp(prefix="onceflow-bench-"))
@@ -175,8 +176,7 @@ def main() -> None:
     print(report)
     if args.profile:  # sampled runs are slower: print, do not record
         return
-    previous = args.out.read_text() if args.out.exists() else "# Benchmark results\n\n"
-    args.out.write_text(previous.rstrip() + "\n\n" + report)
+    append(args.out, report)
 
 
 def render(args: argparse.Namespace, events: int,

@@ -3,7 +3,7 @@
 The runner's per-record work is plain Python: mypyc, which ships with mypy,
 compiles these modules unchanged (their type hints become C types), and they
 take about 30% (aggregate and republish paths) to 37% (windowed path) less time per
-record: ``benchmarks/RESULTS.md``.
+record: ``benchmarks/journal/2026-11-24.md`` (fourth session, compiled against pure).
 ``make`` builds them in place (``scripts/compile_stages.py``, which loads this file
 without importing the package, whose import runs ``check``); ``make pure`` removes
 them. The pure-Python modules stay the source of truth and work alone.

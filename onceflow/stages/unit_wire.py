@@ -4,7 +4,7 @@ A republish step with ``unit=True`` writes one ``Envelope`` per run of values
 (``stages.units``). Built through protobuf's Python API, each ``items.add``
 looks its keyword names up in the message descriptor and each field set
 crosses into upb: about half of the chain's republisher's time per record
-(``benchmarks/RESULTS.md``, issue 13, eighth session). The envelope uses few
+(``benchmarks/journal/2026-11-25.md``, issue 13, eighth session). The envelope uses few
 field types (strings, bytes, int32, int64, nested messages), so this module
 writes them itself, as protobuf's encoder does: fields in number order,
 proto3 defaults (0, empty) left out, negative ints as ten-byte varints.

@@ -1,7 +1,8 @@
-"""The docs point at things that exist: every relative link in README.md and docs/**/*.md
-reaches a file (and a heading, when it names one), and every file path or `onceflow.x.y`
-name they cite in backticks is a file, a module with that attribute, a config key of
-reference.conf or a documented header. A page moved or a module renamed fails here."""
+"""The docs point at things that exist: every relative link in README.md, docs/**/*.md and
+the benchmarks' current figures (RESULTS.md and the journal's index) reaches a file (and a
+heading, when it names one), and every file path or `onceflow.x.y` name they cite in
+backticks is a file, a module with that attribute, a config key of reference.conf or a
+documented header. A page moved or a module renamed fails here."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 from pyhocon import ConfigFactory, ConfigTree
 
 ROOT = Path(__file__).parents[2]
-PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
+JOURNAL = ROOT / "benchmarks" / "journal"
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md"),
+                ROOT / "benchmarks" / "RESULTS.md", JOURNAL / "README.md"])
 
 # Record headers onceflow writes (`onceflow.reason` ...): names, not modules or keys.
 HEADERS = {"reason", "source", "stage", "pipeline", "index", "root", "position", "truncated"}
@@ -146,3 +149,11 @@ def test_cited_files_and_modules_exist(page: Path) -> None:
                      | {name for span in cited for name in _NAME.findall(span)
                         if not name_exists(name)})
     assert not missing, f"{relative(page)} cites what does not exist: {missing}"
+
+
+def test_journal_index_links_every_page() -> None:
+    """A day's page the benchmarks started is listed in the journal's index."""
+    listed = set(_LINK.findall(prose((JOURNAL / "README.md").read_text())))
+    pages = {page.name for page in JOURNAL.glob("*.md") if page.name != "README.md"}
+    assert pages, "no journal pages"
+    assert pages <= listed, f"not in benchmarks/journal/README.md: {sorted(pages - listed)}"
