@@ -124,7 +124,7 @@ class Worker:
         m = self.settings.metrics
         if m.port:
             try:
-                self._http = HealthServer(m.host, m.port, self.status)
+                self._http = HealthServer(m.host, m.port, self.status, self.pipeline.id)
             except OSError as error:
                 raise ConfigError(self.settings.source, "onceflow.metrics.port",
                                   f"expected a port free to listen on at {m.host}, "
