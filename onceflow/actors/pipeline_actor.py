@@ -63,6 +63,18 @@ log = logging.getLogger(__name__)
 MAX_UNWRITTEN_SNAPSHOTS = 2
 
 
+def _zero_series(pipeline: Pipeline, republish_topics: Iterable[str]) -> None:
+    """Every labelled series of the pipeline exported from the start, at 0: a dashboard or
+    alert sees it before its first event, and ``increase()`` counts that event."""
+    for spec in pipeline.aggregates:
+        for family in (metrics.FOLDED, metrics.DUPLICATES, metrics.LATE, metrics.MISALIGNED):
+            family.labels(spec.id)
+    for topic in republish_topics:
+        metrics.REPUBLISHED.labels(topic)
+    for step, _ in pipeline.exclusive_outputs:
+        metrics.EXCLUSIVE_SKIPPED.labels(step.topic)
+
+
 class PipelineActor(ReportingActor):
     def __init__(
         self,
@@ -94,6 +106,7 @@ class PipelineActor(ReportingActor):
         self._sequence_store = pipeline.dedup_store
         self._republish_topics = frozenset(step.topic for step in pipeline.steps
                                            if isinstance(step, Republish | Repartition))
+        _zero_series(pipeline, self._republish_topics)
         self._warned_misaligned: set[str] = set()
         self._warned_unkeyed: set[TopicPartition] = set()
         self._dead_letter_warnings = DeadLetterWarnings(log)
