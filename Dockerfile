@@ -1,5 +1,6 @@
-# The onceflow worker. Built by docker-compose.yml; runs config/example.conf,
-# which takes Kafka and Redis addresses from ONCEFLOW_* environment variables.
+# The onceflow worker. Built by docker-compose.yml (image onceflow:dev); runs
+# config/compose.conf, whose hosts are the compose services. The base of an
+# image of your own pipeline: deploy/Dockerfile.app.
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -9,8 +10,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# README* may not exist yet; pyproject.toml is what pip needs.
-COPY pyproject.toml README* ./
+# pyproject.toml names README.md as the package's readme: pip needs both.
+COPY pyproject.toml README.md ./
 COPY onceflow ./onceflow
 RUN pip install .  # the worker alone: no analytics, no embedded services
 
@@ -20,4 +21,4 @@ RUN useradd --system --uid 10001 --no-create-home onceflow
 USER onceflow
 
 # SIGTERM (docker stop) starts a drain bounded by onceflow.shutdown.timeout.
-CMD ["onceflow", "run", "-c", "/app/config/example.conf"]
+CMD ["onceflow", "run", "-c", "/app/config/compose.conf"]

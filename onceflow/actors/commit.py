@@ -11,6 +11,7 @@ discarded by the watermarks.
 from __future__ import annotations
 
 import logging
+import time
 
 import pykka
 from aiokafka.errors import KafkaError
@@ -54,6 +55,7 @@ class CommitActor(ReportingActor):
             log.debug("commit held: %d records in the outbox are not delivered yet", held)
         if not due or self._consumer is None:
             return {}
+        started = time.monotonic()
         try:
             owned: dict[TopicPartition, int] = self._consumer.ask(Commit(due))
         except KafkaError as error:  # e.g. a rebalance is under way: retry next tick
@@ -61,6 +63,7 @@ class CommitActor(ReportingActor):
             return {}
         except pykka.ActorDeadError:  # the stream is being re-created
             return {}
+        metrics.COMMIT_SECONDS.observe(time.monotonic() - started)
         with self._ledger() as ledger:
             ledger.committed(owned)
         for (topic, partition), offset in owned.items():

@@ -10,8 +10,11 @@ bad when it stops moving while there is lag.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -76,6 +79,37 @@ FENCED = Counter("onceflow_fenced_writes", "Snapshot or outbox writes the store 
                  "paused past its session timeout); each restarts the pipeline",
                  registry=REGISTRY)
 RESTARTS = Counter("onceflow_restarts", "Supervised restarts", ["child"], registry=REGISTRY)
+REPUBLISHED = Counter("onceflow_republished", "Records republished (republish and repartition "
+                      "steps), handed to the producer, by output topic", ["topic"],
+                      registry=REGISTRY)
+EXCLUSIVE_SKIPPED = Counter("onceflow_exclusive_skipped", "Outputs of exclusive republish steps "
+                            "a replay left out because the output topic already held them",
+                            ["topic"], registry=REGISTRY)
+SIDE_SKIPPED = Counter("onceflow_side_outputs_skipped", "Dead letters and late events a replay "
+                       "left out because their topic already held them", registry=REGISTRY)
+COMMIT_SECONDS = Histogram("onceflow_commit_seconds", "Time to commit offsets to Kafka (one "
+                           "successful commit; its count is the number of commits)",
+                           registry=REGISTRY)
+LAST_COMMIT = Gauge("onceflow_last_commit_timestamp_seconds", "Unix time of the last commit "
+                    "(the worker's start before the first one)", registry=REGISTRY)
+LAST_COMMIT.set_to_current_time()
+
+
+class Labelled(Collector):
+    """``REGISTRY`` with constant labels on every sample (``pipeline``): what /metrics serves.
+
+    prometheus_client has no constant labels, so the samples are copied at scrape time.
+    """
+
+    def __init__(self, labels: dict[str, str]):
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        for family in REGISTRY.collect():
+            copy = Metric(family.name, family.documentation, family.type, family.unit)
+            copy.samples = [sample._replace(labels={**sample.labels, **self._labels})
+                            for sample in family.samples]
+            yield copy
 
 _last_progress = time.monotonic()
 _last_commit = time.monotonic()  # or the start: a fresh worker has had no reason to commit
@@ -91,6 +125,7 @@ def committed() -> None:
     global _last_commit, _commits
     _last_commit = time.monotonic()
     _commits += 1
+    LAST_COMMIT.set_to_current_time()
     progressed()
 
 

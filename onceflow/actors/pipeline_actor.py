@@ -39,7 +39,7 @@ from onceflow.actors.messages import (
 from onceflow.actors.retry import retrying
 from onceflow.actors.stored_rows import checked_sequence_rows, checked_window_rows
 from onceflow.stages.outcome import DEAD_LETTER_MAX_VALUE
-from onceflow.stages.pipeline import Aggregate, Pipeline
+from onceflow.stages.pipeline import Aggregate, Pipeline, Repartition, Republish
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import (
@@ -61,6 +61,18 @@ log = logging.getLogger(__name__)
 
 # Snapshots that may wait for the store at once before the pipeline actor blocks.
 MAX_UNWRITTEN_SNAPSHOTS = 2
+
+
+def _zero_series(pipeline: Pipeline, republish_topics: Iterable[str]) -> None:
+    """Every labelled series of the pipeline exported from the start, at 0: a dashboard or
+    alert sees it before its first event, and ``increase()`` counts that event."""
+    for spec in pipeline.aggregates:
+        for family in (metrics.FOLDED, metrics.DUPLICATES, metrics.LATE, metrics.MISALIGNED):
+            family.labels(spec.id)
+    for topic in republish_topics:
+        metrics.REPUBLISHED.labels(topic)
+    for step, _ in pipeline.exclusive_outputs:
+        metrics.EXCLUSIVE_SKIPPED.labels(step.topic)
 
 
 class PipelineActor(ReportingActor):
@@ -92,6 +104,9 @@ class PipelineActor(ReportingActor):
                                       hold_new=True, max_future=max_future,
                                       max_state_bytes=max_state_bytes)
         self._sequence_store = pipeline.dedup_store
+        self._republish_topics = frozenset(step.topic for step in pipeline.steps
+                                           if isinstance(step, Republish | Repartition))
+        _zero_series(pipeline, self._republish_topics)
         self._warned_misaligned: set[str] = set()
         self._warned_unkeyed: set[TopicPartition] = set()
         self._dead_letter_warnings = DeadLetterWarnings(log)
@@ -281,6 +296,14 @@ class PipelineActor(ReportingActor):
                                (metrics.PRODUCER_DUPLICATES, outcome.producer_duplicates)):
             for stage_id, n in counts.items():
                 family.labels(stage_id).inc(n)
+        if outcome.outputs:
+            for topic, n in Counter(output.topic for output in outcome.outputs
+                                    if output.topic in self._republish_topics).items():
+                metrics.REPUBLISHED.labels(topic).inc(n)
+        for topic, n in outcome.exclusive_skipped.items():
+            metrics.EXCLUSIVE_SKIPPED.labels(topic).inc(n)
+        if outcome.side_skipped:
+            metrics.SIDE_SKIPPED.inc(outcome.side_skipped)
         metrics.progressed()
         self._totals.update(batch)
         for stage_id, n in outcome.misaligned.items():

@@ -31,9 +31,10 @@ Status = Callable[[], dict[str, Any]]
 class HealthServer:
     """Serves ``/metrics`` and ``/health`` on a daemon thread."""
 
-    def __init__(self, host: str, port: int, status: Status):
-        """Binds the port (OSError when taken); serves nothing before ``start``."""
-        handler = _handler(status)
+    def __init__(self, host: str, port: int, status: Status, pipeline: str = ""):
+        """Binds the port (OSError when taken); serves nothing before ``start``.
+        ``pipeline``: the pipeline's id, a ``pipeline`` label on every metric."""
+        handler = _handler(status, metrics.Labelled({"pipeline": pipeline}))
         self._server = ThreadingHTTPServer((host, port), handler)
         self.port = self._server.server_address[1]
         self._on_fatal: FatalHandler | None = None
@@ -58,11 +59,11 @@ class HealthServer:
         self._server.server_close()
 
 
-def _handler(status: Status) -> type[BaseHTTPRequestHandler]:
+def _handler(status: Status, exported: metrics.Labelled) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(metrics.REGISTRY))
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(exported))
             elif self.path == "/health":
                 report = status()
                 code = 200 if report["healthy"] else 503

@@ -124,7 +124,7 @@ class Worker:
         m = self.settings.metrics
         if m.port:
             try:
-                self._http = HealthServer(m.host, m.port, self.status)
+                self._http = HealthServer(m.host, m.port, self.status, self.pipeline.id)
             except OSError as error:
                 raise ConfigError(self.settings.source, "onceflow.metrics.port",
                                   f"expected a port free to listen on at {m.host}, "
@@ -136,9 +136,12 @@ class Worker:
                                   sv.backoff_initial, sv.backoff_max, sv.backoff_jitter,
                                   sv.max_repeats)
         unfenced = unfenced_stores(self.settings, self.pipeline)
+        children = [ChildSpec("core", self._start_core),
+                    ChildSpec("consumer", self._start_stream, depends_on=("core",))]
+        for child in children:  # exported at 0 from the start (for increase() and alerts)
+            metrics.RESTARTS.labels(child.name)
         self._supervisor = Supervisor.start(
-            [ChildSpec("core", self._start_core),
-             ChildSpec("consumer", self._start_stream, depends_on=("core",))],
+            children,
             restart, self._escalate, permanent=_permanent, progress=metrics.commits,
         )
         try:

@@ -69,6 +69,7 @@ class BatchOutcome:
     rejected: Counter[tuple[str, str]] = field(default_factory=Counter)  # (stage, kind) -> n
     first_rejection: dict[tuple[str, str], str] = field(default_factory=dict)  # its reason
     side_skipped: int = 0  # dead letters and late events a replay found already written
+    exclusive_skipped: dict[str, int] = field(default_factory=dict)  # topic -> outputs, likewise
 
     def dead_letter(self, output: Output, reason: Exception) -> None:
         """Count a dead letter by stage and kind of reason (``source`` for format errors)."""

@@ -31,6 +31,7 @@ class WrittenOutputs:
 
     def __init__(self) -> None:
         self._marks: dict[tuple[str, TopicPartition], Position] = {}
+        self.skipped: dict[str, int] = {}  # topic -> outputs left out, since last taken
 
     def resume(self, topic: str, written: Mapping[TopicPartition, Position],
                scanned: Iterable[TopicPartition]) -> None:
@@ -133,6 +134,9 @@ def republished(
                        *plain_headers(out.source_chain, out.event_id, out.event_time_ms))
         positions.append(pos)
         outputs.append(Output(step.topic, out.key.encode() or None, payload, headers, partition))
+    if mark is not None and len(positions) < len(values):
+        written.skipped[step.topic] = written.skipped.get(step.topic, 0) + len(values) - len(
+            positions)
     return positions, outputs
 
 

@@ -205,6 +205,8 @@ class PipelineRunner:
         if sequences is not None:
             sequences.count(outcome)
         outcome.side_skipped, self.side.skipped = self.side.skipped, 0
+        if self.written.skipped:
+            outcome.exclusive_skipped, self.written.skipped = self.written.skipped, {}
         self.advance()
         return outcome
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import urllib.request
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from onceflow.devtools import harness
 
 
@@ -27,12 +29,24 @@ def quick_recovery(bootstrap: str, redis_url: str, prefix: str) -> dict[str, str
 def metric(port: int, name: str, absent: float | None = None) -> float:
     """One sample of the worker's /metrics (``name`` with its labels); ``absent`` if none."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
+        found = series(response.read().decode()).get(name)
+    if found is not None:
+        return found
     if absent is not None:
         return absent
     raise AssertionError(f"no metric {name}")
+
+
+def series(text: str) -> dict[str, float]:
+    """The samples of a /metrics text by ``name`` or ``name{label="value",...}`` (labels
+    sorted), without the ``pipeline`` label every sample carries."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            inner = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())
+                             if k != "pipeline")
+            found[f"{sample.name}{{{inner}}}" if inner else sample.name] = sample.value
+    return found
 
 
 async def drained(bootstrap: str, group: str, topic: str, ends: dict[int, int],

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import re
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,10 +95,8 @@ def test_broker_frozen_longer_than_every_timeout_recovers_without_process_restar
         assert worker.exited() is None, "recovery must happen inside the process"
         ends = asyncio.run(harness.produce(kafka.address, topic, second.messages))
         asyncio.run(drained(kafka.address, group, topic, ends, worker))
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        starts = float(re.search(r"^onceflow_stream_starts_total (\S+)$", text, re.M)[1])
-        assert starts >= 2, text  # the stream was re-created
+        starts = metric(port, "onceflow_stream_starts_total")
+        assert starts >= 2, starts  # the stream was re-created
         assert worker.terminate(10) == 0
         store = RedisStore(redis_url, prefix, "robots")
         assert stored_states(store, "per_robot") == expected_counts(first.truth, second.truth)
