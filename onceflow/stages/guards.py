@@ -113,13 +113,12 @@ def checked_key(key: object) -> str:
     """
     if type(key) is not str:
         raise TypeError(f"key must be str, got {type(key).__name__} {_short(key)}")
-    text = cast(str, key)
-    if not text.isascii():
+    if not key.isascii():
         try:
-            text.encode()
+            key.encode()
         except UnicodeEncodeError as error:
-            raise ValueError(f"key {_short(text)} is not valid UTF-8 text: {error}") from error
-    return text
+            raise ValueError(f"key {_short(key)} is not valid UTF-8 text: {error}") from error
+    return key
 
 
 def _short(value: Any) -> str:
