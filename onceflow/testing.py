@@ -137,9 +137,9 @@ class TestRun:
             if offset < end:
                 raise ValueError(f"{topic}/{record.partition}: offset {offset} is taken (next is "
                                  f"{end}); use duplicate() to deliver a record again")
-            key = None if record.key is None else record.key.encode()
             value = record.to_bytes(self.pipeline.format_of(topic))
-            consumed.append(self._append(Consumed(topic, record.partition, offset, value, key,
+            consumed.append(self._append(Consumed(topic, record.partition, offset, value,
+                                                  record.key_bytes,
                                                   tuple(record.headers), record.timestamp)))
         self._pending.extend(consumed)
         self._drain()

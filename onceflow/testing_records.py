@@ -44,19 +44,31 @@ class Record:
     topic a JSON-able object becomes the payload of an envelope with ``key``;
     on a ``json`` topic it is sent as JSON, a ``str`` as UTF-8. An
     ``Envelope`` or bytes are sent as they are, whatever the format (a
-    serialized envelope, or garbage to test dead letters). ``key`` is also
-    the Kafka key; ``headers`` and ``timestamp`` (ms) are the Kafka record's.
-    ``topic`` defaults to the pipeline's first topic; ``offset`` to the
-    partition's next one.
+    serialized envelope, or garbage to test dead letters). ``key`` is the
+    Kafka record's key: bytes as they are, a ``str`` as UTF-8; an envelope
+    built from ``value`` gets it as text, as the worker reads a Kafka key
+    (UTF-8, undecodable bytes replaced). ``headers`` and ``timestamp`` (ms)
+    are the Kafka record's. ``topic`` defaults to the pipeline's first topic;
+    ``offset`` to the partition's next one.
     """
 
     value: Any
     topic: str | None = None
     partition: int = 0
     offset: int | None = None
-    key: str | None = None
+    key: str | bytes | None = None
     headers: Sequence[tuple[str, bytes]] = ()
     timestamp: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.key is not None and not isinstance(self.key, str | bytes):
+            raise TypeError(f"Record key must be bytes, str or None (the Kafka record's key), "
+                            f"got {type(self.key).__name__} {self.key!r}")
+
+    @property
+    def key_bytes(self) -> bytes | None:
+        """The Kafka record's key."""
+        return self.key.encode() if isinstance(self.key, str) else self.key
 
     def to_bytes(self, fmt: Format = "envelope") -> bytes:
         """The value as a producer of a topic in format ``fmt`` would write it."""
@@ -65,7 +77,8 @@ class Record:
         if isinstance(self.value, Envelope):
             return self.value.SerializeToString()
         if fmt == "envelope":
-            return envelope(self.value, key=self.key or "").SerializeToString()
+            text = self.key.decode(errors="replace") if isinstance(self.key, bytes) else self.key
+            return envelope(self.value, key=text or "").SerializeToString()
         if isinstance(self.value, str) and fmt != "json":
             return self.value.encode()
         if fmt == "json":

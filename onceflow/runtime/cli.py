@@ -129,6 +129,7 @@ def _run(config: str, assignments: list[str]) -> int:
         check_landing,
         check_store_access,
         check_stores,
+        check_topic_names,
         load_pipeline,
     )
     from onceflow.runtime.worker import Worker
@@ -137,7 +138,10 @@ def _run(config: str, assignments: list[str]) -> int:
         overrides = dict(_split(a) for a in assignments)
         settings = load_settings(config, overrides)
         signals.budget = settings.shutdown.timeout
+        for warning in settings.warnings:
+            log.warning("config: %s", warning)
         pipeline = load_pipeline(settings)
+        check_topic_names(settings, pipeline)
         check_stores(settings, pipeline)
         check_landing(settings, pipeline)
         check_exclusive(settings, pipeline)

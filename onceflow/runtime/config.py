@@ -212,6 +212,7 @@ def _build(read: Reader, source: str) -> Settings:
         pipeline_settings=_pipeline_settings(read),
         windows=WindowSettings(read.duration("onceflow.windows.idle-timeout", 1, 7 * 86400),
                                read.duration("onceflow.windows.max-future", 1, 3650 * 86400)),
+        warnings=tuple(read.warnings),  # last: after every read
     )
 
 

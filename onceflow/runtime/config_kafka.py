@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from onceflow.runtime.config_reader import Reader, fmt
+from onceflow.runtime.config_reader import KAFKA_TOPIC, KAFKA_TOPIC_HINT, Reader, fmt
 from onceflow.runtime.config_security import kafka_security
 from onceflow.runtime.settings import (
     ConnectionCheckerSettings,
@@ -21,7 +21,7 @@ def kafka_settings(read: Reader) -> KafkaSettings:
     k = "onceflow.kafka."
     kafka = KafkaSettings(
         bootstrap_servers=read.text(k + "bootstrap-servers", _SERVERS, "'host:port[,host:port]'"),
-        group_id=read.text(k + "group-id"),
+        group_id=_group_id(read, k + "group-id"),
         client_id=read.text(k + "client-id"),
         auto_offset_reset=cast(
             OffsetReset,
@@ -32,8 +32,8 @@ def kafka_settings(read: Reader) -> KafkaSettings:
         request_timeout=read.duration(k + "request-timeout", 1, 600),
         max_poll_records=read.integer(k + "max-poll-records", 1, 100_000),
         fetch_max_wait=read.duration(k + "fetch-max-wait", 0, 60),
-        dead_letter_topic=read.text(k + "dead-letter-topic", r"[\w.-]{1,249}", "a topic name"),
-        late_events_topic=read.text(k + "late-events-topic", r"[\w.-]{1,249}", "a topic name"),
+        dead_letter_topic=read.text(k + "dead-letter-topic", KAFKA_TOPIC, KAFKA_TOPIC_HINT),
+        late_events_topic=read.text(k + "late-events-topic", KAFKA_TOPIC, KAFKA_TOPIC_HINT),
         repartition_replication_factor=read.integer(k + "repartition-replication-factor", 1,
                                                     32767),
         connection_checker=ConnectionCheckerSettings(
@@ -60,6 +60,26 @@ def kafka_settings(read: Reader) -> KafkaSettings:
             f"got {fmt(kafka.join_timeout)}",
         )
     return kafka
+
+
+def _group_id(read: Reader, key: str) -> str:
+    """The consumer group; a warning if it holds whitespace.
+
+    Kafka accepts any group id, so one with a space is not refused (a running
+    deployment may have its offsets under it). But it is most likely an
+    unquoted HOCON value (``group-id = payments agg`` reads as one string with
+    a space), and a group other than the one meant is a new group over the
+    same states: it starts from ``auto-offset-reset``, and beside workers of
+    the old group both would own every partition.
+    """
+    group = read.text(key)
+    if any(char.isspace() for char in group):
+        read.warn(key, f"the group id {group!r} holds whitespace (an unquoted HOCON value "
+                  "keeps the spaces between its words): Kafka accepts it, but if it is not "
+                  "the group this pipeline ran under, it is a new group over the same states, "
+                  "starting from auto-offset-reset, and beside workers of the old group both "
+                  "would own every partition")
+    return group
 
 
 def _producer(read: Reader) -> ProducerSettings:

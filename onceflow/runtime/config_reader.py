@@ -75,6 +75,11 @@ def _relativedelta_seconds(value: object) -> float | None:
 #: The origin named in errors about a ``--set`` override (the command line).
 OVERRIDES = "<overrides>"
 
+#: A name Kafka accepts for a topic (its ``Topic.validate``): 1 to 249 ASCII letters,
+#: digits, ``.``, ``_`` and ``-``, but not ``.`` or ``..``.
+KAFKA_TOPIC = r"(?!\.\.?\Z)[a-zA-Z0-9._-]{1,249}"
+KAFKA_TOPIC_HINT = "a Kafka topic name (1 to 249 of a-z A-Z 0-9 . _ -, not '.' or '..')"
+
 
 class Reader:
     """Typed, range-checked reads from the resolved tree, blaming the right source."""
@@ -82,9 +87,15 @@ class Reader:
     def __init__(self, tree: ConfigTree, origin: Callable[[str], str]) -> None:
         self._tree = tree
         self._origin = origin
+        #: ``<file>: <key>: <problem>`` lines for values that are legal but most likely not
+        #: what was meant; the worker logs them as warnings at start.
+        self.warnings: list[str] = []
 
     def error(self, key: str, expected: str) -> ConfigError:
         return ConfigError(self._origin(key), key, expected)
+
+    def warn(self, key: str, problem: str) -> None:
+        self.warnings.append(f"{self._origin(key)}: {key}: {problem}")
 
     def origin(self, key: str) -> str:
         """Where ``key``'s value came from: the file, ``$ENV_VAR`` or ``OVERRIDES``."""

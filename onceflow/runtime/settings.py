@@ -251,4 +251,7 @@ class Settings:
     single_worker: bool
     pipeline_settings: dict[str, Any]
     windows: WindowSettings = field(default_factory=lambda: WindowSettings())
+    #: ``<file>: <key>: <problem>`` of values accepted but most likely not meant (a group
+    #: id with a space); the worker logs each at start.
+    warnings: tuple[str, ...] = ()
 

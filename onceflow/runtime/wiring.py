@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 from typing import Any
 
 from onceflow.actors.connection_check import ConnectionCheck
@@ -16,8 +17,9 @@ from onceflow.actors.delivery import DeliverySettings
 from onceflow.runtime import extras
 from onceflow.runtime.app_path import import_hint
 from onceflow.runtime.config import ConfigError, Settings
+from onceflow.runtime.config_reader import KAFKA_TOPIC, KAFKA_TOPIC_HINT
 from onceflow.runtime.kafka_security import client_kwargs
-from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.pipeline import Pipeline, Repartition, Republish
 from onceflow.stages.producer_dedup import NO_STORE
 from onceflow.stores.access import StoreAccessDenied
 from onceflow.stores.base import StateStore
@@ -93,6 +95,28 @@ def check_stores(settings: Settings, pipeline: Pipeline) -> None:
     if store is not None and store not in STORES:
         raise ConfigError(settings.source, f"onceflow.stores.{store}", f"dedup= names store "
                           f"{store!r} for the producer sequences; supported: {', '.join(STORES)}")
+
+
+def check_topic_names(settings: Settings, pipeline: Pipeline) -> None:
+    """Every topic the pipeline reads or writes has a name Kafka accepts.
+
+    Otherwise the worker would start and fail on its first fetch or send; a
+    name with a space is most likely an unquoted HOCON value
+    (``topic = payments raw``). Blamed on the ``onceflow.pipeline-settings``
+    entry that holds the name, else on ``onceflow.pipeline``.
+    """
+    named = [(topic, "source topic") for topic in pipeline.topics]
+    named += [(step.topic, f"{type(step).__name__.lower()} {step.id!r} topic")
+              for step in pipeline.steps if isinstance(step, Republish | Repartition)]
+    for topic, role in named:
+        if isinstance(topic, str) and re.fullmatch(KAFKA_TOPIC, topic):
+            continue
+        key = next((f"onceflow.pipeline-settings.{name}" for name, value
+                    in settings.pipeline_settings.items()
+                    if value == topic or (isinstance(value, list) and topic in value)),
+                   "onceflow.pipeline")
+        raise ConfigError(settings.source, key, f"expected {KAFKA_TOPIC_HINT}, got {topic!r} "
+                          f"(pipeline {pipeline.id!r}: {role})")
 
 
 MAP_SAMPLE = 64  # input partitions each exclusive partition map is tried on at start

@@ -94,18 +94,31 @@ def unknown_keys(shares: Iterable[tuple[StateTable, Sequence[Any]]]
     for table, keys in shares:
         states = table.states
         for key in keys:
-            if type(key) is not str:
-                raise StageFailure(table.spec.id, TypeError(
-                    f"key must be str, got {type(key).__name__} {_short(key)}"))
-            if key not in states:
-                if not key.isascii():
-                    try:
-                        key.encode()
-                    except UnicodeEncodeError as error:
-                        raise StageFailure(table.spec.id, ValueError(
-                            f"key {_short(key)} is not valid UTF-8 text: {error}")) from error
-                found.append((table, key))
+            if type(key) is not str or key not in states:  # a cached key was checked
+                try:
+                    found.append((table, checked_key(key)))
+                except (TypeError, ValueError) as error:
+                    raise StageFailure(table.spec.id, error) from error
     return found
+
+
+def checked_key(key: object) -> str:
+    """``key`` if a store and a Kafka record can hold it: a ``str`` of valid UTF-8 text;
+    otherwise TypeError or ValueError naming what it is.
+
+    The one rule for the keys user functions return, an aggregate's or a republish
+    step's: checked before the key reaches a typed call, whose own refusal names
+    neither the key nor the rule (protobuf's "bad argument type for built-in
+    operation").
+    """
+    if type(key) is not str:
+        raise TypeError(f"key must be str, got {type(key).__name__} {_short(key)}")
+    if not key.isascii():
+        try:
+            key.encode()
+        except UnicodeEncodeError as error:
+            raise ValueError(f"key {_short(key)} is not valid UTF-8 text: {error}") from error
+    return key
 
 
 def _short(value: Any) -> str:

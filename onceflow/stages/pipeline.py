@@ -243,10 +243,15 @@ class Pipeline:
         """Produce each value to ``topic`` as an envelope whose source chain grows by one.
 
         ``encode`` makes the payload (default: compact JSON), ``key`` the Kafka
-        key (default: the input envelope's key), ``event_time_ms`` the event
-        time (default: the input's). Aggregates downstream, in this or another
-        pipeline, dedup on the chain's root, so a republisher that re-sends
-        after a crash double counts nothing.
+        key, a ``str`` (default: the input envelope's key, or a raw record's
+        Kafka key read as UTF-8; any other type is a dead letter, as for an
+        aggregate key), ``event_time_ms`` the event time: the envelope's
+        ``event_time_ms`` and a plain output's ``onceflow-event-time-ms``
+        header (default: the input's; for a raw record not written by onceflow
+        that is its Kafka timestamp, 0 if none, not a time in the value).
+        Aggregates downstream, in this or another pipeline, dedup on the
+        chain's root, so a republisher that re-sends after a crash double
+        counts nothing.
 
         ``exclusive=True``: outputs go to ``partition(input topic, input
         partition)`` (default: the input's partition number) and this step is

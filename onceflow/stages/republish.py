@@ -14,6 +14,7 @@ from typing import Any
 
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.formats import ENVELOPE_MARK, FORMAT_HEADER
+from onceflow.stages.guards import checked_key
 from onceflow.stages.lineage import Position, RootPartition, event_id, hops_of
 from onceflow.stages.origin import plain_headers
 from onceflow.stages.outcome import ConsumedRecord, Output
@@ -114,7 +115,7 @@ def republished(
             event_id=event_id(root, pos),
             event_time_ms=(event_time(value) if event_time is not None
                            else times[pos[hop]] if times else time_ms),
-            key=key_of(value) if key_of is not None else key,
+            key=checked_key(key_of(value)) if key_of is not None else key,
             payload=encode(value),
             payload_type=step.payload_type,
         )
@@ -169,7 +170,7 @@ def _units(
     size = 0
     for n, (pos, value) in enumerate(values):
         j = fan[n] if fan is not None else n
-        out_key = key_of(value) if key_of is not None else key
+        out_key = checked_key(key_of(value)) if key_of is not None else key
         source = pos[hop] if times else -1
         payload = encode(value)
         size += len(payload)

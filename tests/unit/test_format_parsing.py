@@ -168,6 +168,31 @@ def test_outputs_republished_from_a_raw_record_are_marked_envelopes_rooted_at_it
     assert "declared json but holds onceflow envelopes" in downstream.dead_letters[0].reason
 
 
+def test_the_republished_event_time_is_the_kafka_timestamp_unless_given_or_carried() -> None:
+    """What the republish guide says of ``onceflow-event-time-ms``."""
+    def plain(**options: Any) -> TestRun:
+        return TestRun(Pipeline("p", topics=("in",), format="json")
+                       .republish("out", "out", format="json", **options))
+
+    def times(run: TestRun) -> list[str]:
+        return [o.headers["onceflow-event-time-ms"] for o in run.outputs("out")]
+
+    run = plain()
+    run.feed([Record({"ts": 5}, timestamp=1_234), Record({"ts": 6})])
+    assert times(run) == ["1234", "0"]  # the Kafka timestamp (0 without one)
+    given = plain(event_time_ms=lambda v: v["ts"])
+    given.feed([Record({"ts": 5}, timestamp=1_234)])
+    assert times(given) == ["5"]
+    again = plain()  # a onceflow output read again keeps its event time, not its timestamp
+    again.feed([Record(o.value, headers=list((k, v.encode()) for k, v in o.headers.items()),
+                       timestamp=9_999, offset=10) for o in given.outputs("out")])
+    assert times(again) == ["5"]
+    enveloped = TestRun(Pipeline("e", topics=("in",)).republish(
+        "out", "out", encode=lambda payload: payload, format="bytes"))
+    enveloped.feed([Record(envelope({"v": 1}, event_time_ms=77), timestamp=1_234)])
+    assert times(enveloped) == ["77"]  # an input envelope's own event time
+
+
 def test_repartition_hops_stay_envelopes_under_a_json_source() -> None:
     pipeline = (Pipeline("p", topics=("in",), format="json")
                 .repartition("by_k", key=lambda v: v["k"])

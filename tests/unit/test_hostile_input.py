@@ -330,6 +330,21 @@ def test_keys_no_store_can_hold_are_dead_lettered_and_the_batch_goes_on() -> Non
             "codec can't encode character '\\ud800' in position 0: surrogates not allowed")]
 
 
+@pytest.mark.parametrize("shape", [{}, {"format": "json"}, {"unit": True}])
+def test_republish_keys_no_record_can_hold_are_dead_lettered_as_the_aggregate_path_says(
+        shape: dict[str, Any]) -> None:
+    run = TestRun(Pipeline("robots", topics=(TOPIC,), format="json")
+                  .republish("out", "out", key=itemgetter("serial"), **shape))
+    run.feed([Record({"serial": "r1"}), Record({"serial": 7}), Record({"serial": [1]}),
+              Record(b'{"serial": "\\ud800"}'), Record({"serial": "r2"})])
+    assert [o.key for o in run.outputs("out")] == [b"r1", b"r2"]
+    assert [(d.record.offset, d.reason) for d in run.dead_letters] == [
+        (1, "stage 'out': TypeError: key must be str, got int 7"),
+        (2, "stage 'out': TypeError: key must be str, got list [1]"),
+        (3, "stage 'out': ValueError: key '\\ud800' is not valid UTF-8 text: 'utf-8' "
+            "codec can't encode character '\\ud800' in position 0: surrogates not allowed")]
+
+
 def test_json_nested_too_deep_is_a_dead_letter_on_any_format() -> None:
     deep = b"[" * 100_000
     for fmt in ("json", "envelope"):

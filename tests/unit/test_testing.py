@@ -81,6 +81,27 @@ def test_republished_outputs_carry_their_source_chain() -> None:
     assert [o.envelope.event_id for o in outputs] == ["raw/0/0.0", "src/1/3.2.0", "src/1/3.2.1"]
 
 
+def test_a_record_key_is_the_kafka_key_given_as_bytes_or_str() -> None:
+    seen: list[bytes | None] = []
+    raw = (Pipeline("p", topics=("in",), format="json", with_meta=True)
+           .map("meta", lambda pair: seen.append(pair[1].key) or pair[0])
+           .republish("out", "out"))
+    run = TestRun(raw)
+    fed = run.feed([Record({"v": 1}, key=b"m-1"), Record({"v": 2}, key="m-1"),
+                    Record({"v": 3}, key=b"\xffm"), Record({"v": 4})])
+    assert [r.key for r in fed] == seen == [b"m-1", b"m-1", b"\xffm", None]
+    # a republish's default key is the Kafka key as the worker reads it: UTF-8, bad bytes replaced
+    assert [o.key for o in run.outputs("out")] == [b"m-1", b"m-1", "\ufffdm".encode(), None]
+    run = TestRun(Pipeline("e", topics=("in",), decode=lambda e: json.loads(e.payload))
+                  .republish("out", "out"))
+    (record,) = run.feed([Record({"v": 1}, key=b"m-1")])
+    assert (record.key, record.envelope.key) == (b"m-1", "m-1")
+    assert [o.key for o in run.outputs("out")] == [b"m-1"]
+    with pytest.raises(TypeError, match=r"^Record key must be bytes, str or None \(the Kafka "
+                                        r"record's key\), got int 5$"):
+        Record({"v": 1}, key=5)  # type: ignore[arg-type]
+
+
 def test_a_failing_function_and_an_undecodable_record_become_dead_letters() -> None:
     def explode(r: dict[str, Any]) -> list[tuple[str, int]]:
         if r["xs"] == "boom":
