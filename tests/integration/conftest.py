@@ -1,7 +1,10 @@
 """Integration tests import their shared helpers from this folder; the stores that want
 a login and TLS are started here, once per session, for the tests that use them."""
 
+import shutil
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,10 +13,39 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from helpers import SecureService  # importable once the folder is on the path
+from helpers import SecureService, clean_env  # importable once the folder is on the path
 
 from onceflow.devtools import services
 from onceflow.devtools.certs import LocalPki, make_pki
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new venv with ``pip install <sources>`` and no extras (pip's cache makes it quick).
+
+    Once per session (~90 s): its tests share ``xdist_group("fresh_venv")``, so make test
+    builds it on one worker only. They may add to it, never remove a package.
+    """
+    base = tmp_path_factory.mktemp("install")
+    # A copy, so that the build's egg-info and build/ stay out of the worktree.
+    source = base / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "onceflow", source / "onceflow",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    venv = base / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=clean_env(),
+                   cwd=base, timeout=300)
+    started = time.monotonic()
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                          str(source)], env=clean_env(), cwd=base, capture_output=True, text=True,
+                         timeout=900, check=False)
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    print(f"pip install onceflow (no extras): {time.monotonic() - started:.1f} s")
+    return venv
 
 
 @pytest.fixture(scope="session")
