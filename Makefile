@@ -15,7 +15,7 @@ demo: setup
 
 # The suite is mostly waiting (workers joining, kill schedules, outages), so
 # TEST_WORKERS processes run it side by side, each with its own services
-# (tests/conftest.py); the Spark tests share one process and one Spark session.
+# (tests/conftest.py); a module-scoped fixture keeps its module in one process.
 # Tests marked `alone` (their outcome depends on wall-clock pacing) run after, alone.
 TEST_WORKERS ?= 4
 

@@ -43,11 +43,3 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
     finally:
         cluster.stop()
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``) every Spark test runs in one worker process, so
-    the suite starts one Spark session (a JVM of 1 GB), not one per worker."""
-    here = os.path.dirname(__file__)
-    for item in items:
-        if str(item.path).startswith(here):
-            item.add_marker(pytest.mark.xdist_group("spark"))
