@@ -1,4 +1,5 @@
-"""The ``onceflow`` command: run a worker; services, demo, chaos and analytics with extras.
+"""The ``onceflow`` command: run a worker, write a starter project (new); services, demo,
+chaos and analytics with extras.
 
 Exit codes: 0 done, 1 failed at run time, 2 bad configuration or usage.
 """
@@ -48,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from onceflow.runtime import states
 
         return states.cli(rest[1:])
+    if rest and rest[0] == "new":
+        from onceflow.runtime import new_project
+
+        return new_project.cli(rest[1:])
     if rest and rest[0] == "forget":
         from onceflow.runtime import forget
 
@@ -100,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key, e.g. onceflow.kafka.group-id=g1 (repeatable)",
     )
+    sub.add_parser("new", help="write a starter project to ./NAME (pipeline, config, test) "
+                   "and print the commands to run it")
     sub.add_parser("services", help="up|down|status of a local broker, Redis, Cassandra")
     sub.add_parser("demo", help="the robot demo: SIGKILLs and restarts, then checks totals")
     sub.add_parser("status", help="lag per input partition (--wait: until caught up), and "

