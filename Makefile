@@ -15,12 +15,12 @@ demo: setup
 
 # The suite is mostly waiting (workers joining, kill schedules, outages), so
 # TEST_WORKERS processes run it side by side, each with its own services
-# (tests/conftest.py); a module-scoped fixture keeps its module in one process.
+# (tests/conftest.py).
 # Tests marked `alone` (their outcome depends on wall-clock pacing) run after, alone.
 TEST_WORKERS ?= 4
 
 test: setup lint
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 -m "not alone" tests
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist load --durations=25 -m "not alone" tests
 	$(BIN)/pytest -q --durations=5 -m alone tests
 
 setup: prereqs $(STAMP) $(COMPILED)

@@ -18,20 +18,6 @@ from onceflow.devtools import services
 from onceflow.devtools.services import ServiceInfo
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``) the tests of a module whose fixtures are shared by
-    the module (``scope="module"``: a built virtualenv, generated certificates) run in one
-    process, so the fixture is built once, as in a serial run. Other tests are spread one
-    by one: a Spark test starts one session in each process that runs one."""
-    for item in items:
-        fixtures = getattr(item, "_fixtureinfo", None)
-        if fixtures is None:
-            continue
-        scopes = {d.scope for defs in fixtures.name2fixturedefs.values() for d in defs}
-        if scopes & {"module", "package", "class"}:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-
-
 def _run(
     start: Callable[[Path], ServiceInfo], tmp_path_factory: pytest.TempPathFactory, name: str
 ) -> Iterator[ServiceInfo]:
