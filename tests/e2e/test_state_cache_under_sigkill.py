@@ -63,7 +63,11 @@ def test_totals_exact_with_a_tiny_cache_and_random_sigkills(
     after_eviction = sum(max(0, line.get("per_robot.reloaded", 0) - ROBOTS)
                          for line in per_process)
     context += f"; evicted {evicted}, reloaded after an eviction >= {after_eviction}"
-    assert evicted >= 10 * ROBOTS, context
-    assert after_eviction >= 3 * ROBOTS, context
+    # How often depends on pacing: a worker behind takes a robot's reports in one batch,
+    # one reload for several. Every robot evicted twice and reloaded once after an
+    # eviction, on average, holds on a loaded host (5,279 and 3,587 at a load of 14 on
+    # two cores; tens of thousands when the worker keeps up).
+    assert evicted >= 2 * ROBOTS, context
+    assert after_eviction >= ROBOTS, context
     final = cache_lines(report.logs[-1])[-1]  # the last worker, caught up and idle
     assert final["per_robot.cached"] <= MAX_STATES, context
