@@ -26,6 +26,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from onceflow.analytics.executors import NoExecutors
 from onceflow.analytics.frames import read_frames, windowed_stages
 from onceflow.analytics.overview import OverviewResult, overview
 from onceflow.analytics.session import build_session, spark_progress
@@ -36,6 +37,7 @@ from onceflow.stages.pipeline import Pipeline
 __all__ = ["cli", "parse_time", "run_analytics", "summary_table"]
 
 EXIT_CONFIG = 2
+EXIT_FAILED = 1  # e.g. the cluster gave no executor (onceflow.analytics.spark.executor-wait)
 
 
 def parse_time(text: str) -> int:
@@ -125,6 +127,9 @@ def cli(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    except NoExecutors as error:
+        print(f"onceflow: spark: {error}", file=sys.stderr)
+        return EXIT_FAILED
     if job is not None:
         console.print(f"job {args.job} done; output in {out}", soft_wrap=True)
         return 0
@@ -143,7 +148,11 @@ def _follow(settings: Settings, pipeline: Pipeline, master: str | None, out: Pat
         print(f"onceflow: config error: {settings.source}: onceflow.landing.dir: expected a "
               "directory: --follow reads the landing zone", file=sys.stderr)
         return EXIT_CONFIG
-    spark = build_session(settings.analytics.spark, master)
+    try:
+        spark = build_session(settings.analytics.spark, master)
+    except NoExecutors as error:
+        print(f"onceflow: spark: {error}", file=sys.stderr)
+        return EXIT_FAILED
 
     def show(batch: int, counters: dict[str, dict[str, Any]]) -> None:
         console.print(f"batch {batch}: " + json.dumps(counters, sort_keys=True), soft_wrap=True)
