@@ -8,12 +8,9 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from onceflow.devtools.spark_cluster import SparkCluster, start_spark_cluster
+from onceflow.devtools.spark_cluster import SparkCluster
 
 APP = '''
 from onceflow.stages import Pipeline
@@ -24,28 +21,18 @@ pipeline = Pipeline("starved", topics=("starved",), format="json").aggregate(
 WAIT_S = 15
 
 
-@pytest.fixture
-def small_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    """One worker of 512 MB: less than the 2g executor the test asks for."""
-    env = {"PYTHONPATH": os.environ.get("PYTHONPATH", ""), "PYSPARK_PYTHON": sys.executable}
-    cluster = start_spark_cluster(tmp_path_factory.mktemp("small-cluster"), workers=1,
-                                  worker_memory="512m", worker_cores=1, env=env)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 def test_a_job_no_worker_can_host_fails_within_the_bound_with_the_masters_reason(
-        small_cluster: SparkCluster, tmp_path: Path) -> None:
+        spark_cluster: SparkCluster, tmp_path: Path) -> None:
+    """The shared cluster's workers have 512 MB each: less than the 2g executor asked."""
     (tmp_path / "starved_app.py").write_text(APP)
     conf = tmp_path / "app.conf"
     conf.write_text(textwrap.dedent(f'''\
         onceflow.pipeline = "starved_app:pipeline"
         onceflow.analytics.spark {{
-          master = "{small_cluster.master_url}", ui-enabled = false, driver-memory = 512m
+          master = "{spark_cluster.master_url}", app-name = starved, ui-enabled = false
+          driver-memory = 512m
           executor-memory = 2g, executor-wait = {WAIT_S}s
-          conf {{ "spark.master.ui.port" = {small_cluster.ui_port} }}
+          conf {{ "spark.master.ui.port" = {spark_cluster.ui_port} }}
         }}
         '''))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -58,12 +45,14 @@ def test_a_job_no_worker_can_host_fails_within_the_bound_with_the_masters_reason
 
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
     error = result.stderr
-    assert f"no Spark executor registered with {small_cluster.master_url} within {WAIT_S} s" \
+    assert f"no Spark executor registered with {spark_cluster.master_url} within {WAIT_S} s" \
         in error, error
     assert "executors of 2g" in error, error
     assert "is WAITING, 2048 MB per executor" in error, error  # the master's view of the app
-    assert "512 MB free of 512 MB, 1 of 1 core(s) free" in error, error  # and of its worker
+    assert error.count("512 MB free of 512 MB, 1 of 1 core(s) free") == 2, error  # workers
     assert elapsed >= WAIT_S, elapsed  # it did wait for the bound
     # The driver gave up on the application: the master lists it finished, nothing waits.
-    status = small_cluster.status()
-    assert not status["activeapps"] and len(status["completedapps"]) == 1, status
+    status = spark_cluster.status()
+    assert not status["activeapps"], status
+    assert [a["state"] for a in status["completedapps"] if a["name"] == "starved"] == [
+        "FINISHED"], status
