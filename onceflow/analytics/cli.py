@@ -6,8 +6,9 @@
 
 Every aggregate of the pipeline named by the configuration is read as a
 DataFrame (:mod:`onceflow.analytics.frames`) from its store, or with
-``--source landing`` from the Parquet landing zone (``onceflow.landing.dir``,
-windowed stages only). Without ``--job`` the generic report
+``--source landing`` from the Parquet landing zone (``onceflow.landing.dir``:
+closed windows, and each key's latest state of a non-windowed aggregate; an
+aggregate with no files there is left out, named on stderr). Without ``--job`` the generic report
 (:mod:`onceflow.analytics.overview`) runs over them; ``--job`` runs a user's
 function instead (:mod:`onceflow.analytics.user_job`). ``T`` is epoch
 milliseconds or an ISO 8601 time (UTC unless it says otherwise); it keeps
@@ -26,7 +27,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from onceflow.analytics.frames import read_frames, windowed_stages
+from onceflow.analytics.executors import NoExecutors
+from onceflow.analytics.frames import landing_stages, read_frames, windowed_stages
 from onceflow.analytics.overview import OverviewResult, overview
 from onceflow.analytics.session import build_session, spark_progress
 from onceflow.analytics.user_job import Job, load_job
@@ -36,6 +38,7 @@ from onceflow.stages.pipeline import Pipeline
 __all__ = ["cli", "parse_time", "run_analytics", "summary_table"]
 
 EXIT_CONFIG = 2
+EXIT_FAILED = 1  # e.g. the cluster gave no executor (onceflow.analytics.spark.executor-wait)
 
 
 def parse_time(text: str) -> int:
@@ -59,7 +62,17 @@ def run_analytics(settings: Settings, pipeline: Pipeline, *, out: Path,
     if not pipeline.aggregates:
         raise ConfigError(settings.source, "onceflow.pipeline",
                           f"pipeline {pipeline.id!r} has no aggregate to analyse")
-    stages = None if source == "store" else windowed_stages(pipeline)
+    stages = None
+    if source == "landing":
+        stages, left_out = landing_stages(settings, pipeline)
+        if not stages:
+            raise ConfigError(settings.source, "onceflow.landing.dir",
+                              f"no landing files of any aggregate of {pipeline.id!r} in "
+                              f"{settings.landing.dir}: read the stores with --source store")
+        for stage in left_out:
+            print(f"onceflow: --source landing leaves out {stage!r}: no landing files of it in "
+                  f"{settings.landing.dir} (no worker has flushed it with onceflow.landing.dir "
+                  "set); --source store reads it", file=sys.stderr)
     spark = spark or build_session(settings.analytics.spark, master)
     with spark_progress(spark, console, "analytics") as step:
         step("reading aggregates")
@@ -96,7 +109,10 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--until", type=parse_time, help="last window start (exclusive)")
     parser.add_argument("--out", type=Path,
                         help="output directory (default onceflow.analytics.out)")
-    parser.add_argument("--source", choices=("store", "landing"), default="store")
+    parser.add_argument("--source", choices=("store", "landing"), default="store",
+                        help="read the stores (default), or the landing zone: closed windows "
+                        "and each key's latest state; aggregates without files there are "
+                        "left out and named on stderr")
     parser.add_argument("--follow", action="store_true",
                         help="stream fleet counters from the landing zone until interrupted")
     parser.add_argument("--once", action="store_true",
@@ -125,6 +141,9 @@ def cli(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG
+    except NoExecutors as error:
+        print(f"onceflow: spark: {error}", file=sys.stderr)
+        return EXIT_FAILED
     if job is not None:
         console.print(f"job {args.job} done; output in {out}", soft_wrap=True)
         return 0
@@ -143,7 +162,11 @@ def _follow(settings: Settings, pipeline: Pipeline, master: str | None, out: Pat
         print(f"onceflow: config error: {settings.source}: onceflow.landing.dir: expected a "
               "directory: --follow reads the landing zone", file=sys.stderr)
         return EXIT_CONFIG
-    spark = build_session(settings.analytics.spark, master)
+    try:
+        spark = build_session(settings.analytics.spark, master)
+    except NoExecutors as error:
+        print(f"onceflow: spark: {error}", file=sys.stderr)
+        return EXIT_FAILED
 
     def show(batch: int, counters: dict[str, dict[str, Any]]) -> None:
         console.print(f"batch {batch}: " + json.dumps(counters, sort_keys=True), soft_wrap=True)

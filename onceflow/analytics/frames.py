@@ -39,6 +39,7 @@ from onceflow.stages.pipeline import Pipeline
 
 __all__ = [
     "BASE_COLUMNS",
+    "landing_stages",
     "numeric_fields",
     "raw_states",
     "read_frames",
@@ -62,6 +63,18 @@ def windowed_stages(pipeline: Pipeline) -> list[str]:
     """The windowed aggregates' ids, finest window first (pipeline order on ties)."""
     sizes = {s: n for s, n in stage_windows(pipeline).items() if n is not None}
     return sorted(sizes, key=lambda s: sizes[s])
+
+
+def landing_stages(settings: Settings, pipeline: Pipeline) -> tuple[list[str], list[str]]:
+    """What ``--source landing`` reads: (the aggregates with files in the landing zone,
+    windowed or not, in pipeline order; those without, which it leaves out). Without a
+    landing directory every aggregate is "read" (``raw_states`` then names the key)."""
+    ids = [spec.id for spec in pipeline.aggregates]
+    if settings.landing.dir is None:
+        return ids, []
+    root = Path(settings.landing.dir)
+    found = [s for s in ids if (root / f"stage={s}").is_dir()]
+    return found, [s for s in ids if s not in found]
 
 
 def store_windows(spark: Any, settings: Settings, pipeline: Pipeline, stages: Sequence[str],

@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from onceflow.analytics.executors import NoExecutors, await_executors
 from onceflow.runtime.config import SparkSettings
 
 __all__ = ["build_session", "spark_conf", "spark_progress"]
@@ -34,7 +35,8 @@ def spark_conf(settings: SparkSettings, master: str | None = None) -> dict[str, 
 
 
 def build_session(settings: SparkSettings, master: str | None = None) -> Any:
-    """Get or create the SparkSession; executors run this interpreter's Python."""
+    """Get or create the SparkSession; executors run this interpreter's Python. On a
+    cluster, raise ``NoExecutors`` if none registers within ``settings.executor_wait``."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -44,6 +46,11 @@ def build_session(settings: SparkSettings, master: str | None = None) -> Any:
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")  # Spark warns a lot about normal things
+    try:
+        await_executors(spark, master or settings.master, settings.executor_wait)
+    except NoExecutors:
+        spark.stop()  # the master forgets the waiting application
+        raise
     return spark
 
 

@@ -71,11 +71,15 @@ def spark_class() -> Path:
     return Path(pyspark.__file__).parent / "bin" / "spark-class"
 
 
-def start_spark_cluster(state_dir: Path, workers: int = 2, worker_memory: str = "512m",
+def start_spark_cluster(state_dir: Path, workers: int = 2, worker_memory: str = "1g",
                         worker_cores: int = 1, env: Mapping[str, str] | None = None,
                         timeout: float = 120) -> SparkCluster:
     """Start a master and ``workers`` workers; raise ``ServiceError`` (with the log's
-    tail) if one exits or the master does not list them all within ``timeout`` s."""
+    tail) if one exits or the master does not list them all within ``timeout`` s.
+
+    ``worker_memory`` is what a worker grants its executors: 1g by default, so an
+    executor of the default ``onceflow.analytics.spark.executor-memory`` (1g, Spark's
+    own default) fits (a worker's JVMs use only what they need of it)."""
     state_dir.mkdir(parents=True, exist_ok=True)
     master_port, ui_port, *ports = _free_ports(2 + 2 * workers)
     environment = {**os.environ, "SPARK_LOCAL_IP": HOST, "SPARK_DAEMON_MEMORY": "256m",

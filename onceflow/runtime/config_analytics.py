@@ -40,6 +40,7 @@ def analytics_settings(read: Reader) -> AnalyticsSettings:
             shuffle_partitions=read.integer(s + "shuffle-partitions", 1, 100_000),
             ui_enabled=ui,
             conf=tuple(extra),
+            executor_wait=read.duration(s + "executor-wait", 1, 86_400),
         ),
         out=read.text(a + "out"),
         top_n=read.integer(a + "top-n", 1, 10_000),

@@ -216,6 +216,7 @@ class SparkSettings:
     shuffle_partitions: int
     ui_enabled: bool
     conf: tuple[tuple[str, str], ...]
+    executor_wait: float = 60.0  # s a cluster job waits for its first executor
 
 
 @dataclass(frozen=True)

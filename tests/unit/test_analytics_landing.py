@@ -134,3 +134,25 @@ def test_a_plain_stage_flush_lands_its_states_with_their_progress(tmp_path: Path
     # Windowed stages (and the producer sequences) land closed windows only.
     assert zone.write_states("per_robot_minute", states, OFFSETS) is None
     assert zone.write_states("__producer_seq__", states, OFFSETS) is None
+
+
+def test_source_landing_reads_every_aggregate_with_files_and_names_the_rest(
+        tmp_path: Path) -> None:
+    """Windowed and non-windowed aggregates alike; one no flush has landed is left out."""
+    from onceflow.analytics.frames import landing_stages
+    from onceflow.runtime.config import load_settings
+    from onceflow.stages import Pipeline, Tumbling
+
+    pipeline = (Pipeline("p", topics=("t",), format="json")
+                .aggregate("total", key=lambda e: "k", init=lambda: 0, fold=lambda n, e: n + 1)
+                .aggregate("per_minute", key=lambda e: "k", init=lambda: 0,
+                           fold=lambda n, e: n + 1, window=Tumbling(60_000, lambda e: 0))
+                .aggregate("quiet", key=lambda e: "k", init=lambda: 0, fold=lambda n, e: n))
+    zone = LandingZone(tmp_path / "landing", "p", ["total", "quiet"])
+    zone.write("per_minute", WINDOWS, OFFSETS)
+    zone.write_states("total", {"k": encode_state(AggregateState(3, {}))}, OFFSETS)
+    conf = tmp_path / "app.conf"
+    conf.write_text(f'onceflow.pipeline = "x:p"\nonceflow.landing.dir = "{tmp_path}/landing"\n')
+
+    assert landing_stages(load_settings(str(conf)), pipeline) == (
+        ["total", "per_minute"], ["quiet"])

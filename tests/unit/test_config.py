@@ -918,6 +918,7 @@ onceflow.analytics {
     executor-memory = 4g
     shuffle-partitions = 64
     ui-enabled = false
+    executor-wait = 2m
     conf { "spark.executor.cores" = 2, "spark.sql.adaptive.enabled" = true }
   }
   out = /data/analytics
@@ -936,7 +937,8 @@ onceflow.analytics {
                             driver_memory="2g", executor_memory="4g", shuffle_partitions=64,
                             ui_enabled=False,
                             conf=(("spark.executor.cores", "2"),
-                                  ("spark.sql.adaptive.enabled", "true"))),
+                                  ("spark.sql.adaptive.enabled", "true")),
+                            executor_wait=120.0),
         out="/data/analytics", top_n=5, anomaly_k=3.0, min_events=10, cassandra_splits=128,
         redis_shards=16,
     )
@@ -951,6 +953,8 @@ onceflow.analytics {
         ("onceflow.analytics.spark.driver-memory = lots",
          "onceflow.analytics.spark.driver-memory",
          "expected a JVM memory size such as 512m or 2g, got 'lots'"),
+        ("onceflow.analytics.spark.executor-wait = 0s",
+         "onceflow.analytics.spark.executor-wait", "expected a duration in 1s..1d, got 0ms"),
         ("onceflow.analytics.spark.ui-enabled = maybe", "onceflow.analytics.spark.ui-enabled",
          "expected true or false, got 'maybe'"),
         ('onceflow.analytics.spark.conf { "executor.cores" = 2 }',

@@ -27,9 +27,10 @@ def spark() -> Iterator[Any]:
         session.stop()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
-    """A standalone master and two workers (1 core, 512 MB each) from the installed PySpark.
+    """A standalone master and two workers (1 core, 512 MB each) from the installed PySpark,
+    shared by the tests that run on one (it starts in about 40 s on a loaded machine).
 
     Executors inherit the workers' environment: ``PYTHONPATH`` makes them import this
     checkout's onceflow, as the driver does. A cluster that does not come up fails the

@@ -176,6 +176,14 @@ def test_readme_pipeline_generic_report_equals_stored_states_after_sigkills(
     page = (out / "report.html").read_text()
     assert "per_robot-distribution.png" in page and "per_robot-top.png" in page
 
+    # `--source landing` reads the non-windowed stage too (each key's latest landed state):
+    # the same keys, distributions and top keys as from the store.
+    landed_out = tmp_path / "landed-report"
+    assert analytics_cli(["-c", str(conf), "--source", "landing", "--out", str(landed_out),
+                          "--set", f'onceflow.landing.dir="{tmp_path / "landing"}"']) == 0
+    for name in ("stages", "distributions", "top_keys"):
+        assert table(landed_out, name) == table(out, name), name
+
 
 def test_user_job_and_generic_report_over_windowed_and_plain_stages(
         spark: Any, kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
