@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from test_doc_links import defined
 
 ROOT = Path(__file__).parents[2]
 PACKAGE = ROOT / "onceflow"
@@ -48,22 +49,6 @@ def tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text())
 
 
-@cache
-def top_level(path: Path) -> set[str]:
-    """The names a module defines or imports at its top level."""
-    names: set[str] = set()
-    for node in tree(path).body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            names.add(node.name)
-        elif isinstance(node, ast.Assign):
-            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            names.add(node.target.id)
-        elif isinstance(node, ast.Import | ast.ImportFrom):
-            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
-    return names
-
-
 def members(path: Path, cls: str) -> set[str] | None:
     """What class ``cls`` of a module defines (methods, class attributes, `self.x = ...`),
     or None when the module has no such class (a name imported or assigned)."""
@@ -85,7 +70,7 @@ def definers() -> dict[str, list[Path]]:
     """The modules that define or import each top-level name."""
     found: dict[str, list[Path]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        for name in top_level(path):
+        for name in defined(path):
             found.setdefault(name, []).append(path)
     return found
 
