@@ -15,12 +15,14 @@ demo: setup
 
 # The suite is mostly waiting (workers joining, kill schedules, outages), so
 # TEST_WORKERS processes run it side by side, each with its own services
-# (tests/conftest.py).
+# (tests/conftest.py). `--maxschedchunk 1` hands each process its next test when it has
+# fewer than two queued: by default xdist sent each process a quarter of its share up front
+# in collection order, so one process got every SIGKILL test and ran them one after another.
 # Tests marked `alone` (their outcome depends on wall-clock pacing) run after, alone.
 TEST_WORKERS ?= 4
 
 test: setup lint
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist load --durations=25 -m "not alone" tests
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 -m "not alone" tests
 	$(BIN)/pytest -q --durations=5 -m alone tests
 
 setup: prereqs $(STAMP) $(COMPILED)
