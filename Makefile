@@ -19,7 +19,7 @@ demo: setup
 # fewer than two queued: by default xdist sent each process a quarter of its share up front
 # in collection order, so one process got every SIGKILL test and ran them one after another.
 # Tests marked `alone` (their outcome depends on wall-clock pacing) run after, alone.
-TEST_WORKERS ?= 5
+TEST_WORKERS ?= 4
 
 test: setup lint
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 -m "not alone" tests
