@@ -18,11 +18,18 @@ demo: setup
 # (tests/conftest.py). `--maxschedchunk 1` hands each process its next test when it has
 # fewer than two queued: by default xdist sent each process a quarter of its share up front
 # in collection order, so one process got every SIGKILL test and ran them one after another.
+# The Spark tests (marked `spark`) run beside them in one pytest of their own: one Spark
+# JVM, one job at a time (their output follows the others').
 # Tests marked `alone` (their outcome depends on wall-clock pacing) run after, alone.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
+SPARK_LOG := .pytest-spark.log
 
 test: setup lint
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 -m "not alone" tests
+	@$(BIN)/pytest -q --durations=10 -m "spark and not alone" tests > $(SPARK_LOG) 2>&1 & spark=$$!; \
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 \
+	  -m "not spark and not alone" tests; rest=$$?; \
+	wait $$spark; spark_rc=$$?; echo "--- the Spark tests:"; cat $(SPARK_LOG); \
+	[ $$rest -eq 0 ] && [ $$spark_rc -eq 0 ]
 	$(BIN)/pytest -q --durations=5 -m alone tests
 
 setup: prereqs $(STAMP) $(COMPILED)

@@ -44,3 +44,12 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
     finally:
         cluster.stop()
 
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test here is marked ``spark``: ``make test`` runs them in one pytest process
+    of their own (one Spark JVM, one job at a time) beside the parallel part."""
+    here = os.path.dirname(__file__)
+    for item in items:
+        if str(item.path).startswith(here):
+            item.add_marker(pytest.mark.spark)
