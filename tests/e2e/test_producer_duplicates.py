@@ -217,7 +217,9 @@ def test_no_re_send_gets_past_a_killed_republisher(
     print(context)
     assert len(topic.first) == total and len(topic.resent) > total // 25, context
     recorded = json.loads((tmp_path / "producer-state.json").read_text())
-    assert recorded["next"] == total and len(topic.resent) > recorded["resent"], context
+    # Re-sends beyond the recorded ones come from a producer killed mid-send; whether a kill
+    # lands mid-send is pacing (none did in one run of five on a loaded host), so at least.
+    assert recorded["next"] == total and len(topic.resent) >= recorded["resent"], context
     assert not set(roots) & topic.resent, context  # nothing derived from a re-send got out
     assert set(roots) == firsts, context  # every first copy did (replays of some: fine)
     republished = run.store("devices-normalize")
