@@ -45,7 +45,6 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
         cluster.stop()
 
 
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test here is marked ``spark``: ``make test`` runs them in one pytest process
     of their own (one Spark JVM, one job at a time) beside the parallel part."""
