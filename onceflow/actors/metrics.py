@@ -111,6 +111,7 @@ class Labelled(Collector):
                             for sample in family.samples]
             yield copy
 
+
 _last_progress = time.monotonic()
 _last_commit = time.monotonic()  # or the start: a fresh worker has had no reason to commit
 _commits = 0  # commits that moved offsets: the supervisor's measure of progress
