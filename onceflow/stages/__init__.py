@@ -9,6 +9,7 @@ from onceflow.compiled import check
 check()  # before any compiled module loads: refuse one older than its source
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef  # noqa: E402
+from onceflow.stages.declarations import Tumbling  # noqa: E402
 from onceflow.stages.pipeline import (  # noqa: E402
     Aggregate,
     Filter,
@@ -19,7 +20,6 @@ from onceflow.stages.pipeline import (  # noqa: E402
     Republish,
     Step,
 )
-from onceflow.stages.windows import Tumbling  # noqa: E402
 
 __all__ = [
     "Aggregate",

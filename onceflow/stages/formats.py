@@ -22,7 +22,7 @@ import orjson
 from google.protobuf.message import DecodeError
 
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.stages.outcome import ConsumedHeader, ConsumedRecord
+from onceflow.shared_types import ConsumedHeader, ConsumedRecord
 from onceflow.stages.record_meta import RecordMeta as RecordMeta  # the docs name it here
 
 #: ``"envelope"``, ``"json"``, ``"bytes"``, ``"str"`` or a deserializer of the value bytes.
