@@ -15,6 +15,8 @@ from typing import Any
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.formats import Format, format_name
 
+__all__ = ["Consumed", "DeadLetter", "Hop", "LateEvent", "Produced", "Record", "envelope"]
+
 #: A source chain entry: (topic, partition, offset, fan-out index).
 Hop = tuple[str, int, int, int]
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.shared_types import ConsumedHeader
 
+__all__ = ["RecordMeta"]
+
 
 @dataclass(frozen=True, slots=True)
 class RecordMeta:
