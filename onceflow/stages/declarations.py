@@ -31,8 +31,9 @@ LOGS_STAGE = "__logs__"
 RESERVED_STAGES = (SEQUENCE_STAGE, WINDOWS_STAGE, LOGS_STAGE)
 #: Records of its partition after which a silent producer is forgotten (``ProducerDedup``).
 DEFAULT_IDLE_RECORDS = 10_000_000
-#: A header name, or a function of the record's parsed value (before ``decode``).
-Extract = str | Callable[[Any], Any]
+#: A header name, or a function of the record's parsed value (before ``decode``, so of no
+#: type the pipeline knows); its answer may be anything, checked where it is read.
+Extract = str | Callable[[Any], object]
 
 
 @dataclass(frozen=True)
