@@ -1,4 +1,4 @@
-"""The types every layer shares: a partition's name and a consumed Kafka record.
+"""The types every layer shares: a partition's name, a consumed Kafka record, a chain's hop.
 
 Defined once here, below both the user's API and the engine, so neither has to
 import the other for them. The older homes re-export them
@@ -12,10 +12,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-__all__ = ["ConsumedHeader", "ConsumedRecord", "TopicPartition"]
+__all__ = ["ConsumedHeader", "ConsumedRecord", "Hop", "TopicPartition"]
 
 #: A topic's partition as (topic, partition number): keys of offsets, epochs, homes.
 TopicPartition = tuple[str, int]
+
+#: A hop of an envelope's source chain as plain values: topic, partition, offset, fan-out
+#: index (``onceflow.stages.lineage``; a ``TestRun`` input's ``chain``).
+Hop = tuple[str, int, int, int]
 
 #: A consumed record's header: Kafka allows a null value (those onceflow produces,
 #: ``onceflow.stages.outcome.Output.headers``, have none).
