@@ -293,6 +293,26 @@ def test_an_engine_class_exported_is_a_leak() -> None:
     assert leaks(fake) == ["onceflow.PipelineRunner comes from onceflow.stages.runner"]
 
 
+#: A shared type still defined in a second module, to import it from ``shared_types`` instead.
+SECOND_DEFINITIONS = {("Hop", "stages/lineage.py")}
+
+
+def test_each_shared_type_is_defined_once() -> None:
+    """``onceflow.shared_types`` is the one home of its names: other modules import them
+    (``from onceflow.shared_types import TopicPartition``), none defines its own."""
+    import onceflow.shared_types as shared
+
+    found = set()
+    for path in library_modules():
+        relative = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            if isinstance(node, ast.ClassDef):
+                targets = [node.name]
+            found |= {(name, relative) for name in targets if name in shared.__all__}
+    assert found - SECOND_DEFINITIONS == {(name, "shared_types.py") for name in shared.__all__}
+
+
 @pytest.mark.parametrize("reserved", ["__producer_seq__", "__windows__", "__logs__"])
 def test_the_engine_keeps_its_rows_under_the_ids_the_user_api_refuses(reserved: str) -> None:
     """``declarations.RESERVED_STAGES`` lets the user's API refuse them without importing the
