@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow.stages import Envelope, Pipeline, SourceRef
 from onceflow.stages.cleanup import cleanup
-from onceflow.stages.producer_dedup import ProducerDedup
+from onceflow.stages.declarations import ProducerDedup
 
 if TYPE_CHECKING:
     from onceflow.runtime.settings import Settings

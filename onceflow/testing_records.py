@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
+from onceflow.shared_types import Hop as Hop  # a source chain entry, named here for tests
 from onceflow.stages.formats import Format, format_name
 
-#: A source chain entry: (topic, partition, offset, fan-out index).
-Hop = tuple[str, int, int, int]
+__all__ = ["Consumed", "DeadLetter", "Hop", "LateEvent", "Produced", "Record", "envelope"]
 
 
 def envelope(value: Any = None, *, payload: bytes | None = None, key: str = "",

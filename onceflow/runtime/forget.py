@@ -37,7 +37,7 @@ from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.state import decode_state, encode_state
 from onceflow.stages.watermark import WINDOWS_STAGE
-from onceflow.stores.base import StateStore
+from onceflow.stores.base import StateRows, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def root_partition(route: Route) -> int:
     return int(name.split("/", 1)[1].split(">", 1)[0])
 
 
-def plan(stores: Mapping[str, StateStore], pipeline: Pipeline, topic: str) -> Forgotten:
+def plan(stores: Mapping[str, StateRows], pipeline: Pipeline, topic: str) -> Forgotten:
     """Read every row ``topic``'s old log left, and what each must become."""
     out = Forgotten(topic)
     for spec in pipeline.aggregates:

@@ -25,7 +25,7 @@ from typing import Any
 from onceflow.runtime.config import ConfigError, Settings, load_settings
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.state import decode_state
-from onceflow.stores.base import StateStore
+from onceflow.stores.base import HistoryRows, StateRows
 
 __all__ = ["cli", "iter_states", "read_states"]
 
@@ -64,7 +64,7 @@ def iter_states(config: Settings | str | Path, stage: str, key: str | None = Non
     spec = _aggregate(settings, pipeline, stage)
     store = open_store(settings, spec.store, pipeline.id)
     try:
-        yield from _rows(store, spec, key, history)
+        yield from _rows(store, store if history else None, spec, key)
     finally:
         store.close()
 
@@ -78,8 +78,9 @@ def _aggregate(settings: Settings, pipeline: Pipeline, stage: str) -> Aggregate:
                       f"pipeline {pipeline.id!r} has no aggregate {stage!r} (it has {names})")
 
 
-def _rows(store: StateStore, spec: Aggregate, key: str | None, history: bool
+def _rows(store: StateRows, history: HistoryRows | None, spec: Aggregate, key: str | None
           ) -> Iterator[dict[str, Any]]:
+    """A stage's rows from ``store``, and its closed windows from ``history`` if given."""
     states = (store.load(spec.id, [key]).items() if key is not None
               else store.scan(spec.id))
     if spec.window is None:
@@ -88,8 +89,8 @@ def _rows(store: StateStore, spec: Aggregate, key: str | None, history: bool
         return
     size = spec.window.size_ms
     closed: set[tuple[str, int]] = set()
-    if history:
-        for name, start, data in store.scan_history(spec.id):
+    if history is not None:
+        for name, start, data in history.scan_history(spec.id):
             if key is None or name == key:
                 closed.add((name, start))
                 yield _window(spec.id, name, start, size, True, json.loads(data))

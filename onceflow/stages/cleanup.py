@@ -32,6 +32,8 @@ from typing import Any
 from onceflow.stages.formats import RecordMeta
 from onceflow.stages.pipeline import Pipeline
 
+__all__ = ["DEDUP_STAGE", "PRISTINE_STAGE", "cleanup"]
+
 #: The stage ids of the pipeline ``cleanup`` builds (ids key persisted state).
 DEDUP_STAGE = "first_seen"
 PRISTINE_STAGE = "pristine"

@@ -1,4 +1,5 @@
-"""What a pipeline declares besides its steps: its windows and its producer dedup.
+"""What a pipeline declares besides its steps: its windows, its producer dedup, the ids it
+may not use.
 
 Plain Python, never compiled (``onceflow.compiled``): users build, keep, copy
 and pickle these values, and a class mypyc compiles cannot be copied or
@@ -11,22 +12,38 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic
 
+from typing_extensions import TypeVar
+
+__all__ = ["DEFAULT_IDLE_RECORDS", "LOGS_STAGE", "RESERVED_STAGES", "SEQUENCE_STAGE",
+           "WINDOWS_STAGE", "Extract", "ProducerDedup", "Tumbling"]
+
+#: The type of the values a declaration reads; ``Any`` where nothing tells it.
+T = TypeVar("T", default=Any)
+
+#: Stage ids under which the runtime keeps rows of its own beside the states, so no step
+#: may take them: producer sequences (``stages.producer_dedup``), window watermarks and
+#: open-window indexes (``stages.watermark``), log marks (``actors.log_marks``).
+SEQUENCE_STAGE = "__producer_seq__"
+WINDOWS_STAGE = "__windows__"
+LOGS_STAGE = "__logs__"
+RESERVED_STAGES = (SEQUENCE_STAGE, WINDOWS_STAGE, LOGS_STAGE)
 #: Records of its partition after which a silent producer is forgotten (``ProducerDedup``).
 DEFAULT_IDLE_RECORDS = 10_000_000
-#: A header name, or a function of the record's parsed value (before ``decode``).
-Extract = str | Callable[[Any], Any]
+#: A header name, or a function of the record's parsed value (before ``decode``, so of no
+#: type the pipeline knows); its answer may be anything, checked where it is read.
+Extract = str | Callable[[Any], object]
 
 
 @dataclass(frozen=True)
-class Tumbling:
+class Tumbling(Generic[T]):
     """Fixed, non-overlapping windows of ``size_ms``; ``event_time_ms`` reads a value's time."""
 
     size_ms: int
     # Any, not int: a user's function may answer anything, read through int() (the same
     # error for a bad answer, compiled or pure); compiled code checks hints at run time.
-    event_time_ms: Callable[[Any], Any]
+    event_time_ms: Callable[[T], Any]
     allowed_lateness_ms: int = 0
     #: A value more than this ahead of its record's Kafka timestamp is dead-lettered
     #: (``stages.watermark.future_bound``); None: the worker's ``onceflow.windows.max-future``.

@@ -22,8 +22,11 @@ import orjson
 from google.protobuf.message import DecodeError
 
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.stages.outcome import ConsumedHeader, ConsumedRecord
+from onceflow.shared_types import ConsumedHeader, ConsumedRecord
 from onceflow.stages.record_meta import RecordMeta as RecordMeta  # the docs name it here
+
+#: What users name; the parsers and readers are the engine's, imported by name.
+__all__ = ["NAMED_FORMATS", "Format", "FormatError", "RecordMeta", "json_bytes", "payload_bytes"]
 
 #: ``"envelope"``, ``"json"``, ``"bytes"``, ``"str"`` or a deserializer of the value bytes.
 Format = str | Callable[[bytes], Any]

@@ -11,34 +11,12 @@ partition feeds (see ``onceflow.stages.runner``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
+from onceflow.shared_types import ConsumedHeader as ConsumedHeader  # defined there, once
+from onceflow.shared_types import ConsumedRecord as ConsumedRecord  # defined there, once
 from onceflow.stages.state import TopicPartition
-
-#: A consumed record's header: Kafka allows a null value (those onceflow produces,
-#: ``Output.headers``, have none).
-ConsumedHeader = tuple[str, bytes | None]
-
-
-class ConsumedRecord(Protocol):
-    """What the runner needs of a Kafka record (aiokafka's ConsumerRecord fits)."""
-
-    @property
-    def topic(self) -> str: ...
-    @property
-    def partition(self) -> int: ...
-    @property
-    def offset(self) -> int: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def headers(self) -> Sequence[ConsumedHeader]: ...
-    @property
-    def timestamp(self) -> int | None: ...
 
 
 class Output(NamedTuple):

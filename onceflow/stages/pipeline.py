@@ -3,6 +3,12 @@
 A pipeline is data that the runtime interprets. Ids key persisted state
 (``<pipeline>:<stage>:<key>``), metrics and dead letters, so they must be
 unique and must not change between deployments of the same pipeline.
+
+``Pipeline[T]`` is generic in the type of the values its next step gets, so
+mypy checks each step's function against the one before it: ``map`` and
+``flat_map`` change ``T``, the other steps pass their values on unchanged.
+``T`` is ``Any`` where nothing says it (no ``decode``, or after a ``repartition``
+without one). The engine reads the steps as ``Map[Any, Any]`` and so on.
 """
 
 from __future__ import annotations
@@ -11,32 +17,43 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Literal, overload
 
+from typing_extensions import TypeVar
+
+from onceflow.stages.declarations import RESERVED_STAGES, ProducerDedup, Tumbling
 from onceflow.stages.formats import Format, check_format
 from onceflow.stages.formats import json_bytes as json_bytes  # the default encode, kept here
 from onceflow.stages.formats import payload_bytes as payload_bytes  # the default decode, kept here
-from onceflow.stages.producer_dedup import SEQUENCE_STAGE, ProducerDedup
+from onceflow.stages.record_meta import RecordMeta
 from onceflow.stages.republish_step import OUTPUT_FORMATS as OUTPUT_FORMATS
 from onceflow.stages.republish_step import PartitionMap as PartitionMap
 from onceflow.stages.republish_step import Republish as Republish
 from onceflow.stages.republish_step import same_partition as same_partition
-from onceflow.stages.watermark import WINDOWS_STAGE
-from onceflow.stages.windows import Tumbling
+
+__all__ = ["OUTPUT_FORMATS", "Aggregate", "Filter", "FlatMap", "Map", "PartitionMap", "Pipeline",
+           "Repartition", "Republish", "Step", "json_bytes", "payload_bytes", "same_partition"]
+
+#: The values a step gets (``Any`` where nothing tells them).
+T = TypeVar("T", default=Any)
+#: The values a step makes.
+U = TypeVar("U", default=Any)
+#: An aggregate's state.
+S = TypeVar("S", default=Any)
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
 
 @dataclass(frozen=True)
-class Map:
+class Map(Generic[T, U]):
     """One input value becomes one output value."""
 
     id: str
-    fn: Callable[[Any], Any]
+    fn: Callable[[T], U]
 
 
 @dataclass(frozen=True)
-class Filter:
+class Filter(Generic[T]):
     """Keep the values for which ``predicate`` is true; the others go no further.
 
     A dropped value is not a dead letter: it is simply not wanted. Values
@@ -44,11 +61,11 @@ class Filter:
     """
 
     id: str
-    predicate: Callable[[Any], bool]
+    predicate: Callable[[T], bool]
 
 
 @dataclass(frozen=True)
-class FlatMap:
+class FlatMap(Generic[T, U]):
     """One input value becomes 0..n values that travel on as one unit.
 
     The outputs keep the input's origin and get a fan-out index each, so
@@ -56,11 +73,11 @@ class FlatMap:
     """
 
     id: str
-    fn: Callable[[Any], Iterable[Any]]
+    fn: Callable[[T], Iterable[U]]
 
 
 @dataclass(frozen=True)
-class Aggregate:
+class Aggregate(Generic[T, S]):
     """A non-idempotent fold per key, guarded by per-root-partition watermarks.
 
     ``fold`` must return the new state and must not mutate its input: a unit
@@ -73,16 +90,16 @@ class Aggregate:
     """
 
     id: str
-    key: Callable[[Any], str]
-    init: Callable[[], Any]
-    fold: Callable[[Any, Any], Any]
+    key: Callable[[T], str]
+    init: Callable[[], S]
+    fold: Callable[[S, T], S]
     store: str = "redis"
-    window: Tumbling | None = None
+    window: Tumbling[T] | None = None
     schema: Any = None  # the value's type for analytics (onceflow.analytics.schemas)
 
 
 @dataclass(frozen=True)
-class Repartition:
+class Repartition(Generic[T, U]):
     """Re-key the values through ``topic`` so every key is fed from one partition.
 
     An aggregate's state lives in one worker at a time only if all of its
@@ -96,18 +113,18 @@ class Repartition:
     """
 
     id: str
-    key: Callable[[Any], str]
+    key: Callable[[T], str]
     topic: str
     partitions: int | None = None  # None: as many as the source topic with the most
-    encode: Callable[[Any], bytes] = json_bytes
-    decode: Callable[[bytes], Any] = json.loads
+    encode: Callable[[T], bytes] = json_bytes
+    decode: Callable[[bytes], U] = json.loads
 
 
 Step = Map | Filter | FlatMap | Aggregate | Republish | Repartition
 
 
 @dataclass(frozen=True)
-class Pipeline:
+class Pipeline(Generic[T]):
     """Source topics, their format, a decoder, then steps; build it with the chaining methods.
 
     ``format`` says what the source topics hold (``formats`` per topic
@@ -139,6 +156,20 @@ class Pipeline:
     with_meta: bool = False
     dedup: ProducerDedup | None = None
 
+    if TYPE_CHECKING:  # what T is at the source, for mypy; the dataclass makes __init__
+        @overload
+        def __init__(self: Pipeline[U], id: str, topics: tuple[str, ...],
+                     decode: Callable[[Any], U] | None = None, steps: tuple[Step, ...] = (),
+                     format: Format = "envelope", formats: Mapping[str, Format] = ...,
+                     with_meta: Literal[False] = False, dedup: ProducerDedup | None = None
+                     ) -> None: ...
+        @overload
+        def __init__(self: Pipeline[tuple[U, RecordMeta]], id: str, topics: tuple[str, ...],
+                     decode: Callable[[Any], U] | None = None, steps: tuple[Step, ...] = (),
+                     format: Format = "envelope", formats: Mapping[str, Format] = ..., *,
+                     with_meta: Literal[True], dedup: ProducerDedup | None = None) -> None: ...
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
+
     def __post_init__(self) -> None:
         _check_id("pipeline", self.id)
         if isinstance(self.topics, str) or not self.topics:
@@ -153,7 +184,7 @@ class Pipeline:
         # Reserved: producer sequences, window watermarks, log marks (actors.log_marks).
         for step in self.steps:
             _check_id(type(step).__name__.lower(), step.id)
-            if step.id in seen or step.id in (SEQUENCE_STAGE, WINDOWS_STAGE, "__logs__"):
+            if step.id in seen or step.id in RESERVED_STAGES:
                 raise ValueError(f"pipeline {self.id!r}: duplicate stage id {step.id!r}")
             seen.add(step.id)
         hops = [step.topic for step in self.repartitions]
@@ -172,16 +203,16 @@ class Pipeline:
                                  "read by none of this pipeline")
         _check_units(self.id, self.steps)
 
-    def map(self, id: str, fn: Callable[[Any], Any]) -> Pipeline:
+    def map(self, id: str, fn: Callable[[T], U]) -> Pipeline[U]:
         """Turn each value into one new value; ``fn`` must be deterministic."""
         return self._then(Map(id, fn))
 
-    def filter(self, id: str, predicate: Callable[[Any], bool]) -> Pipeline:
+    def filter(self, id: str, predicate: Callable[[T], bool]) -> Pipeline[T]:
         """Keep only the values for which ``predicate`` is true (the rest are dropped,
         not dead-lettered); ``predicate`` must be deterministic."""
         return self._then(Filter(id, predicate))
 
-    def flat_map(self, id: str, fn: Callable[[Any], Iterable[Any]]) -> Pipeline:
+    def flat_map(self, id: str, fn: Callable[[T], Iterable[U]]) -> Pipeline[U]:
         """Turn each value into 0..n values that travel on as one unit.
 
         Each output gets a fan-out index after its input's position, so the
@@ -194,13 +225,13 @@ class Pipeline:
         self,
         id: str,
         *,
-        key: Callable[[Any], str],
-        init: Callable[[], Any],
-        fold: Callable[[Any, Any], Any],
+        key: Callable[[T], str],
+        init: Callable[[], S],
+        fold: Callable[[S, T], S],
         store: str = "redis",
-        window: Tumbling | None = None,
+        window: Tumbling[T] | None = None,
         schema: Any = None,
-    ) -> Pipeline:
+    ) -> Pipeline[T]:
         """Fold values into a state per ``key(value)``, exactly once per input event.
 
         ``init()`` makes a new key's state and ``fold(state, value)`` returns the
@@ -215,8 +246,8 @@ class Pipeline:
         """
         return self._then(Aggregate(id, key, init, fold, store, window, schema))
 
-    def deduplicate(self, id: str, *, key: Callable[[Any], str], store: str = "redis"
-                    ) -> Pipeline:
+    def deduplicate(self, id: str, *, key: Callable[[T], str], store: str = "redis"
+                    ) -> Pipeline[T]:
         """Let each event through once: drop the copies a re-keying republisher re-sent.
 
         An aggregate counting the events per ``key``; its per-route watermarks
@@ -231,15 +262,15 @@ class Pipeline:
         id: str,
         topic: str,
         *,
-        encode: Callable[[Any], bytes] = json_bytes,
-        key: Callable[[Any], str] | None = None,
-        event_time_ms: Callable[[Any], int] | None = None,
+        encode: Callable[[T], bytes] = json_bytes,
+        key: Callable[[T], str] | None = None,
+        event_time_ms: Callable[[T], int] | None = None,
         payload_type: str = "",
         exclusive: bool = False,
         partition: PartitionMap | str | None = None,
         format: str = "envelope",
         unit: bool = False,
-    ) -> Pipeline:
+    ) -> Pipeline[T]:
         """Produce each value to ``topic`` as an envelope whose source chain grows by one.
 
         ``encode`` makes the payload (default: compact JSON), ``key`` the Kafka
@@ -272,23 +303,32 @@ class Pipeline:
         return self._then(Republish(id, topic, encode, key, event_time_ms, payload_type,
                                     exclusive, partition, format, unit))
 
+    @overload
+    def repartition(self, id: str, *, key: Callable[[T], str], partitions: int | None = None,
+                    topic: str | None = None, encode: Callable[[T], bytes] = json_bytes
+                    ) -> Pipeline[Any]: ...
+    @overload
+    def repartition(self, id: str, *, key: Callable[[T], str], partitions: int | None = None,
+                    topic: str | None = None, encode: Callable[[T], bytes] = json_bytes,
+                    decode: Callable[[bytes], U]) -> Pipeline[U]: ...
     def repartition(
         self,
         id: str,
         *,
-        key: Callable[[Any], str],
+        key: Callable[[T], str],
         partitions: int | None = None,
         topic: str | None = None,
-        encode: Callable[[Any], bytes] = json_bytes,
+        encode: Callable[[T], bytes] = json_bytes,
         decode: Callable[[bytes], Any] = json.loads,
-    ) -> Pipeline:
+    ) -> Pipeline[Any]:
         """Re-key by ``key`` through a topic before an aggregate keyed differently from the input.
 
         The topic is ``<pipeline>-<id>-repartition`` unless ``topic`` names
         one; a worker creates it at start when missing, with ``partitions``
         (default: as many as the source topic with the most). Keep ``key``
         consistent with the next aggregate's key, and values JSON-friendly or
-        give ``encode``/``decode``.
+        give ``encode``/``decode``. The values after the hop are what ``decode``
+        answers (``Any`` for the default, JSON).
         """
         name = topic if topic is not None else f"{self.id}-{id}-repartition"
         return self._then(Repartition(id, key, name, partitions, encode, decode))
@@ -331,7 +371,7 @@ class Pipeline:
         """The source topics, then every repartition topic: what a worker subscribes to."""
         return (*self.topics, *(step.topic for step in self.repartitions))
 
-    def _then(self, step: Step) -> Pipeline:
+    def _then(self, step: Step) -> Pipeline[Any]:
         return replace(self, steps=(*self.steps, step))
 
 

@@ -35,14 +35,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from onceflow.stages.declarations import SEQUENCE_STAGE as SEQUENCE_STAGE  # a reserved id
 from onceflow.stages.declarations import Extract
 from onceflow.stages.declarations import ProducerDedup as ProducerDedup  # declared by users
 from onceflow.stages.formats import FormatError
 from onceflow.stages.outcome import BatchOutcome, ConsumedRecord
 from onceflow.stages.state import TopicPartition
 
-#: The stage id under which the tables are stored (refused as a user stage id).
-SEQUENCE_STAGE = "__producer_seq__"
 MAX_PRODUCER = 1000  # characters of a producer id
 MIN_I64: Final = -(2**63)  # sequences and epochs are 64-bit
 MAX_I64: Final = 2**63 - 1

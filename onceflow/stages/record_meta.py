@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from onceflow.protos.envelope_pb2 import Envelope
-from onceflow.stages.outcome import ConsumedHeader
+from onceflow.shared_types import ConsumedHeader
+
+__all__ = ["RecordMeta"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,14 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic
 
+from typing_extensions import TypeVar
+
+__all__ = ["OUTPUT_FORMATS", "PartitionMap", "Republish", "same_partition"]
+
+#: The type of the values republished; ``Any`` where nothing tells it.
+T = TypeVar("T", default=Any)
 #: An output partition as a function of the input record's (topic, partition).
 PartitionMap = Callable[[str, int], int]
 #: What a republish step writes: onceflow envelopes, or the plain encoded value.
@@ -24,7 +30,7 @@ def same_partition(topic: str, partition: int) -> int:
 
 
 @dataclass(frozen=True)
-class Republish:
+class Republish(Generic[T]):
     """Produce the values at this point to ``topic``, extending the source chain.
 
     ``partition``: ``"key"`` (Kafka's default partitioner over the key) or a
@@ -39,9 +45,9 @@ class Republish:
 
     id: str
     topic: str
-    encode: Callable[[Any], bytes]
-    key: Callable[[Any], str] | None = None
-    event_time_ms: Callable[[Any], int] | None = None
+    encode: Callable[[T], bytes]
+    key: Callable[[T], str] | None = None
+    event_time_ms: Callable[[T], int] | None = None
     payload_type: str = ""
     exclusive: bool = False
     partition: PartitionMap | str = "key"

@@ -15,9 +15,9 @@ from typing import Any, cast
 
 import orjson
 
+from onceflow.shared_types import TopicPartition as TopicPartition  # defined there, once
 from onceflow.stages.lineage import Position, Route
 
-TopicPartition = tuple[str, int]
 #: Default of ``onceflow.state.max-bytes``: the most bytes one aggregate value (one
 #: window's, for a windowed aggregate) may take encoded (``guards.check_state``).
 MAX_STATE_BYTES = 1_048_576

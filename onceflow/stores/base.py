@@ -7,14 +7,26 @@ the state with its watermarks whatever the backend.
 Each store also keeps its pipeline's producer outbox: records that must
 reach Kafka but whose delivery is not yet acknowledged, so a restarted
 worker sends them again instead of losing them.
+
+The interface is split by concern into small protocols, one per thing a caller
+needs: ``StateRows`` (a stage's rows), ``HistoryRows`` (closed windows),
+``KeyHomes``, ``EpochCounter`` (fencing), ``Outbox``, ``Stats`` and ``Connection``.
+A caller's hint names only the ones it uses, so a test double implements those
+alone. ``StateStore`` is all of them: the base class of the Redis and Cassandra
+stores, with the defaults a store may keep.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
+from typing import Protocol
 
+from onceflow.shared_types import TopicPartition
 from onceflow.stores.fencing import Guard, Taken
+
+__all__ = ["HISTORY_SUFFIX", "Connection", "EpochCounter", "HistoryRows", "KeyHomes", "Outbox",
+           "OutboxKey", "StateRows", "StateStore", "Stats", "UndecodableState"]
 
 # History rows live beside the states under "<stage>#history" ('#' never
 # appears in a stage id), so every store supports them through save/scan.
@@ -37,23 +49,8 @@ class UndecodableState(ValueError):
         self.stage_id, self.key, self.row = stage_id, key, row
 
 
-class StateStore(ABC):
-    """Per-key state rows of one pipeline, namespaced by stage id.
-
-    ``history_retention`` (seconds, 0 keeps forever) makes history rows, and only
-    them, expire that long after their last write. Nothing in the worker reads
-    them back: a closed window is final output, and what keeps it from being
-    folded or closed again is its key's state (watermarks and ``max_ts``),
-    which never expires.
-    """
-
-    history_retention: float = 0.0
-    #: Whether writes given a ``guard`` check it (``onceflow.stores.fencing``); a store
-    #: that does not ignores it.
-    fenced: bool = False
-    #: Whether the check is atomic with the write (Redis): such a store is preferred
-    #: as the pipeline's one source of epochs (``onceflow.actors.fence.epoch_source``).
-    atomic_fence: bool = False
+class StateRows(Protocol):
+    """A pipeline's per-key rows, namespaced by stage id: states and the runtime's own."""
 
     @abstractmethod
     def load(self, stage_id: str, keys: Sequence[str]) -> dict[str, bytes]:
@@ -68,56 +65,43 @@ class StateStore(ABC):
         holds exactly those epochs, checked atomically with the write.
         """
 
-    def row_name(self, stage_id: str, key: str) -> str:
-        """Where ``load(stage_id, [key])`` reads, as an operator would find it."""
-        return f"{type(self).__name__} stage {stage_id!r} key {key!r}"
-
     @abstractmethod
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         """Every row of a stage (for verification and analytics, not the hot path)."""
 
+    @abstractmethod
+    def row_name(self, stage_id: str, key: str) -> str:
+        """Where ``load(stage_id, [key])`` reads, as an operator would find it."""
+
+
+class HistoryRows(Protocol):
+    """Closed windows, final: written once, never read back by the worker.
+
+    ``history_retention`` (seconds, 0 keeps forever) makes history rows, and only
+    them, expire that long after their last write. What keeps a closed window from
+    being folded or closed again is its key's state (watermarks and ``max_ts``),
+    which never expires.
+    """
+
+    history_retention: float
+
+    @abstractmethod
     def save_history(self, stage_id: str, rows: Mapping[tuple[str, int], bytes], *,
                      guard: Guard | None = None) -> None:
         """Write closed windows, (key, window start ms) -> final value; idempotent."""
-        encoded = {f"{start}|{key}": value for (key, start), value in rows.items()}
-        if self.history_retention:
-            self.save_expiring(stage_id + HISTORY_SUFFIX, encoded, self.history_retention,
-                               guard=guard)
-        else:
-            self.save(stage_id + HISTORY_SUFFIX, encoded, guard=guard)
 
+    @abstractmethod
+    def scan_history(self, stage_id: str) -> Iterator[tuple[str, int, bytes]]:
+        """Every closed window of a stage as (key, window start ms, final value)."""
+
+    @abstractmethod
     def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float, *,
                       guard: Guard | None = None) -> None:
         """Like ``save``, each row expiring ``ttl`` seconds (> 0) after this write."""
-        raise NotImplementedError(f"{type(self).__name__} cannot expire rows")
 
-    def scan_history(self, stage_id: str) -> Iterator[tuple[str, int, bytes]]:
-        """Every closed window of a stage as (key, window start ms, final value)."""
-        for name, value in self.scan(stage_id + HISTORY_SUFFIX):
-            start, _, key = name.partition("|")
-            yield key, int(start), value
 
-    def take_epochs(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
-        """One new epoch from the pipeline's counter (and above ``floor``) for all
-        ``partitions``, with each one's previous epoch, atomically (a fenced store only)."""
-        raise NotImplementedError(f"{type(self).__name__} is not fenced")
-
-    def check_epochs(self, guard: Guard) -> None:
-        """Raise ``Fenced`` unless the store holds exactly these epochs (a fenced store only)."""
-        raise NotImplementedError(f"{type(self).__name__} is not fenced")
-
-    def epochs_elsewhere(self) -> None:
-        """The pipeline's epochs are kept in another store: order writes by the guards'
-        epochs, without checking them here (a fenced store whose check is not atomic)."""
-        raise NotImplementedError(f"{type(self).__name__} checks the epochs it holds")
-
-    def raise_counter(self, epoch: int) -> int:
-        """Raise the pipeline's epoch counter here to at least ``epoch``; answer what it was.
-
-        For a store whose rows are ordered by epochs taken elsewhere: should it keep
-        the epochs one day (the pipeline's stores changed), its epochs start above.
-        """
-        raise NotImplementedError(f"{type(self).__name__} checks the epochs it holds")
+class KeyHomes(Protocol):
+    """Which input partition feeds each key's state, when several workers run a pipeline."""
 
     @abstractmethod
     def claim_homes(self, stage_id: str, proposals: Mapping[str, str]) -> dict[str, str]:
@@ -127,6 +111,43 @@ class StateStore(ABC):
         homes for a new key, exactly one wins and both are told the winner.
         A home, once set, never changes.
         """
+
+
+class EpochCounter(Protocol):
+    """The pipeline's epochs, which fence a worker that lost its partitions
+    (``onceflow.stores.fencing``)."""
+
+    #: Whether writes given a ``guard`` check it; a store that does not ignores it.
+    fenced: bool
+    #: Whether the check is atomic with the write (Redis): such a store is preferred
+    #: as the pipeline's one source of epochs (``onceflow.actors.fence.epoch_source``).
+    atomic_fence: bool
+
+    @abstractmethod
+    def take_epochs(self, partitions: Sequence[TopicPartition], floor: int = 0) -> Taken:
+        """One new epoch from the pipeline's counter (and above ``floor``) for all
+        ``partitions``, with each one's previous epoch, atomically (a fenced store only)."""
+
+    @abstractmethod
+    def check_epochs(self, guard: Guard) -> None:
+        """Raise ``Fenced`` unless the store holds exactly these epochs (a fenced store only)."""
+
+    @abstractmethod
+    def epochs_elsewhere(self) -> None:
+        """The pipeline's epochs are kept in another store: order writes by the guards'
+        epochs, without checking them here (a fenced store whose check is not atomic)."""
+
+    @abstractmethod
+    def raise_counter(self, epoch: int) -> int:
+        """Raise the pipeline's epoch counter here to at least ``epoch``; answer what it was.
+
+        For a store whose rows are ordered by epochs taken elsewhere: should it keep
+        the epochs one day (the pipeline's stores changed), its epochs start above.
+        """
+
+
+class Outbox(Protocol):
+    """Records produced but not yet acknowledged by Kafka, kept so a crash cannot lose them."""
 
     @abstractmethod
     def outbox_append(self, rows: Mapping[OutboxKey, bytes], *, guard: Guard | None = None
@@ -147,13 +168,23 @@ class StateStore(ABC):
         For recovery: a restarted worker resends each lane in its original order.
         """
 
+
+class Stats(Protocol):
+    """The pipeline's running counters (best effort, for reports)."""
+
     @abstractmethod
     def add_stats(self, counters: Mapping[str, int]) -> None:
-        """Add to the pipeline's running counters (best effort, for reports)."""
+        """Add to the pipeline's running counters."""
 
     @abstractmethod
-    def read_stats(self) -> dict[str, int]: ...
+    def read_stats(self) -> dict[str, int]:
+        """Every counter's total."""
 
+
+class Connection(Protocol):
+    """The store's client: checked before a worker starts, closed at its end."""
+
+    @abstractmethod
     def check_access(self) -> Exception | None:
         """Connect once: None if the store let us in, else why it did not answer.
 
@@ -161,7 +192,56 @@ class StateStore(ABC):
         credentials, certificate or a permission: checked before a worker
         starts, so that a wrong password stops it with a configuration error.
         """
-        return None
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the client's connections."""
+
+
+class StateStore(StateRows, HistoryRows, KeyHomes, EpochCounter, Outbox, Stats, Connection, ABC):
+    """Every concern of one pipeline's store; the base of the Redis and Cassandra stores.
+
+    A store implements ``load``, ``save``, ``scan``, ``claim_homes``, the outbox, the
+    stats and ``close``; the rest has a default here: history rows beside the states
+    under ``<stage>#history`` through ``save``/``scan``, no expiry, no fencing.
+    """
+
+    history_retention: float = 0.0
+    fenced: bool = False
+    atomic_fence: bool = False
+
+    def row_name(self, stage_id: str, key: str) -> str:
+        return f"{type(self).__name__} stage {stage_id!r} key {key!r}"
+
+    def save_history(self, stage_id: str, rows: Mapping[tuple[str, int], bytes], *,
+                     guard: Guard | None = None) -> None:
+        encoded = {f"{start}|{key}": value for (key, start), value in rows.items()}
+        if self.history_retention:
+            self.save_expiring(stage_id + HISTORY_SUFFIX, encoded, self.history_retention,
+                               guard=guard)
+        else:
+            self.save(stage_id + HISTORY_SUFFIX, encoded, guard=guard)
+
+    def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float, *,
+                      guard: Guard | None = None) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot expire rows")
+
+    def scan_history(self, stage_id: str) -> Iterator[tuple[str, int, bytes]]:
+        for name, value in self.scan(stage_id + HISTORY_SUFFIX):
+            start, _, key = name.partition("|")
+            yield key, int(start), value
+
+    def take_epochs(self, partitions: Sequence[TopicPartition], floor: int = 0) -> Taken:
+        raise NotImplementedError(f"{type(self).__name__} is not fenced")
+
+    def check_epochs(self, guard: Guard) -> None:
+        raise NotImplementedError(f"{type(self).__name__} is not fenced")
+
+    def epochs_elsewhere(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} checks the epochs it holds")
+
+    def raise_counter(self, epoch: int) -> int:
+        raise NotImplementedError(f"{type(self).__name__} checks the epochs it holds")
+
+    def check_access(self) -> Exception | None:
+        return None

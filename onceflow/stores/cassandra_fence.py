@@ -43,7 +43,7 @@ from cassandra.cluster import Session
 from cassandra.query import BatchStatement, PreparedStatement, Statement
 
 from onceflow.actors import faults
-from onceflow.stages.state import TopicPartition
+from onceflow.shared_types import TopicPartition
 from onceflow.stores.fencing import COUNTER, Guard, Taken, first_mismatch, write_timestamp
 
 #: Attempts of a take that keep meeting other workers' takes (each one of them won).

@@ -84,6 +84,7 @@ from cassandra.connection import ConnectionException
 from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import PreparedStatement, Statement, tuple_factory
 
+from onceflow.shared_types import TopicPartition
 from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, cassandra_options
 from onceflow.stores.base import OutboxKey, StateStore
 from onceflow.stores.cassandra_fence import CassandraFence, WriteClock
@@ -242,7 +243,7 @@ class CassandraStore(StateStore):
                       guard: Guard | None = None) -> None:
         self.save(stage_id, rows, ttl, guard=guard)
 
-    def take_epochs(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
+    def take_epochs(self, partitions: Sequence[TopicPartition], floor: int = 0) -> Taken:
         self._ready()
         assert self._fence is not None
         taken = self._fence.take(partitions, floor)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from onceflow.stages.state import TopicPartition
+from onceflow.shared_types import TopicPartition
 
 #: The epochs a write depends on: input partition -> the epoch its writer holds.
 Guard = Mapping[TopicPartition, int]

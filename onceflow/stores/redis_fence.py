@@ -19,6 +19,7 @@ from typing import Any, Literal, cast
 
 import redis
 
+from onceflow.shared_types import TopicPartition
 from onceflow.stores.fencing import COUNTER, Fenced, Guard, Taken, epoch_key, first_mismatch
 
 Mode = Literal["mset", "px", "hset"]
@@ -104,7 +105,7 @@ class RedisFence:
         self._script = client.register_script(GUARDED_WRITE)
         self._take = client.register_script(TAKE)
 
-    def take(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
+    def take(self, partitions: Sequence[TopicPartition], floor: int = 0) -> Taken:
         """One new epoch above ``floor`` for every partition, and their previous epochs
         (one script)."""
         if not partitions:

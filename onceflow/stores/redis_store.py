@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import redis
 
+from onceflow.shared_types import TopicPartition
 from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, redis_options
 from onceflow.stores.base import OutboxKey, StateStore
 from onceflow.stores.fencing import Guard, Taken
@@ -58,7 +59,7 @@ class RedisStore(StateStore):
         values = cast(list[bytes | None], self._client.mget([self._key(stage_id, k) for k in keys]))
         return {k: v for k, v in zip(keys, values, strict=True) if v is not None}
 
-    def take_epochs(self, partitions: Sequence[tuple[str, int]], floor: int = 0) -> Taken:
+    def take_epochs(self, partitions: Sequence[TopicPartition], floor: int = 0) -> Taken:
         return self.fence.take(partitions, floor)
 
     def check_epochs(self, guard: Guard) -> None:

@@ -8,9 +8,11 @@ tests catch an import that breaks the split without building a venv.
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -153,6 +155,176 @@ def test_a_landing_zone_without_pyarrow_is_a_config_error(tmp_path: Path) -> Non
         f"onceflow: config error: {conf}: onceflow.landing.dir: the Parquet landing zone "
         "needs the analytics extra: pip install 'onceflow[analytics]' (missing: pyarrow), "
         "or leave the key unset")
+
+
+#: The user's API: the modules a pipeline's author imports (the pipeline and its steps,
+#: declarations, formats, the in-memory test run, the package's entrance).
+USER_API = (
+    "onceflow",
+    "onceflow.stages",
+    "onceflow.stages.cleanup",
+    "onceflow.stages.declarations",
+    "onceflow.stages.formats",
+    "onceflow.stages.pipeline",
+    "onceflow.stages.record_meta",
+    "onceflow.stages.republish_step",
+    "onceflow.testing",
+    "onceflow.testing_records",
+)
+#: What the user's API and the engine share, below both: the types and the envelope.
+SHARED = ("onceflow.shared_types", "onceflow.protos.envelope_pb2")
+#: The engine modules a user-API module may import, each with why; nothing else of the engine.
+ENGINE_NEEDED: dict[str, dict[str, str]] = {
+    "onceflow": {
+        # run() and read_states(), inside the functions: the runtime loads when asked to run
+        "onceflow.runtime.cli": "run()",
+        "onceflow.runtime.states": "read_states()",
+        "onceflow.runtime.settings": "read_states' hint, under TYPE_CHECKING",
+    },
+    "onceflow.stages": {
+        "onceflow.compiled": "refuses a stale compiled build before any compiled module loads",
+    },
+    # TestRun runs the worker's own runner in memory, with its state encoding, windows and
+    # producer sequences: the engine is what it puts under test.
+    "onceflow.testing": dict.fromkeys((
+        "onceflow.stages.outcome", "onceflow.stages.producer_dedup", "onceflow.stages.runner",
+        "onceflow.stages.state", "onceflow.stages.state_table", "onceflow.stages.watermark",
+        "onceflow.stages.window_clock"), "TestRun"),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = ["onceflow", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def onceflow_imports(tree: ast.AST, known: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every onceflow module imported anywhere in ``tree`` (functions and
+    ``TYPE_CHECKING`` blocks too): ``from a import b`` is ``a.b`` where that is a module."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names
+                      if alias.name.split(".")[0] == "onceflow"]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            if node.module.split(".")[0] != "onceflow":
+                continue
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.append((node.lineno, sub if sub in known else node.module))
+    return found
+
+
+def engine_imports(source: str, module: str, known: set[str]) -> list[str]:
+    """The imports of user-API ``module`` that reach into the engine without leave."""
+    allowed = {*USER_API, *SHARED, *ENGINE_NEEDED.get(module, {})}
+    return [f"{module}:{line}: imports {name}"
+            for line, name in onceflow_imports(ast.parse(source), known)
+            if name not in allowed]
+
+
+def test_the_user_api_imports_no_engine_module_but_those_named() -> None:
+    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    assert set(USER_API) | set(SHARED) <= set(paths)  # every module named exists
+    assert [v for module in USER_API
+            for v in engine_imports(paths[module].read_text(), module, set(paths))] == []
+
+
+@pytest.mark.parametrize(
+    ("module", "source", "flagged"),
+    [
+        ("onceflow.stages.pipeline", "from onceflow.stages.watermark import WINDOWS_STAGE", True),
+        ("onceflow.stages.pipeline", "from onceflow.stages import runner", True),
+        ("onceflow.stages.declarations", "import onceflow.actors.messages", True),
+        ("onceflow.stages.pipeline", "def f():\n    from onceflow.stores import base", True),
+        ("onceflow.stages.formats", "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                    "    from onceflow.runtime.config import Settings", True),
+        ("onceflow.stages.pipeline", "from onceflow.stages.runner import PipelineRunner", True),
+        ("onceflow.testing", "from onceflow.stages.runner import PipelineRunner", False),
+        ("onceflow.stages.pipeline", "from onceflow.stages.declarations import Tumbling", False),
+        ("onceflow.stages.pipeline", "from onceflow.shared_types import TopicPartition", False),
+        ("onceflow.stages.pipeline", "from onceflow.stages import declarations", False),
+        ("onceflow", "def run():\n    from onceflow.runtime.cli import main", False),
+    ],
+)
+def test_the_user_api_scan_flags_what_it_should(module: str, source: str, flagged: bool) -> None:
+    known = {module_name(path) for path in PACKAGE.rglob("*.py")}
+    assert bool(engine_imports(source, module, known)) is flagged
+
+
+def leaks(package: ModuleType) -> list[str]:
+    """The names ``package.__all__`` exports from outside the user's API and the shared types.
+
+    A class or function names the module that defines it (protobuf's say "envelope_pb2",
+    so they are found by identity in the shared modules); an alias (``Step``, a union) or
+    a constant is found by identity in a user-API or shared module.
+    """
+    homes = [importlib.import_module(name) for name in (*USER_API, *SHARED)
+             if name not in ("onceflow", "onceflow.stages")]
+    found = []
+    for export in package.__all__:
+        value = getattr(package, export)
+        defined = getattr(value, "__module__", None) if callable(value) else None
+        if isinstance(defined, str) and defined.split(".")[0] == "onceflow":
+            if defined not in USER_API:
+                found.append(f"{package.__name__}.{export} comes from {defined}")
+        elif not any(getattr(home, export, None) is value for home in homes):
+            found.append(f"{package.__name__}.{export} comes from {defined}")
+    return found
+
+
+def test_the_public_names_come_from_the_user_api() -> None:
+    """What ``onceflow`` and ``onceflow.stages`` export is the user's API (or the envelope):
+    no engine class leaks into the public namespace, and every user-API module names its
+    public names in ``__all__`` (the engine's are private by it, or have none to export)."""
+    for name in USER_API:
+        module = importlib.import_module(name)
+        assert isinstance(getattr(module, "__all__", None), list), f"{name} has no __all__"
+    assert leaks(onceflow) == []
+    assert leaks(importlib.import_module("onceflow.stages")) == []
+
+
+def test_an_engine_class_exported_is_a_leak() -> None:
+    from onceflow.stages.runner import PipelineRunner
+
+    fake = ModuleType("onceflow")
+    vars(fake).update(Pipeline=onceflow.Pipeline, PipelineRunner=PipelineRunner,
+                      __all__=["Pipeline", "PipelineRunner"])
+    assert leaks(fake) == ["onceflow.PipelineRunner comes from onceflow.stages.runner"]
+
+
+#: A shared type still defined in a second module, to import it from ``shared_types`` instead.
+SECOND_DEFINITIONS = {("Hop", "stages/lineage.py")}
+
+
+def test_each_shared_type_is_defined_once() -> None:
+    """``onceflow.shared_types`` is the one home of its names: other modules import them
+    (``from onceflow.shared_types import TopicPartition``), none defines its own."""
+    import onceflow.shared_types as shared
+
+    found = set()
+    for path in library_modules():
+        relative = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = [t.id for t in getattr(node, "targets", []) if isinstance(t, ast.Name)]
+            if isinstance(node, ast.ClassDef):
+                targets = [node.name]
+            found |= {(name, relative) for name in targets if name in shared.__all__}
+    assert found - SECOND_DEFINITIONS == {(name, "shared_types.py") for name in shared.__all__}
+
+
+@pytest.mark.parametrize("reserved", ["__producer_seq__", "__windows__", "__logs__"])
+def test_the_engine_keeps_its_rows_under_the_ids_the_user_api_refuses(reserved: str) -> None:
+    """``declarations.RESERVED_STAGES`` lets the user's API refuse them without importing the
+    engine; the engine's own names for them must stay those."""
+    from onceflow.actors.log_marks import LOGS_STAGE
+    from onceflow.stages.declarations import RESERVED_STAGES
+    from onceflow.stages.producer_dedup import SEQUENCE_STAGE
+    from onceflow.stages.watermark import WINDOWS_STAGE
+
+    assert RESERVED_STAGES == (SEQUENCE_STAGE, WINDOWS_STAGE, LOGS_STAGE)
+    with pytest.raises(ValueError, match=f"duplicate stage id '{reserved}'"):
+        onceflow.Pipeline("p", topics=("t",)).map(reserved, str)
 
 
 def test_test_modules_have_unique_names() -> None:
