@@ -28,9 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
-
-import pykka
+from typing import Protocol
 
 from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
@@ -38,7 +36,6 @@ from onceflow.actors.fence import EpochFence, epoch_source
 from onceflow.actors.ledger import LedgerError, SharedLedger
 from onceflow.actors.log_marks import LOGS_STAGE, mark_rows
 from onceflow.actors.messages import (
-    Barrier,
     PersistenceMessage,
     Snapshot,
     StageRows,
@@ -48,9 +45,6 @@ from onceflow.actors.retry import retrying
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard
-
-if TYPE_CHECKING:
-    from onceflow.actors.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +65,6 @@ class PersistenceActor(ReportingActor):
         self,
         *,
         stores: Mapping[str, StateStore],
-        producer: pykka.ActorRef[ProducerActor],
         ledger: SharedLedger,
         stats_store: StateStore | None,
         on_fatal: FatalHandler,
@@ -81,7 +74,6 @@ class PersistenceActor(ReportingActor):
         super().__init__(on_fatal)
         self._fence = fence
         self._stores = stores
-        self._producer = producer
         self._ledger = ledger
         self._stats_store = stats_store
         self._landing = landing
@@ -93,10 +85,11 @@ class PersistenceActor(ReportingActor):
         # forwards to a republish step discards replays once its state is
         # written, so its outputs must be settled before (docs/architecture.md,
         # invariant 5).
-        settled: int = self._producer.ask(Barrier())  # type: ignore[assignment]
+        for settling in message.settling:
+            settling.result()  # a send that failed fails the snapshot: nothing is written
         checkpoint = message.checkpoint
         with self._ledger() as ledger:
-            ledger.settled(settled)
+            ledger.settled(checkpoint.sends)
             if not ledger.writable(checkpoint):
                 raise LedgerError(f"checkpoint {checkpoint.number} may not be written: "
                                   f"{ledger.why_not_writable(checkpoint)}")

@@ -8,10 +8,10 @@ flushes: a snapshot covers exactly the batches received before it.
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -24,7 +24,6 @@ from onceflow.actors.log_marks import LogMark
 from onceflow.actors.messages import (
     Assigned,
     Batch,
-    BatchDone,
     Flush,
     Forget,
     LogStats,
@@ -83,7 +82,7 @@ class PipelineActor(ReportingActor):
         stores: Mapping[str, StateStore],
         dead_letter_topic: str,
         late_events_topic: str,
-        producer: pykka.ActorRef[ProducerActor],
+        producer: ProducerActor,
         persistence: pykka.ActorRef[PersistenceActor],
         ledger: SharedLedger,
         on_fatal: FatalHandler,
@@ -115,6 +114,8 @@ class PipelineActor(ReportingActor):
         self._ledger = ledger
         self._stats: Counter[str] = Counter()
         self._totals: Counter[str] = Counter()
+        # Sends not yet in a snapshot: persistence waits for them to settle (invariant 5).
+        self._settling: list[concurrent.futures.Future[None]] = []
         # Snapshots handed over, maybe unwritten: (number, persistence's answer).
         self._pending: list[tuple[int, pykka.Future[Any]]] = []
         self._snapshots = 0  # numbers the snapshots, so the cache knows which are written
@@ -160,10 +161,7 @@ class PipelineActor(ReportingActor):
     def on_receive(self, message: PipelineMessage) -> dict[TopicPartition, int] | None:
         match message:
             case Batch():
-                self._process(message.records, message.marks)
-                if message.done_to is not None:
-                    with contextlib.suppress(pykka.ActorDeadError):  # a stream being re-created
-                        message.done_to.tell(BatchDone())
+                self._process(message.records, message.marks, message.done)
             case PersistTick():
                 snapshot = self._snapshot(force=False)
                 if snapshot is not None:
@@ -274,7 +272,8 @@ class PipelineActor(ReportingActor):
         return dict(sorted(stats.items()))
 
     def _process(self, records: Sequence[Any],
-                 marks: Mapping[TopicPartition, LogMark] | None = None) -> None:
+                 marks: Mapping[TopicPartition, LogMark] | None = None,
+                 done: Callable[[], None] | None = None) -> None:
         poison = faults.STAGE_RAISES_ON
         if poison and any(poison in (record.value or b"") for record in records):
             raise faults.InjectedFailure("injected stage failure")
@@ -282,8 +281,11 @@ class PipelineActor(ReportingActor):
         with self._ledger() as ledger:
             number = ledger.processed(outcome.next_offsets, sent=bool(outcome.outputs),
                                       marks=marks)
-        if outcome.outputs:
-            self._producer.tell(Send(outcome.outputs, number, frozenset(outcome.next_offsets)))
+        # One hand-off to the loop: the outputs to their lanes, the batch done to the consumer.
+        settling = self._producer.send(
+            Send(outcome.outputs, number, frozenset(outcome.next_offsets)), done)
+        if settling is not None:
+            self._settling.append(settling)
         batch = outcome.stats(len(records))
         self._stats.update(batch)
         metrics.RECORDS.inc(len(records))
@@ -341,7 +343,8 @@ class PipelineActor(ReportingActor):
             return None
         stats = dict(self._stats)
         self._stats.clear()
-        return Snapshot(rows, checkpoint, stats)
+        settling, self._settling = self._settling, []
+        return Snapshot(rows, checkpoint, stats, settling)
 
 
 def snapshot_rows(runner: PipelineRunner, sequence_store: str | None,

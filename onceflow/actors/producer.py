@@ -1,17 +1,18 @@
-"""ProducerActor: the aiokafka producer for republished and dead-lettered records.
+"""The aiokafka producer for republished and dead-lettered records.
 
-Threads: messages arrive on the actor's thread; the producer and its lanes
-(``onceflow.actors.delivery``) live on the shared ``EventLoopThread`` loop.
-``Send`` hands records to their partitions' lanes without waiting;
-``Barrier`` answers once everything sent before it is settled (acknowledged
-by the broker, or durably in the outbox), with the number of the last send,
-which the persistence actor tells the checkpoint ledger before it writes
-states. ``Adopt`` (asked by a consumer stream on every assignment) queues
-the outbox rows of lanes that left other workers. A delivery that fails without an
-outbox to keep it fails the barrier, so nothing behind it is persisted or
-committed.
+Threads: the producer and its lanes (``onceflow.actors.delivery``) live on
+the shared ``EventLoopThread`` loop, in the ``ProducerActor``. The pipeline
+thread hands each batch's outputs to it directly (``OutputStream.send``: one
+hand-off to the loop), and gets a future that resolves once they are settled
+(acknowledged by the broker, or durably in the outbox); the snapshot carries
+those futures, and persistence waits on them before it tells the checkpoint
+ledger the sends are settled and writes states. ``adopt`` (called on the loop
+by a consumer stream on every assignment) queues the outbox rows of lanes
+that left other workers. A delivery that fails without an outbox to keep it
+fails its future, so nothing behind it is persisted or committed. The actor
+has no thread (``base.LoopActor``): the core opens and closes it.
 
-Fencing: a ``Send`` holding exclusive outputs (exclusive republish, dead
+Fencing: a send holding exclusive outputs (exclusive republish, dead
 letters, late events) is checked first (``OutputFence``: the epochs of its
 input partitions, one store read). A produce request is checked again at
 the last moment, right before aiokafka writes it, when the last check is
@@ -35,7 +36,7 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from onceflow.actors import faults, metrics
-from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.base import FatalHandler, LoopActor
 from onceflow.actors.delivery import (
     DeliverySettings,
     FencedProduce,
@@ -45,7 +46,7 @@ from onceflow.actors.delivery import (
 )
 from onceflow.actors.fence import RECHECK_AFTER, OutputFence
 from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import Adopt, Barrier, Pending, ProducerMessage, Send, unexpected
+from onceflow.actors.messages import Send
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
@@ -93,13 +94,15 @@ async def all_settled(lanes: list[list[asyncio.Future[None]]]) -> None:
         raise
 
 
-async def _now(read: Callable[[], dict[TopicPartition, list[Output]]]
-               ) -> dict[TopicPartition, list[Output]]:
-    """Run ``read`` on the loop that owns the lanes."""
-    return read()
+class ProducerActor(LoopActor):
+    """The producer on the loop: the client, its lanes and the outbox writer.
 
+    The pipeline thread hands it each batch's outputs directly (``send``: one
+    hand-off to the loop, no actor thread in between); the core child starts
+    and stops it (``start``, ``stop``), and a failure on the loop reaches the
+    supervisor.
+    """
 
-class ProducerActor(ReportingActor):
     def __init__(
         self,
         *,
@@ -129,15 +132,16 @@ class ProducerActor(ReportingActor):
         self._lanes: Lanes | None = None
         self._partitions: dict[str, list[int]] = {}
         self._partitioner = DefaultPartitioner()
-        self._pending: list[concurrent.futures.Future[None]] = []
         self._order: asyncio.Lock | None = None
+        self._opened = asyncio.Event()  # bound to the io loop at first use
         self._sent = 0
-        self._last_send = 0  # the ledger's number of the last Send received
 
-    def start_up(self) -> None:
-        self._io.run(self._open(), timeout=self._start_timeout)
+    def start(self) -> None:
+        """Open the client (from the core's start; a broker that does not answer within
+        the start timeout fails the core, which the supervisor restarts)."""
+        self._io.run(self.open(), timeout=self._start_timeout)
 
-    async def _open(self) -> None:
+    async def open(self) -> None:
         self._producer = AIOKafkaProducer(**self._options)
         self._order = asyncio.Lock()
         outbox = None if self._outbox_store is None else \
@@ -146,32 +150,32 @@ class ProducerActor(ReportingActor):
         if self._output_fence is not None and not faults.NO_FENCING:
             self._gate(self._producer.client)
         await self._producer.start()
+        self._opened.set()
 
-    def on_receive(self, message: ProducerMessage
-                   ) -> int | dict[TopicPartition, list[Output]] | None:
-        """``Barrier`` answers the number of the last send, ``Adopt`` the rows adopted,
-        ``Pending`` the unacknowledged records of some partitions."""
-        match message:
-            case Send():
-                self._last_send = max(self._last_send, message.number)
-                if message.outputs:
-                    self._check(message)
-                    self._pending.append(self._io.submit(self._send(message.outputs)))
-            case Barrier():
-                pending, self._pending = self._pending, []
-                for future in pending:
-                    future.result()
-                return self._last_send
-            case Adopt():
-                assert self._lanes is not None
-                return self._io.run(self._lanes.adopt())
-            case Pending():
-                assert self._lanes is not None
-                lanes = self._lanes
-                return self._io.run(_now(lambda: lanes.pending(message.partitions)))
-            case _:
-                unexpected("ProducerActor", message)
-        return None
+    def send(self, message: Send, done: Callable[[], None] | None = None
+             ) -> concurrent.futures.Future[None] | None:
+        """(the pipeline thread) Hand a batch's outputs to their lanes and ``done`` (the
+        consumer's batch done) to the loop, in one hand-off; the future resolves once
+        every output is settled (None: no outputs). Exclusive outputs are checked against
+        the store first (fenced: nothing is sent, and it raises)."""
+        if not message.outputs:
+            if done is not None:
+                self._io.call_soon(done)
+            return None
+        self._check(message)
+        return self._io.submit(self._send(message.outputs, done))
+
+    async def adopt(self) -> int:
+        """(on the loop) Queue the outbox rows the lanes do not hold yet; how many."""
+        await self._opened.wait()
+        assert self._lanes is not None
+        return await self._lanes.adopt()
+
+    def pending(self, partitions: frozenset[TopicPartition]
+                ) -> dict[TopicPartition, list[Output]]:
+        """(on the loop) The records of these output partitions not acknowledged yet."""
+        assert self._lanes is not None
+        return self._lanes.pending(partitions)
 
     def _check(self, message: Send) -> None:
         """Check the epochs of a batch with exclusive outputs in the store; fenced, drop
@@ -238,13 +242,18 @@ class ProducerActor(ReportingActor):
                   "a produce request and the records in its lanes dropped" if dropped is None else
                   f"a batch of {dropped} records and those waiting in the lanes dropped")
 
-    async def _send(self, outputs: Sequence[Output]) -> None:
+    async def _send(self, outputs: Sequence[Output],
+                    done: Callable[[], None] | None = None) -> None:
         """Hand each record to its partition's lane, in order; wait until all are settled.
 
         Finding a partition may wait for topic metadata; the lock keeps the
         next ``Send`` from overtaking this one meanwhile (docs/architecture.md,
         invariant 8).
         """
+        if done is not None:
+            done()
+        if not self._opened.is_set():  # the actor is still opening the client
+            await self._opened.wait()
         assert self._lanes is not None and self._order is not None
         cut = faults.KILL_AFTER_SENDS - self._sent
         dying = 0 < cut <= len(outputs)
@@ -301,7 +310,7 @@ class ProducerActor(ReportingActor):
         await asyncio.shield(acked)
         return taken
 
-    def on_stop(self) -> None:
+    def stop(self) -> None:
         if self._producer is not None:
             self._io.run(self._close(), timeout=self._start_timeout)
 
@@ -328,3 +337,4 @@ class ProducerActor(ReportingActor):
         producer._closed = True  # aiokafka has no public abort: stop its sender unflushed
         await producer._sender.close()
         await producer.client.close()
+

@@ -2,8 +2,8 @@
 
 Two children, in dependency order (docs/architecture.md, "Supervision"):
 
-- ``core`` (``pipeline_core.PipelineCore``): producer, persistence, commit
-  and pipeline actors, the stores, the event loop and the checkpoint ledger:
+- ``core`` (``pipeline_core.PipelineCore``): producer, persistence and
+  pipeline actors, the commits, the stores, the event loop and the checkpoint ledger:
   everything that holds in-memory states and what is durable of them;
 - ``consumer`` (``consumer_stream.ConsumerStream``): the Kafka consumer,
   which depends on the core. A broker outage, a silent connection or a stuck join fails only

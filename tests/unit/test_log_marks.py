@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from persistence_doubles import DictStore, SettledProducer
+from persistence_doubles import DictStore
 
 from onceflow.actors.continuity import PartitionRewound
 from onceflow.actors.fence import EpochFence
@@ -154,8 +154,7 @@ def test_a_snapshot_writes_its_marks_after_its_states_under_the_same_guard(held:
         ready.processed({A: 5}, sent=False, marks={A: mark})
         checkpoint = ready.take(dirty=True)
     assert checkpoint is not None
-    producer = SettledProducer.start()
-    ref = PersistenceActor.start(stores={"mem": store}, producer=producer, ledger=ledger,
+    ref = PersistenceActor.start(stores={"mem": store}, ledger=ledger,
                                  stats_store=None, fence=fence,
                                  on_fatal=lambda who, error: None)
     try:
@@ -167,7 +166,6 @@ def test_a_snapshot_writes_its_marks_after_its_states_under_the_same_guard(held:
                 ref.ask(snapshot, timeout=5)
     finally:
         ref.stop()
-        producer.stop()
     if held:
         assert store.saved == ["totals", LOGS_STAGE]
         assert store.rows[(LOGS_STAGE, "orders|0")] == mark.encode()

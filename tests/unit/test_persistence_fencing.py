@@ -7,12 +7,9 @@ The store here is a dict that checks guards as Redis's script does
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pykka
 import pytest
-from persistence_doubles import DictStore, SettledProducer
+from persistence_doubles import DictStore
 
 from onceflow.actors import metrics
 from onceflow.actors.fence import EpochFence
@@ -26,13 +23,6 @@ A: TopicPartition = ("t", 0)
 B: TopicPartition = ("t", 1)
 
 
-@pytest.fixture
-def producer() -> Iterator[pykka.ActorRef[Any]]:
-    ref = SettledProducer.start()
-    yield ref
-    ref.stop()
-
-
 def snapshot_of(ledger: SharedLedger, rows: dict[str, bytes]) -> Snapshot:
     with ledger() as ready:
         ready.assigned({A: 0, B: 0})
@@ -43,22 +33,22 @@ def snapshot_of(ledger: SharedLedger, rows: dict[str, bytes]) -> Snapshot:
 
 
 def persistence(store: DictStore, ledger: SharedLedger, fence: EpochFence,
-                producer: pykka.ActorRef[Any], reported: list[BaseException]
+                reported: list[BaseException]
                 ) -> pykka.ActorRef[PersistenceActor]:
-    return PersistenceActor.start(stores={"mem": store}, producer=producer, ledger=ledger,
+    return PersistenceActor.start(stores={"mem": store}, ledger=ledger,
                                   stats_store=store, fence=fence,
                                   on_fatal=lambda who, error: reported.append(error))
 
 
 @pytest.mark.parametrize("rows", [{"k": b"v"}, {}], ids=["rows", "no-rows"])
 def test_a_snapshot_of_a_partition_taken_over_is_refused_and_never_durable(
-    producer: pykka.ActorRef[Any], rows: dict[str, bytes],
+    rows: dict[str, bytes],
 ) -> None:
     store, ledger, fence, reported = DictStore(), SharedLedger(), EpochFence(), []
     fence.assign(Taken(1, {A: None, B: None}))
     store.epochs = {A: 1, B: 2}  # another worker took B over
     before = metrics.FENCED._value.get()
-    ref = persistence(store, ledger, fence, producer, reported)
+    ref = persistence(store, ledger, fence, reported)
     try:
         with pytest.raises(Fenced, match=r"t\[1\]: this worker holds epoch 1, the store has 2"):
             ref.ask(snapshot_of(ledger, rows), timeout=5)
@@ -73,12 +63,11 @@ def test_a_snapshot_of_a_partition_taken_over_is_refused_and_never_durable(
 
 
 def test_a_snapshot_of_partitions_still_held_is_written_and_durable(
-    producer: pykka.ActorRef[Any],
 ) -> None:
     store, ledger, fence, reported = DictStore(), SharedLedger(), EpochFence(), []
     fence.assign(Taken(1, {A: None, B: None}))
     store.epochs = {A: 1, B: 1}
-    ref = persistence(store, ledger, fence, producer, reported)
+    ref = persistence(store, ledger, fence, reported)
     try:
         assert ref.ask(snapshot_of(ledger, {"k": b"v"}), timeout=5) == {A: 5, B: 3}
     finally:
