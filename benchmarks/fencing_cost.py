@@ -119,13 +119,13 @@ def outputs_cost(messages: int, batches: list[int], repeat: int) -> None:
             print(f"{'batch':>6} {'without rec/s':>14} {'with rec/s':>11} {'ratio':>6}")
 
             def run(batch: int, checked: bool) -> float:
-                stream = ProducerActor(
+                producer = ProducerActor(
                     options={"bootstrap_servers": kafka.address, "acks": "all",
                              "enable_idempotence": False, "linger_ms": 5},
                     delivery=settings, max_block=60, outbox=None, tally=OutboxTally(),
                     output_fence=OutputFence(store, fence, frozenset({topic})) if checked
                     else None, io=io, start_timeout=60, on_fatal=lambda who, error: None)
-                producer = ProducerActor.start(stream=stream, on_fatal=lambda who, error: None)
+                producer.start()
                 try:
                     started = time.perf_counter()
                     sent = []
@@ -133,11 +133,10 @@ def outputs_cost(messages: int, batches: list[int], repeat: int) -> None:
                         p = number % 4
                         outputs = [Output(topic, None, STATE, (), p)
                                    for _ in range(min(batch, messages - first))]
-                        sent.append(stream.send(Send(outputs, number,
-                                                     frozenset({inputs[p]}))))
+                        producer.check(Send(outputs, number, frozenset({inputs[p]})))
+                        sent.append(io.submit(producer.send(outputs)))
                     for settled in sent:
-                        if settled is not None:
-                            settled.result()
+                        settled.result()
                     return messages / (time.perf_counter() - started)
                 finally:
                     producer.stop()

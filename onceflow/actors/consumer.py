@@ -38,7 +38,6 @@ from onceflow.actors.fetch_continuity import FetchContinuity
 from onceflow.actors.fetch_starvation import FetchStarvation
 from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.kafka_parts import close_parts, ours
-from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.log_marks import LogCheck, LogMark, mark_of
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
@@ -72,7 +71,6 @@ class ConsumerActor(LoopActor):
         pipeline: pykka.ActorRef[PipelineActor],
         checkpoints: Checkpoints,
         outputs: ProducerActor,
-        ledger: SharedLedger,
         on_fatal: FatalHandler,
         gap_check: GapCheck,
         connection_check: ConnectionCheck | None = None,
@@ -96,7 +94,6 @@ class ConsumerActor(LoopActor):
         self._opening: asyncio.Task[None] | None = None
         self._join_enforcer: asyncio.Task[None] | None = None
         self._outputs = outputs
-        self._ledger = ledger
         self._check = connection_check
         self._checker: asyncio.Task[None] | None = None
         self._options = dict(options)
@@ -261,8 +258,7 @@ class ConsumerActor(LoopActor):
         A partition resumed from elsewhere (another member committed it), ``moved``
         (held by another, its epoch says) or gone makes the pipeline actor drop them.
         """
-        with self._ledger() as ledger:
-            stale = ledger.assigned(positions, moved)
+        stale = self._checkpoints.assigned(positions, moved)
         if stale:
             log.info("partitions %s moved while this stream was away: states reload",
                      sorted(stale))

@@ -9,7 +9,6 @@ to ``unexpected``, which mypy checks is unreachable.
 
 from __future__ import annotations
 
-import concurrent.futures
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Never, NoReturn, Protocol
@@ -35,7 +34,7 @@ class Batch:
 
     records: Sequence[Any]  # aiokafka ConsumerRecords
     #: Called ON THE LOOP once processed (the consumer may fetch another); the pipeline
-    #: hands it over with the batch's outputs (``producer.ProducerActor.send``).
+    #: hands it over with the batch's outputs (``checkpoints.Checkpoints.hand_over``).
     done: Callable[[], None] | None = None
     #: Per partition, the batch's last record (``onceflow.actors.log_marks``).
     marks: Mapping[TopicPartition, LogMark] = field(default_factory=dict)
@@ -115,14 +114,9 @@ class Snapshot:
     rows: Sequence[StageRows]
     checkpoint: Checkpoint
     stats: dict[str, int] = field(default_factory=dict)
-    #: The outputs handed to the producer since the last snapshot: each future resolves
-    #: once its send is settled (``producer.ProducerActor.send``); persistence waits on
-    #: them before the ledger hears ``settled`` (invariant 5).
-    settling: Sequence[concurrent.futures.Future[None]] = ()
 
 
 PipelineMessage = Batch | PersistTick | LogStats | Flush | Forget | Assigned | ResumeOutputs
-PersistenceMessage = Snapshot
 
 
 def unexpected(receiver: str, message: Never) -> NoReturn:

@@ -2,11 +2,11 @@
 
 Threads: the producer and its lanes (``onceflow.actors.delivery``) live on
 the shared ``EventLoopThread`` loop, in the ``ProducerActor``. The pipeline
-thread hands each batch's outputs to it directly (``OutputStream.send``: one
-hand-off to the loop), and gets a future that resolves once they are settled
-(acknowledged by the broker, or durably in the outbox); the snapshot carries
-those futures, and persistence waits on them before it tells the checkpoint
-ledger the sends are settled and writes states. ``adopt`` (called on the loop
+thread hands each batch's outputs to the loop with the batch
+(``checkpoints.Checkpoints.hand_over``: one hand-off), where ``send`` starts
+them; the checkpoint coordinator waits until they are settled (acknowledged
+by the broker, or durably in the outbox) before it tells the ledger the sends
+are settled and has the states written. ``adopt`` (called on the loop
 by a consumer stream on every assignment) queues the outbox rows of lanes
 that left other workers. A delivery that fails without an outbox to keep it
 fails its future, so nothing behind it is persisted or committed. The actor
@@ -25,7 +25,6 @@ supervisor restarts it from the store and the outputs' tails.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -97,8 +96,8 @@ async def all_settled(lanes: list[list[asyncio.Future[None]]]) -> None:
 class ProducerActor(LoopActor):
     """The producer on the loop: the client, its lanes and the outbox writer.
 
-    The pipeline thread hands it each batch's outputs directly (``send``: one
-    hand-off to the loop, no actor thread in between); the core child starts
+    Each batch's outputs reach it on the loop (``send``, from the checkpoint
+    coordinator: no actor thread in between); the core child starts
     and stops it (``start``, ``stop``), and a failure on the loop reaches the
     supervisor.
     """
@@ -152,18 +151,15 @@ class ProducerActor(LoopActor):
         await self._producer.start()
         self._opened.set()
 
-    def send(self, message: Send, done: Callable[[], None] | None = None
-             ) -> concurrent.futures.Future[None] | None:
-        """(the pipeline thread) Hand a batch's outputs to their lanes and ``done`` (the
-        consumer's batch done) to the loop, in one hand-off; the future resolves once
-        every output is settled (None: no outputs). Exclusive outputs are checked against
-        the store first (fenced: nothing is sent, and it raises)."""
-        if not message.outputs:
-            if done is not None:
-                self._io.call_soon(done)
-            return None
+    def check(self, message: Send) -> None:
+        """(the pipeline thread, before it hands the batch over) Exclusive outputs are
+        checked against the store (fenced: nothing is sent, and it raises)."""
         self._check(message)
-        return self._io.submit(self._send(message.outputs, done))
+
+    async def send(self, outputs: Sequence[Output]) -> None:
+        """(on the loop, from the checkpoint coordinator) Start a batch's outputs on their
+        lanes; resolves once every one is settled."""
+        await self._send(outputs)
 
     async def adopt(self) -> int:
         """(on the loop) Queue the outbox rows the lanes do not hold yet; how many."""
@@ -242,16 +238,13 @@ class ProducerActor(LoopActor):
                   "a produce request and the records in its lanes dropped" if dropped is None else
                   f"a batch of {dropped} records and those waiting in the lanes dropped")
 
-    async def _send(self, outputs: Sequence[Output],
-                    done: Callable[[], None] | None = None) -> None:
+    async def _send(self, outputs: Sequence[Output]) -> None:
         """Hand each record to its partition's lane, in order; wait until all are settled.
 
         Finding a partition may wait for topic metadata; the lock keeps the
         next ``Send`` from overtaking this one meanwhile (docs/architecture.md,
         invariant 8).
         """
-        if done is not None:
-            done()
         if not self._opened.is_set():  # the actor is still opening the client
             await self._opened.wait()
         assert self._lanes is not None and self._order is not None

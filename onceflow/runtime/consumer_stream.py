@@ -52,7 +52,6 @@ class ConsumerStream:
             pipeline=core.pipeline_actor,
             checkpoints=core.checkpoints,
             outputs=core.producer,
-            ledger=core.ledger,
             on_fatal=on_fatal,
             connection_check=connection_check(s),
             gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff,

@@ -181,10 +181,7 @@ class Worker:
         lag = None
         if self._lag is not None:
             core = self._core
-            owned = None
-            if core is not None:
-                with core.ledger() as ledger:
-                    owned = ledger.owned()
+            owned = None if core is None else core.checkpoints.owned
             lag = self._lag.report(owned)
         return health_report(self.pipeline.id, states, consumer, escalated,
                              self.settings.metrics.stall_timeout, lag, looping, last)

@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.messages import LogStats, Send
 from onceflow.actors.pipeline_actor import PipelineActor
 from onceflow.stages.pipeline import Pipeline
@@ -17,7 +16,7 @@ def test_a_message_outside_the_union_is_rejected() -> None:
     unused: Any = None  # nothing is produced or persisted here
     ref = PipelineActor.start(pipeline=Pipeline("p", topics=("t",), format="json"), stores={},
                               dead_letter_topic="dlt", late_events_topic="late",
-                              producer=unused, persistence=unused, ledger=SharedLedger(),
+                              producer=unused, checkpoints=unused,
                               on_fatal=lambda who, error: reported.append((who, error)))
     try:
         assert ref.ask(LogStats(), timeout=5) is None  # its own message
