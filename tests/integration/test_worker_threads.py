@@ -24,8 +24,9 @@ from onceflow.runtime.wiring import load_pipeline
 from onceflow.runtime.worker import Worker
 
 #: The worker's own threads once running, without the metrics port: the main thread
-#: (waits for a stop), the supervisor, the event loop (Kafka clients, timers, commits),
-#: the pipeline actor (the runner and its states) and persistence (store writes).
+#: (waits for a stop), the supervisor, the event loop (Kafka clients, timers, the checkpoint
+#: coordinator), the pipeline actor (the runner and its states) and persistence (store
+#: writes). Before issue 30 there were 11 (a thread per actor and per ticker).
 MAX_THREADS = 5
 #: Pool threads the loop borrows for blocking store calls at an assignment (epochs, log
 #: marks, outbox); bounded by the pool, counted apart.
