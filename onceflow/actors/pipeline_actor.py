@@ -3,7 +3,10 @@
 Every step and aggregate of the pipeline runs here (``PipelineRunner``).
 Thread: the actor's own. It is the only owner of the in-memory states, so
 folding needs no locks, and its FIFO mailbox orders batches, snapshots and
-flushes: a snapshot covers exactly the batches received before it.
+flushes: a snapshot covers exactly the batches received before it. Each
+batch goes to the checkpoint coordinator on the loop in one call
+(``Checkpoints.hand_over``: offsets, outputs, the consumer's batch done, and
+the snapshot when one is due), in the same order.
 """
 
 from __future__ import annotations
@@ -285,13 +288,6 @@ class PipelineActor(ReportingActor):
         outcome = self._runner.process(records)
         if outcome.outputs:  # exclusive outputs: their epochs first (fenced: it raises)
             self._producer.check(Send(outcome.outputs, 0, frozenset(outcome.next_offsets)))
-        # One hand-off to the loop: processed offsets, outputs to their lanes, the batch
-        # done to the consumer, and a snapshot right after this batch when one is due.
-        handed: Batched = (outcome.next_offsets, marks, outcome.outputs, done)
-        if time.monotonic() >= self._due:
-            self._persist(self._snapshot(force=False), after=handed)
-        else:
-            self._checkpoints.hand_over(*handed, None)
         batch = outcome.stats(len(records))
         self._stats.update(batch)
         metrics.RECORDS.inc(len(records))
@@ -324,6 +320,13 @@ class PipelineActor(ReportingActor):
         sequences = self._runner.sequences
         if sequences is not None:
             self._warn_unkeyed(sequences.unkeyed())
+        # One hand-off to the loop: processed offsets, outputs to their lanes, the batch
+        # done to the consumer, and a snapshot right after this batch when one is due.
+        handed: Batched = (outcome.next_offsets, marks, outcome.outputs, done)
+        if time.monotonic() >= self._due:
+            self._persist(self._snapshot(force=False), after=handed)
+        else:
+            self._checkpoints.hand_over(*handed, None)
         self._bound_cache()
 
     def _warn_unkeyed(self, partitions: list[TopicPartition]) -> None:
