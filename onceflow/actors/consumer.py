@@ -70,7 +70,7 @@ class ConsumerActor(LoopActor):
         io: EventLoopThread,
         pipeline: pykka.ActorRef[PipelineActor],
         checkpoints: Checkpoints,
-        outputs: ProducerActor,
+        producer: ProducerActor,
         on_fatal: FatalHandler,
         gap_check: GapCheck,
         connection_check: ConnectionCheck | None = None,
@@ -93,7 +93,7 @@ class ConsumerActor(LoopActor):
         self._stop_timeout = start_timeout if stop_timeout is None else stop_timeout
         self._opening: asyncio.Task[None] | None = None
         self._join_enforcer: asyncio.Task[None] | None = None
-        self._outputs = outputs
+        self._producer = producer
         self._check = connection_check
         self._checker: asyncio.Task[None] | None = None
         self._options = dict(options)
@@ -269,7 +269,7 @@ class ConsumerActor(LoopActor):
 
     async def adopt(self) -> None:
         """Queue the outbox rows of lanes that left other workers, before anything new."""
-        adopted = await self._outputs.adopt()
+        adopted = await self._producer.adopt()
         if adopted:
             log.info("adopted %d outbox records, sent before anything new", adopted)
 

@@ -51,7 +51,7 @@ class ConsumerStream:
             io=core.io,
             pipeline=core.pipeline_actor,
             checkpoints=core.checkpoints,
-            outputs=core.producer,
+            producer=core.producer,
             on_fatal=on_fatal,
             connection_check=connection_check(s),
             gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff,
