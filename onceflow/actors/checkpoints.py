@@ -107,7 +107,7 @@ class Checkpoints:
 
     def take(self, taking: Taking) -> None:
         """(the pipeline thread) A snapshot with no batch to ride with (a tick, a flush)."""
-        self._io.call_soon(self._take, taking)
+        self._io.call_soon(self._batch, {}, None, (), None, taking)
 
     def run(self, step: Callable[[Ledger], object], timeout: float | None = None) -> object:
         """(any thread but the loop) One ledger step on the loop, its answer (a revoke's
@@ -137,6 +137,16 @@ class Checkpoints:
     def _batch(self, next_offsets: Mapping[TopicPartition, int],
                marks: Mapping[TopicPartition, LogMark] | None, outputs: Sequence[Output],
                done: Callable[[], None] | None, taking: Taking | None) -> None:
+        try:
+            self._step(next_offsets, marks, outputs, done, taking)
+        except Exception as error:  # a loop callback's failure would only be logged
+            if taking is not None and not taking.answer.done():
+                taking.answer.set_exception(error)
+            self._on_fatal("Checkpoints.hand_over", error)
+
+    def _step(self, next_offsets: Mapping[TopicPartition, int],
+              marks: Mapping[TopicPartition, LogMark] | None, outputs: Sequence[Output],
+              done: Callable[[], None] | None, taking: Taking | None) -> None:
         number = self.ledger.processed(next_offsets, sent=bool(outputs), marks=marks)
         if done is not None:
             done()
