@@ -11,21 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Never, NoReturn, Protocol
+from typing import Any, Never, NoReturn
 
 from onceflow.actors.ledger import Checkpoint
 from onceflow.actors.log_marks import LogMark
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
-
-
-class Mailbox(Protocol):
-    """An actor as those who only message it see it (a ``pykka.ActorRef`` of any kind):
-    a message or an actor naming the one it answers to need not import that actor,
-    which imports them."""
-
-    def tell(self, message: Any) -> None: ...
-    def ask(self, message: Any, *, timeout: float | None = None) -> Any: ...
 
 
 @dataclass(frozen=True)
