@@ -96,7 +96,7 @@ def outputs_cost(messages: int, batches: list[int], repeat: int) -> None:
     from onceflow.actors.delivery import DeliverySettings, OutboxTally
     from onceflow.actors.fence import EpochFence, OutputFence
     from onceflow.actors.loop import EventLoopThread
-    from onceflow.actors.messages import Barrier, Send
+    from onceflow.actors.messages import Send
     from onceflow.actors.producer import ProducerActor
     from onceflow.devtools import harness
     from onceflow.stages.outcome import Output
@@ -119,20 +119,24 @@ def outputs_cost(messages: int, batches: list[int], repeat: int) -> None:
             print(f"{'batch':>6} {'without rec/s':>14} {'with rec/s':>11} {'ratio':>6}")
 
             def run(batch: int, checked: bool) -> float:
-                producer = ProducerActor.start(
+                producer = ProducerActor(
                     options={"bootstrap_servers": kafka.address, "acks": "all",
                              "enable_idempotence": False, "linger_ms": 5},
                     delivery=settings, max_block=60, outbox=None, tally=OutboxTally(),
                     output_fence=OutputFence(store, fence, frozenset({topic})) if checked
                     else None, io=io, start_timeout=60, on_fatal=lambda who, error: None)
+                producer.start()
                 try:
                     started = time.perf_counter()
+                    sent = []
                     for number, first in enumerate(range(0, messages, batch), 1):
                         p = number % 4
                         outputs = [Output(topic, None, STATE, (), p)
                                    for _ in range(min(batch, messages - first))]
-                        producer.tell(Send(outputs, number, frozenset({inputs[p]})))
-                    producer.ask(Barrier())
+                        producer.check(Send(outputs, number, frozenset({inputs[p]})))
+                        sent.append(io.submit(producer.send(outputs)))
+                    for settled in sent:
+                        settled.result()
                     return messages / (time.perf_counter() - started)
                 finally:
                     producer.stop()

@@ -35,8 +35,9 @@ SETTINGS = DeliverySettings(delivery_timeout=60, request_timeout=30, retries=0,
 async def one_pass(sends: Sequence[Sequence[Output]]) -> float:
     """Seconds to hand every send to the lanes and see all of it acknowledged."""
     actor = ProducerActor(options={}, delivery=SETTINGS, max_block=5.0, outbox=None,
-                          tally=OutboxTally(), io=None,  # type: ignore[arg-type]
-                          start_timeout=5.0, on_fatal=lambda name, error: None)
+                         tally=OutboxTally(), io=None,  # type: ignore[arg-type]
+                         start_timeout=5.0, on_fatal=lambda name, error: None)
+    actor._opened.set()
     producer = AIOKafkaProducer(bootstrap_servers="127.0.0.1:1", linger_ms=5,
                                 max_batch_size=1048576)
     loop = asyncio.get_running_loop()

@@ -43,3 +43,16 @@ class ReportingActor(pykka.ThreadingActor):
         traceback: TracebackType | None,
     ) -> None:
         self._on_fatal(type(self).__name__, exception_value or RuntimeError("unknown failure"))
+
+
+class LoopActor:
+    """An actor without a thread of its own: a Kafka client's owner on the event loop.
+
+    Its per-batch work runs on the loop where the client lives (no thread only
+    forwards into it); the supervised child that holds it calls its lifecycle
+    (``start``, ``stop``) and waits; every failure of its loop tasks reaches
+    ``on_fatal``, so the supervisor restarts it (docs/architecture.md, section 3).
+    """
+
+    def __init__(self, on_fatal: FatalHandler):
+        self._on_fatal = on_fatal

@@ -1,6 +1,7 @@
 """ConsumerActor: the aiokafka consumer, fetching batches into the pipeline actor.
 
-Threads: the actor's own thread handles messages (batch done, commit, stop);
+Threads: none of its own (a ``LoopActor``): its lifecycle (start, stop fetching,
+stop) is called from the supervisor's thread and runs on the loop;
 the aiokafka consumer lives on the shared ``EventLoopThread`` loop, where the
 fetch task and the rebalance callbacks run. Start-up does not wait for the
 group join (seconds; a stuck broker may hold it for minutes): the join runs on
@@ -29,7 +30,7 @@ from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
 from onceflow.actors import metrics
-from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.base import FatalHandler, LoopActor
 from onceflow.actors.connection_check import ConnectionCheck, check_connection
 from onceflow.actors.continuity import GapCheck
 from onceflow.actors.fence import Fencing
@@ -37,34 +38,26 @@ from onceflow.actors.fetch_continuity import FetchContinuity
 from onceflow.actors.fetch_starvation import FetchStarvation
 from onceflow.actors.join_watch import JoinWatch, enforce
 from onceflow.actors.kafka_parts import close_parts, ours
-from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.log_marks import LogCheck, LogMark, mark_of
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
-    Adopt,
     Assigned,
     Batch,
-    BatchDone,
-    Commit,
-    CommitNow,
-    ConsumerMessage,
     Flush,
     Forget,
-    StopFetching,
-    unexpected,
 )
 from onceflow.actors.output_tail import ExclusiveResume
 from onceflow.actors.rebalance import RebalanceListener, warn_partial_assignment
 from onceflow.stages.state import TopicPartition
 
 if TYPE_CHECKING:
-    from onceflow.actors.commit import CommitActor
+    from onceflow.actors.checkpoints import Checkpoints
     from onceflow.actors.pipeline_actor import PipelineActor
     from onceflow.actors.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
-class ConsumerActor(ReportingActor):
+class ConsumerActor(LoopActor):
     def __init__(
         self,
         *,
@@ -76,9 +69,8 @@ class ConsumerActor(ReportingActor):
         start_timeout: float,
         io: EventLoopThread,
         pipeline: pykka.ActorRef[PipelineActor],
-        commit: pykka.ActorRef[CommitActor],
-        producer: pykka.ActorRef[ProducerActor],
-        ledger: SharedLedger,
+        checkpoints: Checkpoints,
+        producer: ProducerActor,
         on_fatal: FatalHandler,
         gap_check: GapCheck,
         connection_check: ConnectionCheck | None = None,
@@ -102,7 +94,6 @@ class ConsumerActor(ReportingActor):
         self._opening: asyncio.Task[None] | None = None
         self._join_enforcer: asyncio.Task[None] | None = None
         self._producer = producer
-        self._ledger = ledger
         self._check = connection_check
         self._checker: asyncio.Task[None] | None = None
         self._options = dict(options)
@@ -113,14 +104,15 @@ class ConsumerActor(ReportingActor):
         self._max_in_flight = max_in_flight
         self._io = io
         self._pipeline = pipeline
-        self._commit = commit
+        self._checkpoints = checkpoints
         self._consumer: AIOKafkaConsumer | None = None
         self._fetch_task: asyncio.Task[None] | None = None
         self._stopping = False  # the fetch loop's own stop: a cancel can be swallowed
         self._in_flight = 0
         self._room: asyncio.Event | None = None
 
-    def start_up(self) -> None:
+    def start(self) -> None:
+        """Create the stream (from the supervisor's thread; the join goes on on the loop)."""
         self._io.run(self._begin(), timeout=self._start_timeout)
 
     async def _begin(self) -> None:
@@ -128,6 +120,7 @@ class ConsumerActor(ReportingActor):
         self._consumer = AIOKafkaConsumer(**self._options)
         self._consumer.subscribe(self._topics, listener=RebalanceListener(
             self, self._exclusive, self._fencing))
+        self._checkpoints.use_consumer(self.commit_assigned)  # commits go through this stream
         metrics.STREAM_STARTS.inc()
         self.join_began()
         self._opening = self._background(self._open())
@@ -183,7 +176,7 @@ class ConsumerActor(ReportingActor):
                 if self._in_flight >= self._max_in_flight:
                     self._room.clear()
                 try:
-                    self._pipeline.tell(Batch(records, self.actor_ref, marks))
+                    self._pipeline.tell(Batch(records, self._batch_done, marks))
                 except pykka.ActorDeadError:
                     log.warning("pipeline actor gone (its failure is being handled): fetch stops")
                     return
@@ -265,8 +258,7 @@ class ConsumerActor(ReportingActor):
         A partition resumed from elsewhere (another member committed it), ``moved``
         (held by another, its epoch says) or gone makes the pipeline actor drop them.
         """
-        with self._ledger() as ledger:
-            stale = ledger.assigned(positions, moved)
+        stale = self._checkpoints.assigned(positions, moved)
         if stale:
             log.info("partitions %s moved while this stream was away: states reload",
                      sorted(stale))
@@ -277,8 +269,7 @@ class ConsumerActor(ReportingActor):
 
     async def adopt(self) -> None:
         """Queue the outbox rows of lanes that left other workers, before anything new."""
-        adopted = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self._producer.ask(Adopt()))
+        adopted = await self._producer.adopt()
         if adopted:
             log.info("adopted %d outbox records, sent before anything new", adopted)
 
@@ -291,21 +282,14 @@ class ConsumerActor(ReportingActor):
         if self._room is not None and self._in_flight < self._max_in_flight:
             self._room.set()
 
-    def on_receive(self, message: ConsumerMessage) -> dict[TopicPartition, int] | None:
-        """``Commit`` answers what was committed (the partitions still assigned)."""
-        match message:
-            case BatchDone():
-                self._io.call_soon(self._batch_done)
-            case Commit():
-                return self._io.run(self._commit_assigned(message.offsets))
-            case StopFetching():
-                self._io.run(self._stop_fetching())
-            case _:
-                unexpected("ConsumerActor", message)
-        return None
+    def stop_fetching(self, timeout: float) -> None:
+        """Answers once no more batches will be sent (a graceful stop)."""
+        self._io.run(self._stop_fetching(), timeout=timeout)
 
-    async def _commit_assigned(self, offsets: dict[TopicPartition, int]
-                               ) -> dict[TopicPartition, int]:
+    async def commit_assigned(self, offsets: dict[TopicPartition, int]
+                              ) -> dict[TopicPartition, int]:
+        """(on the loop, from ``Checkpoints.commit``) Commit the offsets of the partitions
+        still assigned; answers those."""
         assert self._consumer is not None
         assigned = self._consumer.assignment()
         wanted = {KafkaPartition(t, p): o for (t, p), o in offsets.items()}
@@ -318,7 +302,7 @@ class ConsumerActor(ReportingActor):
         """Stop the fetch loop for good. Cancelling it is not enough: a cancel that meets
         an inner wait finishing at the same moment is swallowed (``asyncio.wait_for`` in
         Python 3.11 returns the result instead), and the loop then waited for room that
-        only a ``BatchDone`` queued behind this very message could make: the stop hung
+        only a batch done queued behind this very call could make: the stop hung
         until the exit deadline. The flag and the room's event end it whatever the
         cancel did."""
         self._stopping = True
@@ -333,11 +317,13 @@ class ConsumerActor(ReportingActor):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._fetch_task
 
-    def on_stop(self) -> None:
+    def stop(self) -> None:
+        """Stop fetching and leave the group (bounded); from the supervisor's thread."""
         if self._consumer is not None:
             self._io.run(self._close(), timeout=self._stop_timeout + 1)
 
     async def _close(self) -> None:
+        self._checkpoints.detach(self.commit_assigned)
         await self._stop_fetching()
         assert self._consumer is not None
         try:  # leaving waits for a join under way to finish: bounded
@@ -371,6 +357,6 @@ class ConsumerActor(ReportingActor):
             log.warning("partitions revoked while the pipeline actor is down: "
                         "nothing more committed")
             return
-        await loop.run_in_executor(None, lambda: self._commit.ask(CommitNow()))
+        await self._checkpoints.commit()
         await loop.run_in_executor(None, lambda: self._pipeline.ask(Forget(lost)))
         log.info("partitions revoked, flushed and committed: %s", sorted(lost))

@@ -1,7 +1,7 @@
 """The epochs this worker holds for its input partitions (docs/architecture.md, "Fencing").
 
 Shared by the consumer (which takes new epochs on each assignment), the
-persistence actor (which guards a snapshot's writes with the epochs of the
+persistence (which guards a snapshot's writes with the epochs of the
 partitions the snapshot depends on), the outbox writer (guarded with every
 held epoch) and the producer (``OutputFence``: it checks the epochs of a
 batch's input partitions before producing its exclusive outputs). Pure

@@ -24,10 +24,8 @@ losing them.
 
 from __future__ import annotations
 
-import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from onceflow.actors.log_marks import LogMark
@@ -232,19 +230,3 @@ class Ledger:
     def _known(self) -> set[TopicPartition]:
         return set(self._processed) | set(self._committed)
 
-
-class SharedLedger:
-    """A ledger several actor threads drive: each use holds its lock.
-
-    ``with shared() as ledger: ...`` keeps one decision and its bookkeeping
-    atomic (e.g. taking the committable offsets and nothing changing under them).
-    """
-
-    def __init__(self, ledger: Ledger | None = None):
-        self._ledger = ledger or Ledger()
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def __call__(self) -> Iterator[Ledger]:
-        with self._lock:
-            yield self._ledger

@@ -2,18 +2,56 @@
 
 aiokafka is asyncio-only while the actors are threads: the consumer and
 producer actors run their client coroutines here and wait on the returned
-concurrent futures, so no actor thread ever runs an event loop itself.
+concurrent futures, so no actor thread ever runs an event loop itself. The
+worker's tickers (persistence, commit, stats) are timers on this loop too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import logging
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+
+class Timer:
+    """A repeating loop timer (``EventLoopThread.every``); a failing ``fn`` is logged and
+    the timer goes on (each tick only hands work to someone who reports its own failure)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, interval: float,
+                 fn: Callable[[], object]):
+        self._loop, self._interval, self._fn = loop, interval, fn
+        self._handle: asyncio.TimerHandle | None = None
+        self._cancelled = False
+
+    def arm(self) -> None:
+        if not self._cancelled:
+            self._handle = self._loop.call_later(self._interval, self._tick)
+
+    def _tick(self) -> None:
+        try:
+            self._fn()
+        except Exception:
+            log.exception("timer callback %r failed", self._fn)
+        self.arm()
+
+    def cancel(self) -> None:
+        """Stop ticking; safe from any thread."""
+        self._cancelled = True
+        if not self._loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._cancel_handle)
+
+    def _cancel_handle(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
 
 
 class EventLoopThread:
@@ -44,6 +82,13 @@ class EventLoopThread:
 
     def call_soon(self, fn: Any, *args: Any) -> None:
         self.loop.call_soon_threadsafe(fn, *args)
+
+    def every(self, interval: float, fn: Callable[[], object]) -> Timer:
+        """Call ``fn`` on the loop every ``interval`` seconds until the timer is cancelled
+        (or the loop stops): the worker's tickers, without a thread each."""
+        timer = Timer(self.loop, interval, fn)
+        self.loop.call_soon_threadsafe(timer.arm)
+        return timer
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the loop; whoever still waits on it is woken with ``CancelledError``.

@@ -9,9 +9,9 @@ to ``unexpected``, which mypy checks is unreachable.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Never, NoReturn, Protocol
+from typing import Any, Never, NoReturn
 
 from onceflow.actors.ledger import Checkpoint
 from onceflow.actors.log_marks import LogMark
@@ -19,28 +19,16 @@ from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 
 
-class Mailbox(Protocol):
-    """An actor as those who only message it see it (a ``pykka.ActorRef`` of any kind):
-    a message or an actor naming the one it answers to need not import that actor,
-    which imports them (the consumer imports these messages and the commit actor)."""
-
-    def tell(self, message: Any) -> None: ...
-    def ask(self, message: Any, *, timeout: float | None = None) -> Any: ...
-
-
 @dataclass(frozen=True)
 class Batch:
     """Records from one getmany, in partition order."""
 
     records: Sequence[Any]  # aiokafka ConsumerRecords
-    done_to: Mailbox | None = None  # the consumer, told BatchDone when processed
+    #: Called ON THE LOOP once processed (the consumer may fetch another); the pipeline
+    #: hands it over with the batch's outputs (``checkpoints.Checkpoints.hand_over``).
+    done: Callable[[], None] | None = None
     #: Per partition, the batch's last record (``onceflow.actors.log_marks``).
     marks: Mapping[TopicPartition, LogMark] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class BatchDone:
-    """The pipeline actor finished a batch: the consumer may fetch another."""
 
 
 @dataclass(frozen=True)
@@ -51,11 +39,6 @@ class PersistTick:
 @dataclass(frozen=True)
 class LogStats:
     """Time to log the running counters."""
-
-
-@dataclass(frozen=True)
-class CommitTick:
-    """Time to commit what became durable."""
 
 
 @dataclass(frozen=True)
@@ -88,24 +71,6 @@ class Send:
     outputs: Sequence[Output]
     number: int
     depends: frozenset[TopicPartition] = frozenset()
-
-
-@dataclass(frozen=True)
-class Barrier:
-    """(ask) Answers, once every record sent before it is settled, the number of
-    the last send received."""
-
-
-@dataclass(frozen=True)
-class Adopt:
-    """(ask) Queue the outbox rows the producer's lanes do not hold yet; answers how many."""
-
-
-@dataclass(frozen=True)
-class Pending:
-    """(ask) The records of these output partitions not acknowledged yet, per partition."""
-
-    partitions: frozenset[TopicPartition]
 
 
 @dataclass(frozen=True)
@@ -142,28 +107,7 @@ class Snapshot:
     stats: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class CommitNow:
-    """(ask) Commit everything durable now; answers what was committed."""
-
-
-@dataclass(frozen=True)
-class StopFetching:
-    """(ask) Stop fetching; answers once no more batches will be sent."""
-
-
-@dataclass(frozen=True)
-class Commit:
-    """(ask) Commit these offsets for the partitions still assigned."""
-
-    offsets: dict[TopicPartition, int]
-
-
 PipelineMessage = Batch | PersistTick | LogStats | Flush | Forget | Assigned | ResumeOutputs
-PersistenceMessage = Snapshot
-CommitMessage = CommitTick | CommitNow
-ProducerMessage = Send | Barrier | Adopt | Pending
-ConsumerMessage = BatchDone | Commit | StopFetching
 
 
 def unexpected(receiver: str, message: Never) -> NoReturn:

@@ -23,19 +23,22 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pykka
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaPartition
 
 from onceflow.actors.base import FatalHandler
-from onceflow.actors.messages import Flush, Pending, ResumeOutputs
+from onceflow.actors.messages import Flush, ResumeOutputs
 from onceflow.stages.outcome import ConsumedHeader, Output
 from onceflow.stages.output_tail import Origin, TailScan, Written, windows, written_origin
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.side_outputs import LateFound, SideOrigin, late_value, side_partition
 from onceflow.stages.state import TopicPartition
+
+if TYPE_CHECKING:
+    from onceflow.actors.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +249,7 @@ class ExclusiveResume:
     """The consumer's step on assignment for a pipeline with exclusive republish steps."""
 
     def __init__(self, outputs: Sequence[ExclusiveOutput], reader: TailReader,
-                 pipeline: pykka.ActorRef[Any], producer: pykka.ActorRef[Any],
+                 pipeline: pykka.ActorRef[Any], producer: ProducerActor,
                  on_fatal: FatalHandler):
         self._outputs = tuple(outputs)
         self._reader = reader
@@ -267,7 +270,7 @@ class ExclusiveResume:
             if plans:
                 await self._ask(Flush())
             for out, plan in plans:
-                pending = await self._ask(Pending(frozenset(plan)), self._producer)
+                pending = self._producer.pending(frozenset(plan))  # on the loop, as the lanes
                 found = await self._reader.written(out, plan, pending)
                 for out_tp, (written, late) in found.items():
                     marks = late if late or out.step_id == "late-events" else None
@@ -291,6 +294,6 @@ class ExclusiveResume:
         return [out.spread_over(counts[out.topic]) if out.side else out
                 for out in self._outputs if not out.side or out.topic in counts], counts
 
-    async def _ask(self, message: Any, actor: pykka.ActorRef[Any] | None = None) -> Any:
-        ref = self._pipeline if actor is None else actor
-        return await asyncio.get_running_loop().run_in_executor(None, partial(ref.ask, message))
+    async def _ask(self, message: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(
+            None, partial(self._pipeline.ask, message))

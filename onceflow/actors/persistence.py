@@ -1,7 +1,8 @@
-"""PersistenceActor: writes snapshots to the stores, downstream stages first.
+"""Persistence: writes snapshots to the stores, downstream stages first.
 
-Thread: the actor's own; store calls block it, retried with backoff. The
-checkpoint ledger decides: a snapshot is written only once every record
+Thread: its own (the checkpoint coordinator's single persistence thread);
+store calls block it, retried with backoff. The checkpoint ledger decides
+(``checkpoints.Checkpoints`` asks it, on the loop): a snapshot is written only once every record
 produced before it is settled (acknowledged, or in the outbox) and every
 earlier snapshot is written, and only once its states are written does the
 ledger hold its offsets durable (docs/architecture.md, invariants 5 and 6).
@@ -28,29 +29,16 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
-
-import pykka
+from typing import Protocol
 
 from onceflow.actors import faults, metrics
-from onceflow.actors.base import FatalHandler, ReportingActor
 from onceflow.actors.fence import EpochFence, epoch_source
-from onceflow.actors.ledger import LedgerError, SharedLedger
 from onceflow.actors.log_marks import LOGS_STAGE, mark_rows
-from onceflow.actors.messages import (
-    Barrier,
-    PersistenceMessage,
-    Snapshot,
-    StageRows,
-    unexpected,
-)
+from onceflow.actors.messages import Snapshot, StageRows
 from onceflow.actors.retry import retrying
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard
-
-if TYPE_CHECKING:
-    from onceflow.actors.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
@@ -66,56 +54,37 @@ class WindowSink(Protocol):
                      offsets: Mapping[TopicPartition, int]) -> object: ...
 
 
-class PersistenceActor(ReportingActor):
+class StoreWriter:
+    """Writes one snapshot, downstream first; run on persistence's own thread by the
+    checkpoint coordinator (``checkpoints.Checkpoints``), which tells the ledger."""
+
     def __init__(
         self,
         *,
         stores: Mapping[str, StateStore],
-        producer: pykka.ActorRef[ProducerActor],
-        ledger: SharedLedger,
         stats_store: StateStore | None,
-        on_fatal: FatalHandler,
         landing: WindowSink | None = None,
         fence: EpochFence | None = None,
     ):
-        super().__init__(on_fatal)
         self._fence = fence
         self._stores = stores
-        self._producer = producer
-        self._ledger = ledger
         self._stats_store = stats_store
         self._landing = landing
 
-    def on_receive(self, message: PersistenceMessage) -> Mapping[TopicPartition, int]:
-        if not isinstance(message, PersistenceMessage):
-            unexpected("PersistenceActor", message)
-        # Records produced from these inputs first: an aggregate that
-        # forwards to a republish step discards replays once its state is
-        # written, so its outputs must be settled before (docs/architecture.md,
-        # invariant 5).
-        settled: int = self._producer.ask(Barrier())  # type: ignore[assignment]
-        checkpoint = message.checkpoint
-        with self._ledger() as ledger:
-            ledger.settled(settled)
-            if not ledger.writable(checkpoint):
-                raise LedgerError(f"checkpoint {checkpoint.number} may not be written: "
-                                  f"{ledger.why_not_writable(checkpoint)}")
+    def write(self, message: Snapshot) -> None:
+        """Every row of the snapshot (its sends are settled and the ledger said writable)."""
         try:
             landed = self._write(message)
-        except Fenced as error:
+        except Fenced as error:  # the coordinator fails the core
             self._fenced(error, message)
-            # Fail the pipeline now, whoever asked: a Flush in a revoke callback would
-            # only have its exception logged by aiokafka.
-            self._on_fatal(type(self).__name__, error)
             raise
         if landed and faults.KILL_AFTER_LANDING:
             faults.die()
-        with self._ledger() as ledger:
-            ledger.written(checkpoint)
-        stats = self._stats_store
-        if stats is not None:
-            retrying("stats", lambda: stats.add_stats(message.stats))
-        return checkpoint.offsets
+
+    def add_stats(self, stats: Mapping[str, int]) -> None:
+        store = self._stats_store
+        if store is not None:
+            retrying("stats", lambda: store.add_stats(stats))
 
     def _write(self, message: Snapshot) -> bool:
         """Every stage, downstream first; True when a landing file was written."""

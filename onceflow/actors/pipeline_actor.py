@@ -3,28 +3,30 @@
 Every step and aggregate of the pipeline runs here (``PipelineRunner``).
 Thread: the actor's own. It is the only owner of the in-memory states, so
 folding needs no locks, and its FIFO mailbox orders batches, snapshots and
-flushes: a snapshot covers exactly the batches received before it.
+flushes: a snapshot covers exactly the batches received before it. Each
+batch goes to the checkpoint coordinator on the loop in one call
+(``Checkpoints.hand_over``: offsets, outputs, the consumer's batch done, and
+the snapshot when one is due), in the same order.
 """
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import logging
+import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-
-import pykka
 
 from onceflow.actors import faults, metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.checkpoints import Checkpoints, Taking
 from onceflow.actors.dead_letter_log import DeadLetterWarnings
-from onceflow.actors.ledger import LedgerError, SharedLedger
+from onceflow.actors.ledger import LedgerError
 from onceflow.actors.log_marks import LogMark
 from onceflow.actors.messages import (
     Assigned,
     Batch,
-    BatchDone,
     Flush,
     Forget,
     LogStats,
@@ -32,13 +34,12 @@ from onceflow.actors.messages import (
     PipelineMessage,
     ResumeOutputs,
     Send,
-    Snapshot,
     StageRows,
     unexpected,
 )
 from onceflow.actors.retry import retrying
 from onceflow.actors.stored_rows import checked_sequence_rows, checked_window_rows
-from onceflow.stages.outcome import DEAD_LETTER_MAX_VALUE
+from onceflow.stages.outcome import DEAD_LETTER_MAX_VALUE, Output
 from onceflow.stages.pipeline import Aggregate, Pipeline, Repartition, Republish
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
 from onceflow.stages.runner import PipelineRunner
@@ -54,13 +55,17 @@ from onceflow.stages.window_clock import IDLE_TIMEOUT, MAX_FUTURE
 from onceflow.stores.base import StateStore, UndecodableState
 
 if TYPE_CHECKING:
-    from onceflow.actors.persistence import PersistenceActor
     from onceflow.actors.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
 # Snapshots that may wait for the store at once before the pipeline actor blocks.
 MAX_UNWRITTEN_SNAPSHOTS = 2
+
+#: A processed batch as handed to the coordinator: next offsets, log marks, outputs, and the
+#: consumer's batch done.
+Batched = tuple[Mapping[TopicPartition, int], Mapping[TopicPartition, LogMark] | None,
+                Sequence[Output], Callable[[], None] | None]
 
 
 def _zero_series(pipeline: Pipeline, republish_topics: Iterable[str]) -> None:
@@ -83,9 +88,8 @@ class PipelineActor(ReportingActor):
         stores: Mapping[str, StateStore],
         dead_letter_topic: str,
         late_events_topic: str,
-        producer: pykka.ActorRef[ProducerActor],
-        persistence: pykka.ActorRef[PersistenceActor],
-        ledger: SharedLedger,
+        producer: ProducerActor,
+        checkpoints: Checkpoints,
         on_fatal: FatalHandler,
         single_worker: bool = False,
         max_states: int | None = None,
@@ -93,6 +97,7 @@ class PipelineActor(ReportingActor):
         idle_timeout: float = IDLE_TIMEOUT,
         max_future: float = MAX_FUTURE,
         max_state_bytes: int = MAX_STATE_BYTES,
+        persist_interval: float = 1.0,
     ):
         super().__init__(on_fatal)
         self._stores = stores
@@ -111,12 +116,13 @@ class PipelineActor(ReportingActor):
         self._warned_unkeyed: set[TopicPartition] = set()
         self._dead_letter_warnings = DeadLetterWarnings(log)
         self._producer = producer
-        self._persistence = persistence
-        self._ledger = ledger
+        self._checkpoints = checkpoints
         self._stats: Counter[str] = Counter()
         self._totals: Counter[str] = Counter()
-        # Snapshots handed over, maybe unwritten: (number, persistence's answer).
-        self._pending: list[tuple[int, pykka.Future[Any]]] = []
+        # Snapshots handed over, maybe unwritten: (number, the coordinator's answer).
+        self._pending: list[tuple[int, concurrent.futures.Future[Any]]] = []
+        self._interval = persist_interval
+        self._due = time.monotonic() + persist_interval  # the next snapshot, at the earliest
         self._snapshots = 0  # numbers the snapshots, so the cache knows which are written
         self._cache_totals: Counter[str] = Counter()  # evictions and reloads, for the stats line
 
@@ -160,14 +166,10 @@ class PipelineActor(ReportingActor):
     def on_receive(self, message: PipelineMessage) -> dict[TopicPartition, int] | None:
         match message:
             case Batch():
-                self._process(message.records, message.marks)
-                if message.done_to is not None:
-                    with contextlib.suppress(pykka.ActorDeadError):  # a stream being re-created
-                        message.done_to.tell(BatchDone())
-            case PersistTick():
-                snapshot = self._snapshot(force=False)
-                if snapshot is not None:
-                    self._persist(snapshot)
+                self._process(message.records, message.marks, message.done)
+            case PersistTick():  # an idle pipeline's; a busy one snapshots after a batch
+                if time.monotonic() >= self._due:
+                    self._persist(self._snapshot(force=False))
                 self._bound_cache()  # an idle worker too drops what its last write freed
             case LogStats():
                 log.info("stats %s", dict(sorted(self._totals.items())))
@@ -199,14 +201,15 @@ class PipelineActor(ReportingActor):
         Always a checkpoint, even with nothing new: the answer then also
         waits for snapshots told earlier and still being written (FIFO mailbox).
         """
-        snapshot = self._snapshot(force=True)
-        assert snapshot is not None
-        self._persist(snapshot)
+        taking = self._snapshot(force=True)
+        self._persist(taking)
         while self._pending:
             number, written = self._pending.pop(0)
-            written.get()
+            written.result()
             self._runner_written(number)
-        return dict(snapshot.checkpoint.offsets)
+        offsets = taking.answer.result()
+        assert offsets is not None  # forced: always a checkpoint
+        return dict(offsets)
 
     def _forget(self, partitions: frozenset[TopicPartition]) -> None:
         """Drop the cached states (every key reloads) and the partitions' progress.
@@ -216,18 +219,17 @@ class PipelineActor(ReportingActor):
         states may be stale now, and writing them could overwrite the newer
         ones of the member that took the partitions over.
         """
-        with self._ledger() as ledger:
-            unwritten = ledger.unwritten(partitions)
+        unwritten = self._checkpoints.run(lambda ledger: ledger.unwritten(partitions))
         if unwritten:
             raise LedgerError(f"partitions {unwritten} moved with processed records not "
                               "written: restarting from what is durable")
         self._flush()  # the other partitions' dirty states, before the cache goes
         self._runner.forget()
-        with self._ledger() as ledger:
-            ledger.forget(partitions)
+        self._checkpoints.run(lambda ledger: ledger.forget(partitions))
 
-    def _persist(self, snapshot: Snapshot) -> None:
-        """Hand a snapshot to persistence; block while too many are unwritten.
+    def _persist(self, taking: Taking, after: Batched | None = None) -> None:
+        """Hand a snapshot to the coordinator (with ``after``, the batch it follows, in the
+        same hand-off); block while too many are unwritten.
 
         Blocking here is the backpressure of a slow or unreachable store: the
         actor stops taking batches, the consumer reaches its in-flight bound
@@ -237,10 +239,14 @@ class PipelineActor(ReportingActor):
         """
         self._reap()
         number = self._snapshots  # the snapshot just taken (``_snapshot`` numbered it)
-        self._pending.append((number, self._persistence.ask(snapshot, block=False)))
+        if after is None:
+            self._checkpoints.take(taking)
+        else:
+            self._checkpoints.hand_over(*after, taking)
+        self._pending.append((number, taking.answer))
         while len(self._pending) > MAX_UNWRITTEN_SNAPSHOTS:
             number, written = self._pending.pop(0)
-            written.get()
+            written.result()
             self._runner_written(number)
 
     def _reap(self) -> None:
@@ -274,16 +280,14 @@ class PipelineActor(ReportingActor):
         return dict(sorted(stats.items()))
 
     def _process(self, records: Sequence[Any],
-                 marks: Mapping[TopicPartition, LogMark] | None = None) -> None:
+                 marks: Mapping[TopicPartition, LogMark] | None = None,
+                 done: Callable[[], None] | None = None) -> None:
         poison = faults.STAGE_RAISES_ON
         if poison and any(poison in (record.value or b"") for record in records):
             raise faults.InjectedFailure("injected stage failure")
         outcome = self._runner.process(records)
-        with self._ledger() as ledger:
-            number = ledger.processed(outcome.next_offsets, sent=bool(outcome.outputs),
-                                      marks=marks)
-        if outcome.outputs:
-            self._producer.tell(Send(outcome.outputs, number, frozenset(outcome.next_offsets)))
+        if outcome.outputs:  # exclusive outputs: their epochs first (fenced: it raises)
+            self._producer.check(Send(outcome.outputs, 0, frozenset(outcome.next_offsets)))
         batch = outcome.stats(len(records))
         self._stats.update(batch)
         metrics.RECORDS.inc(len(records))
@@ -316,6 +320,13 @@ class PipelineActor(ReportingActor):
         sequences = self._runner.sequences
         if sequences is not None:
             self._warn_unkeyed(sequences.unkeyed())
+        # One hand-off to the loop: processed offsets, outputs to their lanes, the batch
+        # done to the consumer, and a snapshot right after this batch when one is due.
+        handed: Batched = (outcome.next_offsets, marks, outcome.outputs, done)
+        if time.monotonic() >= self._due:
+            self._persist(self._snapshot(force=False), after=handed)
+        else:
+            self._checkpoints.hand_over(*handed, None)
         self._bound_cache()
 
     def _warn_unkeyed(self, partitions: list[TopicPartition]) -> None:
@@ -331,17 +342,15 @@ class PipelineActor(ReportingActor):
                             "(docs/guide/reading-topics-and-producer-duplicates.md)",
                             topic, partition)
 
-    def _snapshot(self, force: bool) -> Snapshot | None:
-        """Encode dirty states now: later folds cannot change what gets written."""
+    def _snapshot(self, force: bool) -> Taking:
+        """Encode dirty states now: later folds cannot change what gets written. The
+        coordinator numbers it (``Ledger.take``) after every batch handed over before."""
         self._snapshots += 1
+        self._due = time.monotonic() + self._interval
         rows = snapshot_rows(self._runner, self._sequence_store, self._snapshots)
-        with self._ledger() as ledger:
-            checkpoint = ledger.take(dirty=bool(rows), force=force)
-        if checkpoint is None:
-            return None
         stats = dict(self._stats)
         self._stats.clear()
-        return Snapshot(rows, checkpoint, stats)
+        return Taking(rows, stats, force)
 
 
 def snapshot_rows(runner: PipelineRunner, sequence_store: str | None,
@@ -379,10 +388,9 @@ def _partition_of(home: str) -> TopicPartition:
     return topic, int(partition)
 
 
-def _written(snapshot: pykka.Future[Any]) -> bool:
-    """True once persistence answered; a failed write re-raises here."""
-    try:
-        snapshot.get(timeout=0)
-    except pykka.Timeout:
+def _written(snapshot: concurrent.futures.Future[Any]) -> bool:
+    """True once the coordinator answered; a failed write re-raises here."""
+    if not snapshot.done():
         return False
+    snapshot.result()
     return True

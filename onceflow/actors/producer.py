@@ -1,17 +1,18 @@
-"""ProducerActor: the aiokafka producer for republished and dead-lettered records.
+"""The aiokafka producer for republished and dead-lettered records.
 
-Threads: messages arrive on the actor's thread; the producer and its lanes
-(``onceflow.actors.delivery``) live on the shared ``EventLoopThread`` loop.
-``Send`` hands records to their partitions' lanes without waiting;
-``Barrier`` answers once everything sent before it is settled (acknowledged
-by the broker, or durably in the outbox), with the number of the last send,
-which the persistence actor tells the checkpoint ledger before it writes
-states. ``Adopt`` (asked by a consumer stream on every assignment) queues
-the outbox rows of lanes that left other workers. A delivery that fails without an
-outbox to keep it fails the barrier, so nothing behind it is persisted or
-committed.
+Threads: the producer and its lanes (``onceflow.actors.delivery``) live on
+the shared ``EventLoopThread`` loop, in the ``ProducerActor``. The pipeline
+thread hands each batch's outputs to the loop with the batch
+(``checkpoints.Checkpoints.hand_over``: one hand-off), where ``send`` starts
+them; the checkpoint coordinator waits until they are settled (acknowledged
+by the broker, or durably in the outbox) before it tells the ledger the sends
+are settled and has the states written. ``adopt`` (called on the loop
+by a consumer stream on every assignment) queues the outbox rows of lanes
+that left other workers. A delivery that fails without an outbox to keep it
+fails its future, so nothing behind it is persisted or committed. The actor
+has no thread (``base.LoopActor``): the core opens and closes it.
 
-Fencing: a ``Send`` holding exclusive outputs (exclusive republish, dead
+Fencing: a send holding exclusive outputs (exclusive republish, dead
 letters, late events) is checked first (``OutputFence``: the epochs of its
 input partitions, one store read). A produce request is checked again at
 the last moment, right before aiokafka writes it, when the last check is
@@ -24,7 +25,6 @@ supervisor restarts it from the store and the outputs' tails.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -35,7 +35,7 @@ from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from onceflow.actors import faults, metrics
-from onceflow.actors.base import FatalHandler, ReportingActor
+from onceflow.actors.base import FatalHandler, LoopActor
 from onceflow.actors.delivery import (
     DeliverySettings,
     FencedProduce,
@@ -45,7 +45,7 @@ from onceflow.actors.delivery import (
 )
 from onceflow.actors.fence import RECHECK_AFTER, OutputFence
 from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import Adopt, Barrier, Pending, ProducerMessage, Send, unexpected
+from onceflow.actors.messages import Send
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
@@ -93,13 +93,15 @@ async def all_settled(lanes: list[list[asyncio.Future[None]]]) -> None:
         raise
 
 
-async def _now(read: Callable[[], dict[TopicPartition, list[Output]]]
-               ) -> dict[TopicPartition, list[Output]]:
-    """Run ``read`` on the loop that owns the lanes."""
-    return read()
+class ProducerActor(LoopActor):
+    """The producer on the loop: the client, its lanes and the outbox writer.
 
+    Each batch's outputs reach it on the loop (``send``, from the checkpoint
+    coordinator: no actor thread in between); the core child starts
+    and stops it (``start``, ``stop``), and a failure on the loop reaches the
+    supervisor.
+    """
 
-class ProducerActor(ReportingActor):
     def __init__(
         self,
         *,
@@ -129,15 +131,16 @@ class ProducerActor(ReportingActor):
         self._lanes: Lanes | None = None
         self._partitions: dict[str, list[int]] = {}
         self._partitioner = DefaultPartitioner()
-        self._pending: list[concurrent.futures.Future[None]] = []
         self._order: asyncio.Lock | None = None
+        self._opened = asyncio.Event()  # bound to the io loop at first use
         self._sent = 0
-        self._last_send = 0  # the ledger's number of the last Send received
 
-    def start_up(self) -> None:
-        self._io.run(self._open(), timeout=self._start_timeout)
+    def start(self) -> None:
+        """Open the client (from the core's start; a broker that does not answer within
+        the start timeout fails the core, which the supervisor restarts)."""
+        self._io.run(self.open(), timeout=self._start_timeout)
 
-    async def _open(self) -> None:
+    async def open(self) -> None:
         self._producer = AIOKafkaProducer(**self._options)
         self._order = asyncio.Lock()
         outbox = None if self._outbox_store is None else \
@@ -146,32 +149,29 @@ class ProducerActor(ReportingActor):
         if self._output_fence is not None and not faults.NO_FENCING:
             self._gate(self._producer.client)
         await self._producer.start()
+        self._opened.set()
 
-    def on_receive(self, message: ProducerMessage
-                   ) -> int | dict[TopicPartition, list[Output]] | None:
-        """``Barrier`` answers the number of the last send, ``Adopt`` the rows adopted,
-        ``Pending`` the unacknowledged records of some partitions."""
-        match message:
-            case Send():
-                self._last_send = max(self._last_send, message.number)
-                if message.outputs:
-                    self._check(message)
-                    self._pending.append(self._io.submit(self._send(message.outputs)))
-            case Barrier():
-                pending, self._pending = self._pending, []
-                for future in pending:
-                    future.result()
-                return self._last_send
-            case Adopt():
-                assert self._lanes is not None
-                return self._io.run(self._lanes.adopt())
-            case Pending():
-                assert self._lanes is not None
-                lanes = self._lanes
-                return self._io.run(_now(lambda: lanes.pending(message.partitions)))
-            case _:
-                unexpected("ProducerActor", message)
-        return None
+    def check(self, message: Send) -> None:
+        """(the pipeline thread, before it hands the batch over) Exclusive outputs are
+        checked against the store (fenced: nothing is sent, and it raises)."""
+        self._check(message)
+
+    async def send(self, outputs: Sequence[Output]) -> None:
+        """(on the loop, from the checkpoint coordinator) Start a batch's outputs on their
+        lanes; resolves once every one is settled."""
+        await self._send(outputs)
+
+    async def adopt(self) -> int:
+        """(on the loop) Queue the outbox rows the lanes do not hold yet; how many."""
+        await self._opened.wait()
+        assert self._lanes is not None
+        return await self._lanes.adopt()
+
+    def pending(self, partitions: frozenset[TopicPartition]
+                ) -> dict[TopicPartition, list[Output]]:
+        """(on the loop) The records of these output partitions not acknowledged yet."""
+        assert self._lanes is not None
+        return self._lanes.pending(partitions)
 
     def _check(self, message: Send) -> None:
         """Check the epochs of a batch with exclusive outputs in the store; fenced, drop
@@ -245,6 +245,8 @@ class ProducerActor(ReportingActor):
         next ``Send`` from overtaking this one meanwhile (docs/architecture.md,
         invariant 8).
         """
+        if not self._opened.is_set():  # the actor is still opening the client
+            await self._opened.wait()
         assert self._lanes is not None and self._order is not None
         cut = faults.KILL_AFTER_SENDS - self._sent
         dying = 0 < cut <= len(outputs)
@@ -301,7 +303,7 @@ class ProducerActor(ReportingActor):
         await asyncio.shield(acked)
         return taken
 
-    def on_stop(self) -> None:
+    def stop(self) -> None:
         if self._producer is not None:
             self._io.run(self._close(), timeout=self._start_timeout)
 
@@ -328,3 +330,4 @@ class ProducerActor(ReportingActor):
         producer._closed = True  # aiokafka has no public abort: stop its sender unflushed
         await producer._sender.close()
         await producer.client.close()
+

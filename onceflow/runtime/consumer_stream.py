@@ -16,7 +16,6 @@ from onceflow.actors.consumer import ConsumerActor
 from onceflow.actors.continuity import GapCheck
 from onceflow.actors.join_watch import JoinWatch
 from onceflow.actors.log_marks import LogCheck
-from onceflow.actors.messages import StopFetching
 from onceflow.actors.output_tail import (
     ExclusiveResume,
     TailReader,
@@ -40,9 +39,9 @@ class ConsumerStream:
     def __init__(self, core: PipelineCore, on_fatal: FatalHandler):
         s = core.settings
         self.join = JoinWatch(s.kafka.join_timeout)
-        self._commit = core.commit
+        self._core = core
         self._timeout = s.shutdown.timeout
-        self.actor = ConsumerActor.start(
+        self.actor = ConsumerActor(
             options=consumer_options(s),
             topics=core.pipeline.consumed_topics,
             max_in_flight=s.consumer.max_in_flight_batches,
@@ -51,9 +50,8 @@ class ConsumerStream:
             start_timeout=core.start_timeout,
             io=core.io,
             pipeline=core.pipeline_actor,
-            commit=core.commit,
+            checkpoints=core.checkpoints,
             producer=core.producer,
-            ledger=core.ledger,
             on_fatal=on_fatal,
             connection_check=connection_check(s),
             gap_check=GapCheck(s.consumer.gap_refetches, s.consumer.gap_refetch_backoff,
@@ -65,20 +63,20 @@ class ConsumerStream:
             fencing=core.fencing,
             log_check=log_check(core),
         )
-        core.commit.proxy().use_consumer(self.actor).get()
+        self.actor.start()
 
     def stop_fetching(self) -> None:
-        self.actor.ask(StopFetching(), timeout=self._timeout)
+        self.actor.stop_fetching(self._timeout)
 
     def stop(self) -> None:
+        try:  # a failed stream never ran its own stop: nothing more commits through it
+            self._core.io.call_soon(self._core.checkpoints.use_consumer, None)
+        except RuntimeError as error:  # the core's loop is closed: the core is gone too
+            log.debug("detaching the stream from the commits: %r", error)
         try:
-            self._commit.proxy().use_consumer(None).get(timeout=self._timeout)
-        except Exception as error:  # the core is gone too
-            log.debug("detaching the commit actor: %r", error)
-        try:
-            self.actor.stop(timeout=self._timeout)
-        except Exception as error:  # a failed actor is already stopped
-            log.debug("stopping the consumer: %r", error)
+            self.actor.stop()
+        except Exception as error:  # a loop already gone, a close that failed
+            log.warning("stopping the consumer: %r", error)
 
 
 def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveResume:

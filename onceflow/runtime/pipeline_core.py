@@ -1,7 +1,8 @@
 """The worker's ``core`` child: the actors that hold the states, and what they share.
 
-One incarnation holds the producer, persistence, commit and pipeline actors,
-the stores, the event loop and the checkpoint ledger: everything that holds
+One incarnation holds the producer and pipeline actors, the checkpoint
+coordinator (which owns the ledger, on the loop, and persistence's thread),
+the stores and the event loop: everything that holds
 in-memory states and what is durable of them. The supervisor restarts it as
 one (docs/architecture.md, "Supervision"); the consumer stream
 (``consumer_stream``) is started on it and never outlives it.
@@ -9,23 +10,23 @@ one (docs/architecture.md, "Supervision"); the consumer stream
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from functools import partial
 from typing import Any
 
 import pykka
 
 from onceflow.actors.base import FatalHandler
-from onceflow.actors.commit import CommitActor
+from onceflow.actors.checkpoints import Checkpoints
 from onceflow.actors.delivery import OutboxTally
 from onceflow.actors.fence import Fencing, OutputFence, epoch_source, share_epochs
-from onceflow.actors.ledger import SharedLedger
 from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import CommitNow, CommitTick, Flush, LogStats, PersistTick
+from onceflow.actors.messages import Flush, LogStats, PersistTick
 from onceflow.actors.output_tail import resumed_outputs
-from onceflow.actors.persistence import PersistenceActor
+from onceflow.actors.persistence import StoreWriter
 from onceflow.actors.pipeline_actor import PipelineActor
 from onceflow.actors.producer import ProducerActor
-from onceflow.actors.ticker import Ticker
 from onceflow.runtime.config import Settings
 from onceflow.runtime.topics import ensure_repartition_topics
 from onceflow.runtime.wiring import (
@@ -39,6 +40,13 @@ from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.state import TopicPartition
 
 log = logging.getLogger(__name__)
+
+
+def _tell(actor: pykka.ActorRef[Any], message: object) -> None:
+    """A tick, from the loop; an actor already stopped (its failure is being handled)
+    misses it."""
+    with contextlib.suppress(pykka.ActorDeadError):
+        actor.tell(message)
 
 
 class PipelineCore:
@@ -63,7 +71,6 @@ class PipelineCore:
         except BaseException:
             self.io.stop()
             raise
-        self.ledger = SharedLedger()
         self._stores = [open_stores(s, pipeline), open_stores(s, pipeline)]
         stage_stores, write_stores = self._stores
         self.stage_stores = stage_stores  # read on assignment too (log marks)
@@ -83,40 +90,38 @@ class PipelineCore:
         checker = epoch_source(write_stores.values())
         output_fence = None if checker is None or fence is None else \
             OutputFence(checker, fence, exclusive)
-        self.producer = ProducerActor.start(
-            options=producer_options(s), delivery=delivery_settings(s),
-            max_block=s.kafka.producer.max_block, outbox=self._outbox,
-            tally=OutboxTally(self._count_outboxed),
-            outbox_guard=fence.held if fence is not None and self._outbox is not None
-            and type(self._outbox) is type(source) else None,
-            output_fence=output_fence,
-            io=self.io, start_timeout=self.start_timeout,
-            on_fatal=on_fatal,
-        )
-        self.commit = CommitActor.start(ledger=self.ledger, on_fatal=on_fatal)
         landing = None
         if s.landing.dir is not None and write_stores:  # Parquet handoff of closed windows
             from onceflow.analytics.landing import LandingZone
 
             landing = LandingZone(s.landing.dir, pipeline.id,
                                   [a.id for a in pipeline.aggregates if a.window is None])
-        self._persistence = PersistenceActor.start(
-            stores=write_stores,
-            producer=self.producer,
-            ledger=self.ledger,
-            stats_store=stats_store,
+        # The one owner of the ledger (on the loop); persistence is its thread for writes.
+        self.checkpoints = Checkpoints(self.io, on_fatal, StoreWriter(
+            stores=write_stores, stats_store=stats_store, landing=landing, fence=fence))
+        self.producer = ProducerActor(
+            options=producer_options(s), delivery=delivery_settings(s),
+            max_block=s.kafka.producer.max_block, outbox=self._outbox,
+            tally=OutboxTally(self.checkpoints.outboxed),
+            outbox_guard=fence.held if fence is not None and self._outbox is not None
+            and type(self._outbox) is type(source) else None,
+            output_fence=output_fence,
+            io=self.io, start_timeout=self.start_timeout,
             on_fatal=on_fatal,
-            landing=landing,
-            fence=fence,
         )
+        self.checkpoints.use_producer(self.producer.send)
+        try:  # no thread of its own: opened here, on the loop
+            self.producer.start()
+        except BaseException:
+            self._close_io()
+            raise
         self.pipeline_actor = PipelineActor.start(
             pipeline=pipeline,
             stores=stage_stores,
             dead_letter_topic=s.kafka.dead_letter_topic,
             late_events_topic=s.kafka.late_events_topic,
             producer=self.producer,
-            persistence=self._persistence,
-            ledger=self.ledger,
+            checkpoints=self.checkpoints,
             on_fatal=on_fatal,
             single_worker=s.single_worker,
             max_states=s.state.max_cached_states,
@@ -124,27 +129,25 @@ class PipelineCore:
             max_future=s.windows.max_future,
             dead_letter_max_value=s.kafka.dead_letter_max_value,
             max_state_bytes=s.state.max_state_bytes,
+            persist_interval=s.persistence.interval,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
-        self._actors: list[pykka.ActorRef[Any]] = [  # several kinds of actor
-            self.pipeline_actor, self._persistence, self.commit, self.producer]
+        self._actors: list[pykka.ActorRef[Any]] = [self.pipeline_actor]
+        # Tickers are loop timers (no thread each): they only hand a message on.
         self._tickers = [
-            Ticker(self.pipeline_actor, PersistTick(), s.persistence.interval).start(),
-            Ticker(self.commit, CommitTick(), s.commit.interval).start(),
-            Ticker(self.pipeline_actor, LogStats(), s.metrics.stats_interval).start(),
+            self.io.every(s.persistence.interval, partial(_tell, self.pipeline_actor,
+                                                          PersistTick())),
+            self.io.every(s.commit.interval, self.checkpoints.tick),
+            self.io.every(s.metrics.stats_interval, partial(_tell, self.pipeline_actor,
+                                                            LogStats())),
         ]
         self._stopped = False
-
-    def _count_outboxed(self, delta: int) -> None:
-        with self.ledger() as ledger:
-            ledger.outboxed(delta)
 
     def drain(self) -> dict[TopicPartition, int]:
         """Graceful, once the stream stopped fetching: persist everything processed, commit it."""
         timeout = self.settings.shutdown.timeout
         self.pipeline_actor.ask(Flush(), timeout=timeout)
-        committed: dict[TopicPartition, int] = self.commit.ask(CommitNow(), timeout=timeout)  # type: ignore[assignment]
-        return committed
+        return self.checkpoints.commit_now(timeout)
 
     def stop(self) -> None:
         """Stop every actor; commit only what is already durable (never more)."""
@@ -152,10 +155,10 @@ class PipelineCore:
             return
         self._stopped = True
         for ticker in self._tickers:
-            ticker.stop()
+            ticker.cancel()
         timeout = self.settings.shutdown.timeout
         try:
-            self.commit.ask(CommitNow(), timeout=timeout)
+            self.checkpoints.commit_now(timeout)
         except Exception as error:  # nothing more is committed then; a replay covers it
             log.warning("final commit of durable offsets failed: %r", error)
         for ref in self._actors:
@@ -163,7 +166,16 @@ class PipelineCore:
                 ref.stop(timeout=timeout)
             except Exception as error:  # a failed actor is already stopped
                 log.debug("stopping %s: %r", ref, error)
+        try:
+            self.producer.stop()
+        except Exception as error:  # a loop already gone, a close that failed
+            log.warning("stopping the producer: %r", error)
+        self._close_io()
+
+    def _close_io(self) -> None:
+        """The loop, persistence's thread, then every store client."""
         self.io.stop()
+        self.checkpoints.stop()
         for stores in self._stores:
             for store in stores.values():
                 store.close()

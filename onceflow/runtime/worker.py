@@ -2,8 +2,8 @@
 
 Two children, in dependency order (docs/architecture.md, "Supervision"):
 
-- ``core`` (``pipeline_core.PipelineCore``): producer, persistence, commit
-  and pipeline actors, the stores, the event loop and the checkpoint ledger:
+- ``core`` (``pipeline_core.PipelineCore``): producer, persistence and
+  pipeline actors, the commits, the stores, the event loop and the checkpoint ledger:
   everything that holds in-memory states and what is durable of them;
 - ``consumer`` (``consumer_stream.ConsumerStream``): the Kafka consumer,
   which depends on the core. A broker outage, a silent connection or a stuck join fails only
@@ -181,10 +181,7 @@ class Worker:
         lag = None
         if self._lag is not None:
             core = self._core
-            owned = None
-            if core is not None:
-                with core.ledger() as ledger:
-                    owned = ledger.owned()
+            owned = None if core is None else core.checkpoints.owned
             lag = self._lag.report(owned)
         return health_report(self.pipeline.id, states, consumer, escalated,
                              self.settings.metrics.stall_timeout, lag, looping, last)

@@ -1,5 +1,4 @@
-"""The persistence actor's neighbours in unit tests: a fenced store in a dict and a
-producer with nothing in flight.
+"""The persistence actor's neighbour in unit tests: a fenced store in a dict.
 
 ``DictStore`` checks guards as Redis's script does (every epoch equal, or
 nothing written and ``Fenced``), and takes epochs from a counter; the real
@@ -10,11 +9,7 @@ Shared by ``test_log_marks`` and ``test_persistence_fencing``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
 
-import pykka
-
-from onceflow.actors.messages import Barrier
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import OutboxKey, StateStore
 from onceflow.stores.fencing import Guard, Taken, first_mismatch
@@ -83,11 +78,3 @@ class DictStore(StateStore):
 
     def close(self) -> None:
         pass
-
-
-class SettledProducer(pykka.ThreadingActor):
-    """Answers every barrier: nothing was ever sent."""
-
-    def on_receive(self, message: Any) -> int:
-        assert isinstance(message, Barrier)
-        return 0

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from persistence_doubles import DictStore, SettledProducer
+from persistence_doubles import DictStore
 
 from onceflow.actors.continuity import PartitionRewound
 from onceflow.actors.fence import EpochFence
-from onceflow.actors.ledger import Ledger, SharedLedger
+from onceflow.actors.ledger import Ledger
 from onceflow.actors.log_marks import (
     LOGS_STAGE,
     NO_MARK,
@@ -28,7 +28,7 @@ from onceflow.actors.log_marks import (
     mark_of,
 )
 from onceflow.actors.messages import Snapshot, StageRows
-from onceflow.actors.persistence import PersistenceActor
+from onceflow.actors.persistence import StoreWriter
 from onceflow.runtime.forget import forget_topic
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
@@ -144,30 +144,22 @@ def test_forget_drops_the_topics_watermarks_tables_and_marks_and_nothing_else() 
 @pytest.mark.parametrize("held", [True, False], ids=["held", "taken-over"])
 def test_a_snapshot_writes_its_marks_after_its_states_under_the_same_guard(held: bool
                                                                            ) -> None:
-    store, ledger, fence = DictStore(), SharedLedger(), EpochFence()
+    store, ledger, fence = DictStore(), Ledger(), EpochFence()
     fence.assign(store.take_epochs([A]))
     if not held:
         store.take_epochs([A])  # another worker took the partition over
     mark = LogMark(4, 9, "x")
-    with ledger() as ready:
-        ready.assigned({A: 0})
-        ready.processed({A: 5}, sent=False, marks={A: mark})
-        checkpoint = ready.take(dirty=True)
+    ledger.assigned({A: 0})
+    ledger.processed({A: 5}, sent=False, marks={A: mark})
+    checkpoint = ledger.take(dirty=True)
     assert checkpoint is not None
-    producer = SettledProducer.start()
-    ref = PersistenceActor.start(stores={"mem": store}, producer=producer, ledger=ledger,
-                                 stats_store=None, fence=fence,
-                                 on_fatal=lambda who, error: None)
-    try:
-        snapshot = Snapshot([StageRows("totals", "mem", {"k": b"v"}, {})], checkpoint)
-        if held:
-            ref.ask(snapshot, timeout=5)
-        else:
-            with pytest.raises(Fenced):  # DictStore's refusal, as Redis's script's
-                ref.ask(snapshot, timeout=5)
-    finally:
-        ref.stop()
-        producer.stop()
+    writer = StoreWriter(stores={"mem": store}, stats_store=None, fence=fence)
+    snapshot = Snapshot([StageRows("totals", "mem", {"k": b"v"}, {})], checkpoint)
+    if held:
+        writer.write(snapshot)
+    else:
+        with pytest.raises(Fenced):  # DictStore's refusal, as Redis's script's
+            writer.write(snapshot)
     if held:
         assert store.saved == ["totals", LOGS_STAGE]
         assert store.rows[(LOGS_STAGE, "orders|0")] == mark.encode()

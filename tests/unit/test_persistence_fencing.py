@@ -1,6 +1,8 @@
-"""PersistenceActor under fencing: a refused snapshot writes nothing and is never durable.
+"""Persistence under fencing: a refused snapshot writes nothing and is never durable.
 
-The store here is a dict that checks guards as Redis's script does
+The checkpoint coordinator (``checkpoints.Checkpoints``) runs the numbered steps
+on a real event loop and hands the write to persistence's thread. The store
+here is a dict that checks guards as Redis's script does
 (``persistence_doubles.DictStore``); the real script is tested against Redis in
 ``tests/integration/test_fencing_redis.py``.
 """
@@ -8,17 +10,16 @@ The store here is a dict that checks guards as Redis's script does
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
-import pykka
 import pytest
-from persistence_doubles import DictStore, SettledProducer
+from persistence_doubles import DictStore
 
 from onceflow.actors import metrics
+from onceflow.actors.checkpoints import Checkpoints, Taking
 from onceflow.actors.fence import EpochFence
-from onceflow.actors.ledger import SharedLedger
-from onceflow.actors.messages import Snapshot, StageRows
-from onceflow.actors.persistence import PersistenceActor
+from onceflow.actors.loop import EventLoopThread
+from onceflow.actors.messages import StageRows
+from onceflow.actors.persistence import StoreWriter
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.fencing import Fenced, Taken
 
@@ -27,62 +28,58 @@ B: TopicPartition = ("t", 1)
 
 
 @pytest.fixture
-def producer() -> Iterator[pykka.ActorRef[Any]]:
-    ref = SettledProducer.start()
-    yield ref
-    ref.stop()
+def io() -> Iterator[EventLoopThread]:
+    loop = EventLoopThread("test-loop")
+    yield loop
+    loop.stop()
 
 
-def snapshot_of(ledger: SharedLedger, rows: dict[str, bytes]) -> Snapshot:
-    with ledger() as ready:
-        ready.assigned({A: 0, B: 0})
-        ready.processed({A: 5, B: 3}, sent=False)
-        checkpoint = ready.take(dirty=bool(rows), force=True)
-    assert checkpoint is not None and checkpoint.depends == {A, B}
-    return Snapshot([StageRows("per_key", "mem", rows, {})] if rows else [], checkpoint)
+def coordinator(io: EventLoopThread, store: DictStore, fence: EpochFence,
+                reported: list[BaseException]) -> Checkpoints:
+    writer = StoreWriter(stores={"mem": store}, stats_store=store, fence=fence)
+    return Checkpoints(io, lambda who, error: reported.append(error), writer)
 
 
-def persistence(store: DictStore, ledger: SharedLedger, fence: EpochFence,
-                producer: pykka.ActorRef[Any], reported: list[BaseException]
-                ) -> pykka.ActorRef[PersistenceActor]:
-    return PersistenceActor.start(stores={"mem": store}, producer=producer, ledger=ledger,
-                                  stats_store=store, fence=fence,
-                                  on_fatal=lambda who, error: reported.append(error))
+def take(checkpoints: Checkpoints, rows: dict[str, bytes]) -> Taking:
+    """Partitions A and B assigned, a batch processed, a forced snapshot right after it."""
+    checkpoints.run(lambda ledger: ledger.assigned({A: 0, B: 0}))
+    taking = Taking([StageRows("per_key", "mem", rows, {})] if rows else [], {}, force=True)
+    checkpoints.hand_over({A: 5, B: 3}, None, [], None, taking)
+    return taking
 
 
 @pytest.mark.parametrize("rows", [{"k": b"v"}, {}], ids=["rows", "no-rows"])
 def test_a_snapshot_of_a_partition_taken_over_is_refused_and_never_durable(
-    producer: pykka.ActorRef[Any], rows: dict[str, bytes],
+    io: EventLoopThread, rows: dict[str, bytes],
 ) -> None:
-    store, ledger, fence, reported = DictStore(), SharedLedger(), EpochFence(), []
+    store, fence, reported = DictStore(), EpochFence(), []
     fence.assign(Taken(1, {A: None, B: None}))
     store.epochs = {A: 1, B: 2}  # another worker took B over
     before = metrics.FENCED._value.get()
-    ref = persistence(store, ledger, fence, producer, reported)
+    checkpoints = coordinator(io, store, fence, reported)
     try:
         with pytest.raises(Fenced, match=r"t\[1\]: this worker holds epoch 1, the store has 2"):
-            ref.ask(snapshot_of(ledger, rows), timeout=5)
+            take(checkpoints, rows).answer.result(timeout=5)
+        assert store.rows == {}
+        assert [type(error) for error in reported] == [Fenced]  # the pipeline restarts
+        assert store.stats == {"fenced_writes": 1}
+        assert metrics.FENCED._value.get() == before + 1
+        # its offsets never became durable
+        assert checkpoints.run(lambda ledger: ledger.committable()) == {}
     finally:
-        ref.stop()
-    assert store.rows == {}
-    assert [type(error) for error in reported] == [Fenced]  # the pipeline restarts
-    assert store.stats == {"fenced_writes": 1}
-    assert metrics.FENCED._value.get() == before + 1
-    with ledger() as after:
-        assert after.committable() == {}  # its offsets never became durable
+        checkpoints.stop()
 
 
 def test_a_snapshot_of_partitions_still_held_is_written_and_durable(
-    producer: pykka.ActorRef[Any],
+    io: EventLoopThread,
 ) -> None:
-    store, ledger, fence, reported = DictStore(), SharedLedger(), EpochFence(), []
+    store, fence, reported = DictStore(), EpochFence(), []
     fence.assign(Taken(1, {A: None, B: None}))
     store.epochs = {A: 1, B: 1}
-    ref = persistence(store, ledger, fence, producer, reported)
+    checkpoints = coordinator(io, store, fence, reported)
     try:
-        assert ref.ask(snapshot_of(ledger, {"k": b"v"}), timeout=5) == {A: 5, B: 3}
+        assert take(checkpoints, {"k": b"v"}).answer.result(timeout=5) == {A: 5, B: 3}
+        assert store.rows == {("per_key", "k"): b"v"} and reported == []
+        assert checkpoints.run(lambda ledger: ledger.committable()) == {A: 5, B: 3}
     finally:
-        ref.stop()
-    assert store.rows == {("per_key", "k"): b"v"} and reported == []
-    with ledger() as after:
-        assert after.committable() == {A: 5, B: 3}
+        checkpoints.stop()

@@ -1,0 +1,130 @@
+"""The checkpoint coordinator on a real event loop: invariant 5 in its order of steps.
+
+A snapshot handed over right after a batch with outputs is written only once
+those outputs are settled; a send that fails fails the snapshot, reports the
+core failed, and nothing of it (or after it) becomes durable or committable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+
+import pytest
+
+from onceflow.actors.checkpoints import Checkpoints, Taking
+from onceflow.actors.loop import EventLoopThread
+from onceflow.actors.messages import Snapshot, StageRows
+from onceflow.stages.outcome import Output
+from onceflow.stages.state import TopicPartition
+
+A: TopicPartition = ("in", 0)
+OUT = [Output("out", b"k", b"v", (), None)]
+
+
+class Recorder:
+    """A writer that records what it was asked to write."""
+
+    def __init__(self) -> None:
+        self.written: list[int] = []
+        self.wrote = threading.Event()
+
+    def write(self, snapshot: Snapshot) -> None:
+        self.written.append(snapshot.checkpoint.number)
+        self.wrote.set()
+
+    def add_stats(self, stats: Mapping[str, int]) -> None:
+        pass
+
+
+class Sends:
+    """Sends that settle when the test says so."""
+
+    def __init__(self, io: EventLoopThread) -> None:
+        self.io = io
+        self.pending: list[asyncio.Future[None]] = []
+
+    async def send(self, outputs: Sequence[Output]) -> None:
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append(future)
+        await future
+
+    def settle(self, error: BaseException | None = None) -> None:
+        def on_loop() -> None:
+            for future in self.pending:
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
+        self.io.call_soon(on_loop)
+
+
+@pytest.fixture
+def io() -> Iterator[EventLoopThread]:
+    loop = EventLoopThread("test-loop")
+    yield loop
+    loop.stop()
+
+
+def coordinator(io: EventLoopThread, reported: list[BaseException]
+                ) -> tuple[Checkpoints, Recorder, Sends]:
+    writer, sends = Recorder(), Sends(io)
+    checkpoints = Checkpoints(io, lambda who, error: reported.append(error), writer)
+    checkpoints.use_producer(sends.send)
+    checkpoints.run(lambda ledger: ledger.assigned({A: 0}))
+    return checkpoints, writer, sends
+
+
+def test_a_snapshot_is_written_only_once_its_batch_outputs_are_settled(
+    io: EventLoopThread,
+) -> None:
+    reported: list[BaseException] = []
+    checkpoints, writer, sends = coordinator(io, reported)
+    try:
+        taking = Taking([StageRows("s", "mem", {"k": b"1"}, {})], {}, force=False)
+        checkpoints.hand_over({A: 10}, None, OUT, None, taking)
+        assert not writer.wrote.wait(0.3)  # the output is not settled: nothing written
+        assert checkpoints.run(lambda ledger: ledger.committable()) == {}
+        sends.settle()
+        assert taking.answer.result(timeout=5) == {A: 10}
+        assert writer.written == [1] and reported == []
+        assert checkpoints.run(lambda ledger: ledger.committable()) == {A: 10}
+    finally:
+        checkpoints.stop()
+
+
+def test_a_failed_send_fails_its_snapshot_and_the_next_and_nothing_is_durable(
+    io: EventLoopThread,
+) -> None:
+    reported: list[BaseException] = []
+    checkpoints, writer, sends = coordinator(io, reported)
+    try:
+        first = Taking([StageRows("s", "mem", {"k": b"1"}, {})], {}, force=False)
+        checkpoints.hand_over({A: 10}, None, OUT, None, first)
+        second = Taking([StageRows("s", "mem", {"k": b"2"}, {})], {}, force=False)
+        checkpoints.hand_over({A: 20}, None, [], None, second)
+        sends.settle(RuntimeError("undeliverable"))
+        with pytest.raises(RuntimeError, match="undeliverable"):
+            first.answer.result(timeout=5)
+        with pytest.raises(Exception, match="an earlier one failed"):
+            second.answer.result(timeout=5)
+        assert writer.written == []
+        assert reported and isinstance(reported[0], RuntimeError)  # the core restarts
+        assert checkpoints.run(lambda ledger: ledger.committable()) == {}
+    finally:
+        checkpoints.stop()
+
+
+def test_whoever_waits_for_a_snapshot_is_told_when_the_core_stops(
+    io: EventLoopThread,
+) -> None:
+    checkpoints, writer, _ = coordinator(io, [])
+    taking = Taking([StageRows("s", "mem", {"k": b"1"}, {})], {}, force=False)
+    checkpoints.hand_over({A: 10}, None, OUT, None, taking)  # never settled
+    checkpoints.run(lambda ledger: None)  # after the hand-over, on the loop
+    assert writer.written == []
+    io.stop()
+    checkpoints.stop()
+    with pytest.raises(Exception, match="core stopped"):
+        taking.answer.result(timeout=5)
