@@ -37,9 +37,12 @@ class BuildExt(build_ext):
     """Runs mypyc only when it builds (pip asks setup.py for metadata first), and writes the
     manifest beside the compiled modules, in the wheel or in place."""
 
+    def finalize_options(self) -> None:
+        if self.distribution.ext_modules:  # the names: now the extensions, by mypyc's C
+            self.distribution.ext_modules = compiled.extensions()
+        super().finalize_options()
+
     def run(self) -> None:
-        if self.extensions:
-            self.extensions = compiled.extensions()  # mypyc: type check, then C
         super().run()
         if self.extensions:
             inplace = self.inplace or self.editable_mode
