@@ -86,6 +86,7 @@ def _record_hash(data: bytes) -> str:
 
 
 def _build_venv(base: Path, venv: Path) -> None:
+    base.mkdir(parents=True)
     wheel = current_wheel(base / "dist")
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=clean_env(),
                    cwd=base, timeout=300)

@@ -82,7 +82,8 @@ def test_the_installed_record_path_runs_compiled_where_a_build_here_compiles(
           f"{', '.join(native) or '-'}; pure: {', '.join(pure) or '-'}")
     why = compiled.why_pure()
     assert (native, pure) == ((sorted(compiled.MODULES), []) if why is None else
-                              ([], sorted(compiled.MODULES))), why
+                              ([], sorted(compiled.MODULES))), (
+        f"a build here compiles, but {wheel} is pure" if why is None else why)
     assert wheel.endswith("-py3-none-any.whl") == (why is not None), wheel  # else platform's
 
 
