@@ -119,7 +119,11 @@ def extensions() -> list[Extension]:
     from mypyc.build import mypycify  # a build requirement: only the build needs it
 
     paths = [f"onceflow/stages/{m}.py" for m in MODULES]
-    return mypycify(paths, group_name=GROUP, opt_level="3", target_dir=str(CACHE / "c"))
+    # A build from the sdist has only the build requirements (setuptools, mypy): the
+    # package's other dependencies may be missing there, and their types are then Any.
+    options = ["--ignore-missing-imports", "--follow-imports=silent"]
+    return mypycify([*paths, *options], group_name=GROUP, opt_level="3",
+                    target_dir=str(CACHE / "c"))
 
 
 def write_manifest(stages: Path) -> None:
