@@ -33,7 +33,7 @@ def fresh_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A new venv with the built wheel installed (``pip install onceflow-*.whl``), no extras.
 
     The wheel is ``make setup``'s in ``dist/`` (compiled where a C compiler is present)
-    when it holds today's sources, else one built now. Built once per run (~60 s; pip's
+    when it holds today's sources, else one built now. Built once per run (15-30 s; pip's
     cache makes it quick) and shared by its tests, also across pytest-xdist workers: the
     first to take the lock builds it in the run's common temporary directory, the others
     wait and use it (xdist_group does not group under pytest 9: xdist sets ``_nodeid``).
