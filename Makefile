@@ -5,8 +5,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# The record path compiled by mypyc (onceflow/compiled.py); rebuilt when a source changes.
-COMPILED := onceflow/stages/_compiled.json
+# The wheel, built by the build backend (setup.py) with the record path compiled by mypyc
+# (onceflow/compiled.py), whose compiled modules are also unpacked in place; rebuilt when a
+# file of the package changes (an unchanged record path is not compiled again).
+COMPILED := dist/.built
+PACKAGE  := $(shell find onceflow -type f -not -path '*/__pycache__/*' -not -name '*.so' \
+              -not -name '_compiled.json')
 
 .PHONY: demo test setup prereqs lint unit integration e2e protos bench services-up services-down clean pure
 
@@ -37,18 +41,21 @@ setup: prereqs $(STAMP) $(COMPILED)
 prereqs:
 	@bash scripts/ensure-prereqs.sh
 
-$(STAMP): pyproject.toml
+# The editable install itself stays pure: $(COMPILED) compiles.
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,analytics,embedded]'
+	ONCEFLOW_PURE=1 $(BIN)/pip install -q -e '.[dev,analytics,embedded]'
 	touch $(STAMP)
 
-$(COMPILED): $(STAMP) onceflow/compiled.py $(wildcard onceflow/stages/*.py)
+$(COMPILED): $(STAMP) setup.py $(PACKAGE)
 	$(BIN)/python scripts/compile_stages.py
+	touch $(COMPILED)
 
 # Pure Python (to profile the record path with py-spy): `make setup` compiles again.
 pure: $(STAMP)
 	$(BIN)/python scripts/compile_stages.py --remove
+	rm -f $(COMPILED)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -78,5 +85,5 @@ services-down: $(STAMP)
 	$(BIN)/onceflow services down
 
 clean:
-	rm -rf $(VENV) .state .pytest_cache .mypy_cache .ruff_cache .cache/mypyc
-	rm -f onceflow/stages/*.so $(COMPILED)
+	rm -rf $(VENV) .state .pytest_cache .mypy_cache .ruff_cache .cache/mypyc dist
+	rm -f onceflow/stages/*.so onceflow/stages/_compiled.json

@@ -4,16 +4,22 @@ The runner's per-record work is plain Python: mypyc, which ships with mypy,
 compiles these modules unchanged (their type hints become C types), and they
 take about 30% (aggregate and republish paths) to 37% (windowed path) less time per
 record: ``benchmarks/journal/2026-11-24.md`` (fourth session, compiled against pure).
-``make`` builds them in place (``scripts/compile_stages.py``, which loads this file
-without importing the package, whose import runs ``check``); ``make pure`` removes
-them. The pure-Python modules stay the source of truth and work alone.
+The build backend compiles them (``setup.py``: setuptools with ``extensions()``, as mypy
+ships itself), so a wheel or sdist install runs them compiled; a build that cannot
+compile (``why_pure``: ``ONCEFLOW_PURE=1``, no mypyc, no C compiler or Python headers)
+gives a wheel of pure modules instead of failing. ``make setup`` builds that wheel into
+``dist/`` (``build``, through ``scripts/compile_stages.py``, which loads this file without
+importing the package, whose import runs ``check``) and unpacks its compiled modules in
+place for the checkout; ``make pure`` removes them. The pure-Python modules stay the
+source of truth and work alone.
 Classes whose objects users build or keep stay out (``stages.declarations``:
 ``Tumbling``, ``ProducerDedup``; ``stages.record_meta``): a compiled class cannot
 be copied or pickled as a dataclass can (``tests/unit/test_user_values.py``).
 
-A compiled module shadows its ``.py``: an edit would silently not run. So the
-build records a hash of each source, and importing ``onceflow.stages`` refuses a
-build whose sources changed since (``check``), naming the command that fixes it.
+A compiled module shadows its ``.py``: an edit would silently not run. So every build
+writes a manifest of its sources' hashes beside the compiled modules (in the wheel too),
+and importing ``onceflow.stages`` refuses a build whose sources changed since (``check``),
+naming the command that fixes it.
 Hints are checked at run time in compiled code, so they must tell the truth
 about hostile input (a null header value, say): the whole suite runs compiled.
 """
@@ -23,7 +29,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from setuptools import Extension  # type: ignore[import-untyped]
 
 HERE = Path(__file__).resolve().parent / "stages"
 #: The modules of ``onceflow.stages`` compiled: the record path.
@@ -35,7 +51,11 @@ MODULES = ("formats", "general_path", "guards", "heads", "lineage", "origin", "o
 #: package, so it imports wherever the package does).
 GROUP = "onceflow.stages._compiled"
 MANIFEST = HERE / "_compiled.json"
-REBUILD = "run `make setup` to compile them again, or `make pure` to run without them"
+#: Set to 1, a build gives the pure modules (the build of ``make setup``'s editable install).
+PURE = "ONCEFLOW_PURE"
+#: Generated C and objects, relative to the project: kept, so an unchanged module is not
+#: compiled again.
+CACHE = Path(".cache") / "mypyc"
 
 
 class StaleBuild(ImportError):
@@ -51,6 +71,12 @@ def built() -> list[Path]:
     return sorted(HERE.glob("*.so"))
 
 
+def _rebuild() -> str:
+    if (HERE.parent.parent / "pyproject.toml").exists():  # a checkout
+        return "run `make setup` to compile them again, or `make pure` to run without them"
+    return "install onceflow again (pip install --force-reinstall onceflow)"
+
+
 def check() -> None:
     """StaleBuild if compiled modules are present and a source changed since the build."""
     if not built():
@@ -59,28 +85,77 @@ def check() -> None:
         recorded = json.loads(MANIFEST.read_text())
     except (OSError, ValueError):
         raise StaleBuild(f"compiled modules in {HERE} without their manifest "
-                         f"{MANIFEST.name}: {REBUILD}") from None
+                         f"{MANIFEST.name}: {_rebuild()}") from None
     changed = [m for m in MODULES if recorded.get(m) != _digest(m)]
     if changed:
         raise StaleBuild(f"compiled onceflow modules are older than their sources "
-                         f"({', '.join(changed)}.py changed): {REBUILD}")
+                         f"({', '.join(changed)}.py changed): {_rebuild()}")
 
 
-def build() -> None:
-    """Compile ``MODULES`` in place and record their sources' hashes."""
-    from mypyc.build import mypycify  # a dev dependency: only the build needs it
-    from setuptools import setup  # type: ignore[import-untyped]
+def why_pure() -> str | None:
+    """Why a build here would give the pure modules, or None: it compiles them."""
+    if os.environ.get(PURE, "") not in ("", "0"):
+        return f"{PURE}={os.environ[PURE]}"
+    try:
+        import mypyc.build  # noqa: F401
+    except ImportError:
+        return "mypyc (part of mypy) is not installed"
+    # The compiler setuptools would run: $CC, else the one Python was built with.
+    compiler = (os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        return f"no C compiler ({compiler})"
+    if not (Path(sysconfig.get_path("include")) / "Python.h").exists():
+        return "no Python headers (Python.h; on Debian: apt-get install python3-dev)"
+    return None
 
-    remove()
+
+def extension_names() -> list[str]:
+    """The extension modules a compiled build has: one per module, and the group's library."""
+    return [f"onceflow.stages.{m}" for m in MODULES] + [f"{GROUP}__mypyc"]
+
+
+def extensions() -> list[Extension]:
+    """The compiled modules as setuptools extensions (run from the project's root)."""
+    from mypyc.build import mypycify  # a build requirement: only the build needs it
+
+    paths = [f"onceflow/stages/{m}.py" for m in MODULES]
+    # A build from the sdist has only the build requirements (setuptools, mypy): the
+    # package's other dependencies may be missing there, and their types are then Any.
+    options = ["--ignore-missing-imports", "--follow-imports=silent"]
+    return mypycify([*paths, *options], group_name=GROUP, opt_level="3",
+                    target_dir=str(CACHE / "c"))
+
+
+def write_manifest(stages: Path) -> None:
+    """Record the hashes of the sources compiled, beside their build in ``stages``."""
+    (stages / MANIFEST.name).write_text(json.dumps({m: _digest(m) for m in MODULES},
+                                                   indent=1) + "\n")
+
+
+def build_wheel(out: Path) -> Path:
+    """Build the wheel into ``out`` as pip would, with this environment's setuptools and mypy
+    (so it reuses the C and objects of the last build); its path."""
+    with tempfile.TemporaryDirectory() as work:
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
+                        "--no-build-isolation", "--wheel-dir", work, str(HERE.parent.parent)],
+                       check=True)
+        (wheel,) = Path(work).glob("onceflow-*.whl")
+        out.mkdir(parents=True, exist_ok=True)
+        for old in out.glob("onceflow-*.whl"):
+            old.unlink()
+        return Path(shutil.move(wheel, out / wheel.name))
+
+
+def build() -> Path:
+    """Build the wheel into ``dist/`` and unpack its compiled modules in place; its path."""
     root = HERE.parent.parent
-    os.chdir(root)  # mypycify takes paths relative to the project
-    paths = [str((HERE / f"{m}.py").relative_to(root)) for m in MODULES]
-    work = root / ".cache" / "mypyc"  # generated C and objects, kept for the next build
-    extensions = mypycify(paths, group_name=GROUP, opt_level="3", target_dir=str(work / "c"))
-    setup(name="onceflow-compiled", ext_modules=extensions, script_args=["--quiet",
-        "build_ext", "--inplace", "--build-temp", str(work / "objects"),
-        "--build-lib", str(work / "lib")])
-    MANIFEST.write_text(json.dumps({m: _digest(m) for m in MODULES}, indent=1) + "\n")
+    wheel = build_wheel(root / "dist")
+    remove()
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.startswith("onceflow/stages/") and name.endswith((".so", MANIFEST.name)):
+                (root / name).write_bytes(archive.read(name))
+    return wheel
 
 
 def remove() -> None:
@@ -94,5 +169,9 @@ def main(argv: list[str]) -> None:
     """``--remove``: back to pure Python; else build."""
     if argv == ["--remove"]:
         remove()
-    else:
-        build()
+        return
+    wheel = build()
+    compiled = len(built()) - 1  # and the group's shared library
+    print(f"{wheel.relative_to(HERE.parent.parent)}: " + (
+        f"{compiled} compiled modules, also unpacked into onceflow/stages" if compiled > 0 else
+        f"pure modules only ({why_pure() or 'see the build output'})"))

@@ -1,4 +1,5 @@
-"""Compile the record path with mypyc (``make setup``), or ``--remove`` the build (``make pure``).
+"""Build the wheel into ``dist/`` with the record path compiled by mypyc and unpack its
+compiled modules in place (``make setup``), or ``--remove`` them (``make pure``).
 
 Loads ``onceflow/compiled.py`` by its path: importing the package would run the
 stale-build check this command exists to fix.

