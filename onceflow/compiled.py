@@ -47,10 +47,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "stages"
 #: The modules of ``onceflow.stages`` compiled: the record path.
-MODULES = ("fold_rules", "formats", "general_path", "guards", "heads", "lineage", "origin", "outcome", "plan",
-           "producer_dedup", "republish", "runner", "segments", "side_outputs", "single_fold",
-           "state", "state_table", "unit_wire", "units", "watermark", "window_clock",
-           "window_fold", "windows")
+MODULES = ("fold_rules", "formats", "general_path", "guards", "heads", "lineage", "origin",
+           "outcome", "plan", "producer_dedup", "republish", "runner", "segments",
+           "side_outputs", "single_fold", "state", "state_table", "unit_wire", "units",
+           "watermark", "window_clock", "window_fold", "windows")
 #: The group's shared library is ``onceflow/stages/_compiled__mypyc.*.so`` (inside the
 #: package, so it imports wherever the package does).
 GROUP = "onceflow.stages._compiled"
