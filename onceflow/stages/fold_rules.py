@@ -9,7 +9,7 @@ they do with them:
   position folded; a value at or below it, stored or staged by this record, is a
   duplicate (a replay) and is dropped. A key homed on another input partition fails
   the record at its first value (``touch``).
-- **Atomic unit** (invariant 3, ``Staged`` and ``install``): a record's new states
+- **Atomic unit** (invariant 3, ``Staged``, ``install_unit`` and ``install``): a record's new states
   are staged, one per key and aggregate, and installed only once the whole record has
   folded and been checked (``guards.check_state``). A failure raises before
   ``install`` and leaves every state as it was: the stored values are never mutated
@@ -27,7 +27,7 @@ they do with them:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from onceflow.stages.lineage import Position
 from onceflow.stages.outcome import KeyHomedElsewhere, StageFailure
@@ -39,7 +39,7 @@ from onceflow.stages.windows import closed_to_of, earliest_start, split
 
 #: Not read yet: a key's windows (``Staged.opened``) or its earliest open start
 #: (``Staged.first``).
-UNREAD: Any = object()
+UNREAD: Final[Any] = object()
 
 
 class Staged:
@@ -92,28 +92,35 @@ def admit(staged: Staged, pos: Position) -> bool:
     return True
 
 
-def install(shares: list[Share], route: Any, fed_from: Any) -> None:
-    """The unit's install: every admitted key's new state, its route mark, the windows it
-    closed (history rows) and its open-window index entry, at once. Called only once the
-    whole record has folded and been checked."""
-    for table, clock, staged_keys in shares:
-        dirty, history = table.dirty, table.closed
-        for staged in staged_keys:
-            if not staged.admitted:
-                continue
-            key, state, mark = staged.key, staged.state, staged.mark
-            assert mark is not None  # admitted
-            if staged.opened is not UNREAD:
-                staged.value = {"open": staged.opened, "max_ts": staged.closed_to}
-            state.value = staged.value
-            state.watermarks[route] = mark
-            dirty.add(key)
-            if clock is not None:
-                clock.note(key, fed_from, staged.value, staged.reopened)
-            closing = staged.closing
-            if closing:
-                for start, final in closing:
-                    history[(key, start)] = final
+def install_unit(unit: list[Share], route: Any, fed_from: Any) -> None:
+    """The unit's install: each aggregate's part (``install``), once the whole record has
+    folded and been checked."""
+    for table, clock, staged_keys in unit:
+        install(table, clock, staged_keys, route, fed_from)
+
+
+def install(table: StateTable, clock: WindowClock | None, staged_keys: Iterable[Staged],
+            route: Any, fed_from: Any) -> None:
+    """Install one aggregate's part of a unit: each admitted key's new state, its route
+    mark, the windows it closed (history rows) and its open-window index entry. Only once
+    the whole record has folded and been checked (``install_unit``)."""
+    dirty, history = table.dirty, table.closed
+    for staged in staged_keys:
+        if not staged.admitted:
+            continue
+        key, state, mark = staged.key, staged.state, staged.mark
+        assert mark is not None  # admitted
+        if staged.opened is not UNREAD:
+            staged.value = {"open": staged.opened, "max_ts": staged.closed_to}
+        state.value = staged.value
+        state.watermarks[route] = mark
+        dirty.add(key)
+        if clock is not None:
+            clock.note(key, fed_from, staged.value, staged.reopened)
+        closing = staged.closing
+        if closing:
+            for start, final in closing:
+                history[(key, start)] = final
 
 
 #: Values an aggregate did not fold: (their positions' length, the positions).

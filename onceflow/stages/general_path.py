@@ -18,7 +18,7 @@ from onceflow.stages.fold_rules import (
     WindowStage,
     admit,
     fold_window,
-    install,
+    install_unit,
     is_stopped,
     stop,
     touch,
@@ -129,7 +129,7 @@ class GeneralPath:
                 counts.append((outcome.late, stage_id, len(late)))
             stop(stopped, replayed)
             stop(stopped, late)
-        install(unit, route, fed_from)
+        install_unit(unit, route, fed_from)
         for counter, stage_id, n in counts:
             counter[stage_id] += n
         if emitted:

@@ -124,7 +124,7 @@ def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[A
             folded += 1
         if folded:
             check_state(stage_id, first, one.value, table.max_bytes)
-            install([(table, None, (one,))], route, fed_from)
+            install(table, None, (one,), route, fed_from)
         return folded, replayed
     new: dict[str, Staged] = {}
     for key, pos, value in zip(keys, positions, values):  # noqa: B905
@@ -142,5 +142,5 @@ def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[A
     for staged in new.values():
         if staged.admitted:
             check_state(stage_id, staged.key, staged.value, table.max_bytes)
-    install([(table, None, new.values())], route, fed_from)
+    install(table, None, new.values(), route, fed_from)
     return folded, replayed

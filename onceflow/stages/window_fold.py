@@ -22,7 +22,7 @@ from onceflow.stages.fold_rules import (
     WindowStage,
     admit,
     fold_window,
-    install,
+    install_unit,
     is_stopped,
     stop,
     touch,
@@ -180,7 +180,7 @@ class WindowSegment:
             unit.append((table, stage.clock, new.values()))
             counts.append((stage, folded, replayed, late))
             stop(stopped, halted)
-        install(unit, route_key, fed_key)
+        install_unit(unit, route_key, fed_key)
         for stage, folded, replayed, late in counts:
             stage.folded += folded
             stage.replayed += replayed
