@@ -18,8 +18,10 @@ over the republisher's outputs, with ``Envelope.FromString`` + ``json.loads``
 of each payload (a unit's: each item's) as the baseline.
 
     python benchmarks/runner_cost.py [--messages 200000] [--repeat 5] [--profile]
-        [--pipeline robots|normalize|counting|windows] [--per-value]
+        [--pipeline robots|normalize|counting|windows] [--per-value] [--general]
 
+``--general`` turns the fused paths off: every record takes the general path (a
+pipeline's cost on both paths, for those that have a fused one: robots, windows).
 ``--profile`` prints cProfile's top 15 (by own time) of one pass instead.
 """
 
@@ -57,6 +59,7 @@ PIPELINES: dict[str, Callable[[], Pipeline]] = {
 }
 PIPELINE = "robots"
 UNITS = True  # the normalize pipeline makes units (one record per report); see --per-value
+GENERAL = False  # every record on the general path, the fused ones off (--general)
 
 
 def as_records(topic: str, messages: list[tuple[bytes, bytes]],
@@ -84,6 +87,8 @@ def records(messages: int, pipeline: str) -> list[ConsumerRecord[bytes, bytes]]:
 def onceflow_pass(batch_list: list[list[ConsumerRecord[bytes, bytes]]]) -> None:
     runner = PipelineRunner(PIPELINES[PIPELINE](), lambda spec, keys: {}, "dead",
                             load_sequences=lambda keys: {})
+    if GENERAL:
+        runner._fused = {}
     for n, batch in enumerate(batch_list, 1):
         runner.process(batch)
         if n % 50 == 0:
@@ -121,9 +126,11 @@ def main() -> None:
     parser.add_argument("--pipeline", choices=sorted(PIPELINES), default="robots")
     parser.add_argument("--per-value", action="store_true",
                         help="normalize republishes one record per event, not one per report")
+    parser.add_argument("--general", action="store_true",
+                        help="every record on the general path (the fused paths off)")
     args = parser.parse_args()
-    global PIPELINE, UNITS
-    PIPELINE, UNITS = args.pipeline, not args.per_value
+    global PIPELINE, UNITS, GENERAL
+    PIPELINE, UNITS, GENERAL = args.pipeline, not args.per_value, args.general
     stream = records(args.messages, args.pipeline)
     # getmany's batches: each partition's records in a run (stable: in offset order)
     batch_list = [sorted(stream[i:i + BATCH], key=attrgetter("partition"))
@@ -139,7 +146,8 @@ def main() -> None:
         raw.append(timed(raw_pass, batch_list) / len(stream) * 1e6)
         full.append(timed(onceflow_pass, batch_list) / len(stream) * 1e6)
     r, f = min(raw), min(full)  # best of N: the least disturbed pass (as timeit does)
-    print(f"{args.pipeline}: {len(stream):,} records, {args.repeat} alternating passes "
+    path = " (general path)" if GENERAL else ""
+    print(f"{args.pipeline}{path}: {len(stream):,} records, {args.repeat} alternating passes "
           "(best of each):")
     print(f"  {'envelope + json' if PIPELINE == 'windows' else 'json.loads only':25} "
           f"{r:6.2f} us/record")

@@ -22,6 +22,26 @@ and importing ``onceflow.stages`` refuses a build whose sources changed since (`
 naming the command that fixes it.
 Hints are checked at run time in compiled code, so they must tell the truth
 about hostile input (a null header value, say): the whole suite runs compiled.
+
+How the record path is written for the compiler (the domain code says nothing of it):
+
+- Structs are plain classes with ``__slots__`` (``fold_rules.Staged``, ``plan.Plan``),
+  compiled to native classes: attribute access is a field read. Not dataclasses
+  (compiled, a dataclass keeps the interpreted ``__init__`` dataclasses generates,
+  about 0.3 us each), not positional lists.
+- A fixed-length tuple (``TopicPartition``, ``RootPartition``, ``Route``: ``tuple[str,
+  int]``) is unboxed into a C struct, and boxed again into a new object for every dict,
+  set or comparison it meets: the per-value code takes them as ``Any`` (one object,
+  boxed once). An ``int`` met per value the same (``PartitionWatermark.observe``'s
+  arguments, an event time kept as the object the user's function answered).
+- Values read from users or the store are ``Any``: a hint would be checked at run time
+  and fail on hostile input with the compiler's message, not the domain's.
+- Loops and comprehensions beat ``map()``, ``min()`` and ``zip(..., strict=True)`` (a
+  generic call or iterator each), hence ``noqa: B905`` on zips of lists of one length;
+  ``pos + (j,)`` beats ``(*pos, j)`` (``noqa: RUF005``).
+- A call between compiled functions is a C call, so each rule is a function of its own
+  (``fold_rules``) without cost worth inlining; a bound method stored in a variable, or
+  a Protocol-typed attribute (``runner.PlanPath``), is a generic Python call.
 """
 
 from __future__ import annotations
@@ -43,10 +63,10 @@ if TYPE_CHECKING:
 
 HERE = Path(__file__).resolve().parent / "stages"
 #: The modules of ``onceflow.stages`` compiled: the record path.
-MODULES = ("formats", "general_path", "guards", "heads", "lineage", "origin", "outcome", "plan",
-           "producer_dedup", "republish", "runner", "segments", "side_outputs", "single_fold",
-           "state", "state_table", "unit_wire", "units", "watermark", "window_clock",
-           "window_fold", "windows")
+MODULES = ("fold_rules", "formats", "general_path", "guards", "heads", "lineage", "origin",
+           "outcome", "plan", "producer_dedup", "republish", "runner", "segments",
+           "side_outputs", "single_fold", "state", "state_table", "unit_wire", "units",
+           "watermark", "window_clock", "window_fold", "windows")
 #: The group's shared library is ``onceflow/stages/_compiled__mypyc.*.so`` (inside the
 #: package, so it imports wherever the package does).
 GROUP = "onceflow.stages._compiled"

@@ -16,11 +16,6 @@ from onceflow.stages.state_table import StateTable
 Head = tuple[Envelope | None, RootPartition, Route, list[Any], list[Position]]
 
 
-# Plain classes, not dataclasses: compiled, a dataclass keeps the interpreted ``__init__``
-# that ``dataclasses`` generates (about 0.3 us each), and the general path builds a Plan,
-# a Fold per aggregate and an Emit per republish step for every record it takes.
-
-
 class Plan:
     """One record after the stateless steps: what it folds and what it emits."""
 
@@ -56,7 +51,3 @@ class Emit:
         self.positions = positions
         self.outputs = outputs
 
-
-def is_stopped(position: Position, stopped: list[tuple[int, set[Position]]]) -> bool:
-    """True if ``position`` derives from a value an earlier aggregate did not fold."""
-    return any(position[:length] in positions for length, positions in stopped)

@@ -18,6 +18,7 @@ another partition is dead-lettered instead, with a reason that says to repartiti
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 from onceflow.stages.formats import FormatError
 from onceflow.stages.general_path import GeneralPath
@@ -47,6 +48,13 @@ from onceflow.stages.windows import empty_windows
 
 #: Claims each key's home partition if it has none yet; answers every key's home.
 HomeClaimer = Callable[[Aggregate, Mapping[str, TopicPartition]], Mapping[str, TopicPartition]]
+
+
+class PlanPath(Protocol):
+    """Applies a record's plan: ``GeneralPath``, or the tests' reference model
+    (``tests/unit/fold_model.py``) that the engine's paths are compared with."""
+
+    def apply(self, plan: Plan, outcome: BatchOutcome) -> None: ...
 
 
 class PipelineRunner:
@@ -99,7 +107,7 @@ class PipelineRunner:
             if fused is not None:
                 self._fused[topic] = fused
         self._counting = list(self._fused.values())  # each counts its own, per batch
-        self._general = GeneralPath(self.clocks, self.side, claim is not None, late_topic,
+        self._general: PlanPath = GeneralPath(self.clocks, self.side, claim is not None, late_topic,
                                     dead_letter_max_value, pipeline.id)
 
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:

@@ -1,15 +1,12 @@
 """The commonest segment, run fused for speed: stateless steps, then one aggregate
 without windows, and nothing after it.
 
-The general path (``runner.PipelineRunner``) builds a plan per record, then
-applies it, handling windows, values an upstream aggregate stopped, late
-events and republished outputs. None of them can occur here, so a record
-whose keys are all cached is folded straight from its values: per key, the
-values at or below the route's watermark (replays) are dropped, the rest
-folded, and every new state installed only once all of the record's values
-folded and checked (a failing fold, or a state no store can hold,
-``guards.check_state``, leaves every state as it was: the record is one unit).
-``tests/unit/test_single_fold.py`` checks it against the general path.
+The general path (``general_path``) builds a plan per record, then applies it,
+handling windows, values an upstream aggregate stopped, late events and
+republished outputs. None of them can occur here, so a record whose keys are all
+cached is folded straight from its values, by the rules of ``fold_rules``: per
+key, duplicates dropped (``admit``), the rest folded, every new state checked, then
+installed at once (``install``): the record is one unit.
 """
 
 from __future__ import annotations
@@ -17,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from onceflow.stages.fold_rules import Staged, admit, install, touch
 from onceflow.stages.guards import check_state
 from onceflow.stages.lineage import Position, Route
-from onceflow.stages.outcome import BatchOutcome, ConsumedRecord, KeyHomedElsewhere, StageFailure
+from onceflow.stages.outcome import BatchOutcome, ConsumedRecord, StageFailure
 from onceflow.stages.plan import Fold, Head, Plan
 from onceflow.stages.segments import AGGREGATE, REPUBLISH, Segment, through
 from onceflow.stages.state import TopicPartition
@@ -35,7 +33,7 @@ class FoldSegment:
         self.stateless = [(kind, stage, fn) for kind, stage, fn, _, _ in stateless
                           if fn is not None]
         self.stage, self.key, self.table = stage, key, table
-        self.fold: Callable[[Any, Any], Any] = table.spec.fold  # read once (spec: uncompiled)
+        self.fold: Callable[[Any, Any], Any] = table.spec.fold  # read once
         self.check_home = check_home
         self.folded = self.replayed = 0  # this batch's, until ``count`` moves them
 
@@ -74,7 +72,7 @@ class FoldSegment:
                 values, positions = through(kind, fn, values, positions)
             stage = self.stage
             key_of = self.key
-            keys = [key_of(value) for value in values]  # compiled, a loop beats map()
+            keys = [key_of(value) for value in values]
         except Exception as error:
             raise StageFailure(stage, error) from error
         if not self.table.holds(keys):
@@ -103,79 +101,46 @@ class FoldSegment:
 
 
 def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[Any],
-                positions: list[Position], values: list[Any], route: Route,
-                fed_from: TopicPartition, check_home: bool) -> tuple[int, int]:
+                positions: list[Position], values: list[Any], route: Any,
+                fed_from: Any, check_home: bool) -> tuple[int, int]:
     """Fold one record's values (their keys cached): (values folded, replays dropped);
     StageFailure, with nothing installed, if a fold raises, makes a state no store can
     hold, or a key is homed on another partition."""
     if not keys:
         return 0, 0
-    if keys.count(keys[0]) == len(keys):  # one key: a record's values usually share it
-        return _fold_one_key(table, fold, keys[0], positions, values, route, fed_from,
-                             check_home)
-    states = table.states
-    new: dict[str, list[Any]] = {}  # key -> [state value, highest position folded]
+    stage_id = table.spec.id
     replayed = folded = 0
-    # equal lengths; no strict=: compiled, zip with a keyword is a generic iterator
-    for key, pos, value in zip(keys, positions, values):  # noqa: B905
-        current = new.get(key)
-        if current is None:
-            state = states[key]
-            if check_home and state.home != fed_from:
-                raise StageFailure(table.spec.id, KeyHomedElsewhere(key, fed_from,
-                                                                    state.home or fed_from))
-            mark = state.watermarks.get(route)
-            if mark is not None and pos <= mark:
+    first: str = keys[0]
+    if keys.count(first) == len(keys):  # one key: a record's values usually share it
+        one = touch(table, first, route, fed_from, check_home)
+        for pos, value in zip(positions, values):  # noqa: B905
+            if not admit(one, pos):
                 replayed += 1
                 continue
-            current = new[key] = [state.value, pos]
-        elif pos <= current[1]:
+            try:
+                one.value = fold(one.value, value)
+            except Exception as error:
+                raise StageFailure(stage_id, error, first) from error
+            folded += 1
+        if folded:
+            check_state(stage_id, first, one.value, table.max_bytes)
+            install(table, None, (one,), route, fed_from)
+        return folded, replayed
+    new: dict[str, Staged] = {}
+    for key, pos, value in zip(keys, positions, values):  # noqa: B905
+        staged = new.get(key)
+        if staged is None:
+            staged = new[key] = touch(table, key, route, fed_from, check_home)
+        if not admit(staged, pos):
             replayed += 1
             continue
-        current[1] = pos
         try:
-            current[0] = fold(current[0], value)
+            staged.value = fold(staged.value, value)
         except Exception as error:
-            raise StageFailure(table.spec.id, error, key) from error
+            raise StageFailure(stage_id, error, key) from error
         folded += 1
-    stage_id, limit = table.spec.id, table.max_bytes
-    for key, current in new.items():
-        check_state(stage_id, key, current[0], limit)
-    dirty = table.dirty
-    for key, (value, pos) in new.items():
-        state = states[key]
-        state.value = value
-        state.watermarks[route] = pos
-        dirty.add(key)
-    return folded, replayed
-
-
-def _fold_one_key(table: StateTable, fold: Callable[[Any, Any], Any], key: str,
-                  positions: list[Position], values: list[Any], route: Route,
-                  fed_from: TopicPartition, check_home: bool) -> tuple[int, int]:
-    """``fold_values`` for values of one key: the state folded in a local, no table of
-    new states."""
-    state = table.states[key]
-    if check_home and state.home != fed_from:
-        raise StageFailure(table.spec.id, KeyHomedElsewhere(key, fed_from,
-                                                            state.home or fed_from))
-    value = state.value
-    last = state.watermarks.get(route)  # the highest position folded
-    replayed = folded = 0
-    for pos, item in zip(positions, values):  # noqa: B905 (as in fold_values)
-        if last is not None and pos <= last:
-            replayed += 1
-            continue
-        last = pos
-        try:
-            value = fold(value, item)
-        except Exception as error:
-            raise StageFailure(table.spec.id, error, key) from error
-        folded += 1
-    if folded:
-        assert last is not None
-        check_state(table.spec.id, key, value, table.max_bytes)
-        state.value = value
-        state.watermarks[route] = last
-        table.dirty.add(key)
+    for staged in new.values():
+        if staged.admitted:
+            check_state(stage_id, staged.key, staged.value, table.max_bytes)
+    install(table, None, new.values(), route, fed_from)
     return folded, replayed

@@ -72,7 +72,6 @@ def expand(reader: Reader, envelope: Envelope, unit: tuple[list[Item], list[int]
     """
     items, indexes = unit
     base = position[:-1]
-    # concatenation: compiled, ``(*base, index)`` builds a list and copies it to a tuple
     positions = [base + (index,) for index in indexes]  # noqa: RUF005
     fast = reader.payload
     if fast is not None and not reader.with_meta:

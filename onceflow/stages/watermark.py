@@ -54,6 +54,7 @@ from typing import Any
 
 from onceflow.stages.lineage import RootPartition
 from onceflow.stages.state import TopicPartition
+from onceflow.stages.windows import earliest_start
 
 #: The reserved stage id of watermark and open-window index rows.
 WINDOWS_STAGE = "__windows__"
@@ -109,10 +110,7 @@ class PartitionWatermark:
 
     def observe(self, root: Any, ts: Any) -> bool:
         """An event of ``root`` (a ``RootPartition``) at ``ts`` (an ``int`` object); True
-        when the partition's maxima changed. Once per value reaching a windowed stage, so
-        written lean: both arguments are objects, kept as they are (compiled, a
-        ``tuple[str, int]`` or an ``int`` argument is unboxed, and each dict, attribute
-        or comparison it meets gets a new object)."""
+        when the partition's maxima changed. Once per value reaching a windowed stage."""
         roots = self.roots
         seen: Any = roots.get(root)
         if seen is not None and ts <= seen:
@@ -125,7 +123,7 @@ class PartitionWatermark:
         if seen is None or seen == low:  # the lowest root moved (or a new one came)
             low = ts
             others: Any = roots.values()
-            for other in others:  # a loop: compiled, min() is a generic call
+            for other in others:
                 if other < low:
                     low = other
             self.low = low
@@ -134,7 +132,7 @@ class PartitionWatermark:
             if top < held:
                 return True
             self.held_until = None
-        mark: int = top  # max(low, top - idle_ms), unboxed
+        mark: int = top  # max(low, top - idle_ms)
         mark -= self.idle_ms
         lowest: int = low
         if lowest > mark:
@@ -305,9 +303,5 @@ class OpenWindows:
 
 def earliest_close(opened: Mapping[str, object], size_ms: int, lateness_ms: int) -> int | None:
     """When the earliest of a state's open windows closes; None without one."""
-    first: int | None = None
-    for slot in opened:  # a loop: compiled, min(map(int, ...)) is two generic calls
-        start = int(slot)
-        if first is None or start < first:
-            first = start
+    first = earliest_start(opened)
     return None if first is None else first + size_ms + lateness_ms

@@ -75,8 +75,7 @@ class WindowClock:
     def note(self, key: str, tp: Any, state: dict[str, Any], reopened: bool = True) -> None:
         """A key's windowed state changed (fed from ``tp``, a ``TopicPartition``); ``reopened``
         False: the same windows are open as at its last note (nothing to do once known for
-        ``tp``). Once per key and record on the fused path, so ``tp`` is an object (compiled,
-        a tuple argument is unboxed, and rebuilt for each dict or comparison it meets)."""
+        ``tp``). Once per key and record."""
         if not reopened:
             known: Any = self.open.keys.get(key)
             if known is not None and known[0] == tp and known[1] is not None:

@@ -1,5 +1,6 @@
-"""The fused path of the commonest segment (``stages.single_fold``) against the general
-path, on the same batches: same states, watermarks, counters and outputs.
+"""The engine's paths for the commonest segment, fused (``stages.single_fold``) and general
+(``stages.general_path``), against the reference model (``fold_model``), on the same
+batches: same states, watermarks, counters and outputs.
 
 Hypothesis draws batches over two partitions with replays of earlier offsets,
 values a fold refuses or makes a state of that no store can hold, keys that are not
@@ -14,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
+from fold_model import ModelPath
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runner import Rec
@@ -63,10 +65,15 @@ class Stored:
         return {key: self.homes[key] for key in feeders}
 
 
-def runner(fused: bool, stored: Stored) -> PipelineRunner:
+def runner(path: str, stored: Stored) -> PipelineRunner:
+    """``fused``: the engine as it runs; ``general``: the engine without its fused paths;
+    ``model``: the reference model in place of the general path, nothing fused."""
     made = PipelineRunner(pipeline(), stored.load, "dead", claim=stored.claim, max_states=3)
-    if not fused:
+    if path != "fused":
         made._fused = {}
+    if path == "model":
+        made._general = ModelPath(made.clocks, made.side, True, "onceflow-late-events",
+                                  made._max_value, made.pipeline.id)
     return made
 
 
@@ -105,14 +112,18 @@ def snapshot(run: PipelineRunner, stored: Stored, n: int) -> dict[str, Any]:
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(records, min_size=1, max_size=5))
-def test_the_fused_path_does_what_the_general_path_does(draws: list[Any]) -> None:
-    fused_store, general_store = Stored(), Stored()
-    fused, general = runner(True, fused_store), runner(False, general_store)
-    assert fused._fused and not general._fused
+def test_both_paths_do_what_the_model_does(draws: list[Any]) -> None:
+    paths = ("model", "fused", "general")
+    stores = {path: Stored() for path in paths}
+    runs = {path: runner(path, stores[path]) for path in paths}
+    assert runs["fused"]._fused and not runs["general"]._fused
     for n, batch in enumerate(batches_of(draws), 1):
-        a, b = fused.process(batch), general.process(batch)
-        assert a.outputs == b.outputs
-        for counter in ("folded", "duplicates", "misaligned", "rejected", "next_offsets"):
-            assert getattr(a, counter) == getattr(b, counter), counter
-        assert a.dead_letters == b.dead_letters
-        assert snapshot(fused, fused_store, n) == snapshot(general, general_store, n)
+        model = runs["model"].process(batch)
+        expected = snapshot(runs["model"], stores["model"], n)
+        for path in ("fused", "general"):
+            got = runs[path].process(batch)
+            assert got.outputs == model.outputs, path
+            for counter in ("folded", "duplicates", "misaligned", "rejected", "next_offsets"):
+                assert getattr(got, counter) == getattr(model, counter), (path, counter)
+            assert got.dead_letters == model.dead_letters, path
+            assert snapshot(runs[path], stores[path], n) == expected, path

@@ -1,6 +1,7 @@
-"""The fused path of windowed segments (``stages.window_fold``) against the general path,
-on the same batches: same states, watermarks, open-window index, history rows,
-counters, outputs, late events and dead letters.
+"""The engine's paths for windowed segments, fused (``stages.window_fold``) and general
+(``stages.general_path``), against the reference model (``fold_model``), on the same
+batches: same states, watermarks, open-window index, history rows, counters, outputs,
+late events and dead letters.
 
 Hypothesis draws batches of envelopes over two input partitions, carrying
 values of two root partitions, as units (several items) or as one payload
@@ -22,6 +23,7 @@ from dataclasses import fields
 from typing import Any
 
 import pytest
+from fold_model import ModelPath
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runner import Rec
@@ -103,13 +105,22 @@ class Stored:
             self.rows.update(((WINDOWS_STAGE, k), r) for k, r in clock.rows_after_states().items())
 
 
-def runner(fused: bool, stored: Stored, hold_new: bool) -> PipelineRunner:
+def runner(path: str | bool, stored: Stored, hold_new: bool) -> PipelineRunner:
+    """``fused`` (or True): the engine as it runs; ``general`` (or False): the engine
+    without its fused paths; ``model``: the reference model in place of the general path,
+    nothing fused."""
     made = PipelineRunner(pipeline(), stored.load, DEAD, LATE, claim=stored.claim, max_states=2,
                           load_rows=stored.load_rows, idle_timeout=0.04, hold_new=hold_new)
     made.assigned([("norm", 0), ("norm", 1)])
-    if not fused:
+    if path not in ("fused", True):
         made._fused = {}
+    if path == "model":
+        made._general = ModelPath(made.clocks, made.side, True, LATE, made._max_value,
+                                  made.pipeline.id)
     return made
+
+
+PATHS = ("model", "fused", "general")  # the model first: the others are compared with it
 
 
 #: (lag behind the stream's event time, x): x 7, 9 a fold refuses, 17, 19 it makes a state no
@@ -193,18 +204,19 @@ def same(a: BatchOutcome, b: BatchOutcome) -> None:
 
 
 def step(runs: list[PipelineRunner], batch: list[Rec]) -> BatchOutcome:
-    a, b = (run.process(batch) for run in runs)
-    same(a, b)
-    return a
+    first, *others = (run.process(batch) for run in runs)
+    for other in others:
+        same(other, first)
+    return first
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(records, afters), min_size=1, max_size=8), st.booleans())
-def test_the_fused_path_does_what_the_general_path_does(
+def test_both_paths_do_what_the_model_does(
         draws: list[tuple[Any, int]], hold_new: bool) -> None:
-    stores = Stored(), Stored()
-    runs = [runner(True, stores[0], hold_new), runner(False, stores[1], hold_new)]
-    assert isinstance(runs[0]._fused["norm"], WindowSegment) and not runs[1]._fused
+    stores = [Stored() for _ in PATHS]
+    runs = [runner(path, store, hold_new) for path, store in zip(PATHS, stores, strict=True)]
+    assert isinstance(runs[1]._fused["norm"], WindowSegment) and not runs[2]._fused
     stream = Stream()
     pending: list[list[Rec]] = []  # the batches since the last snapshot (not committed)
     written: list[BatchOutcome] = []  # what processing them wrote
@@ -218,11 +230,13 @@ def test_the_fused_path_does_what_the_general_path_does(
             pending, written = [], []
         elif after == 2:  # a crash: restart from the stores, replay what was not snapshotted
             found = late_found(written)
-            runs = [runner(True, stores[0], hold_new), runner(False, stores[1], hold_new)]
+            runs = [runner(path, store, hold_new)
+                    for path, store in zip(PATHS, stores, strict=True)]
             for run in runs:
                 run.side.late.resume(found, [("norm", 0), ("norm", 1)])
             written.extend(step(runs, batch) for batch in pending)
-        assert seen(runs[0], stores[0]) == seen(runs[1], stores[1])
+        for run, store in zip(runs[1:], stores[1:], strict=True):
+            assert seen(run, store) == seen(runs[0], stores[0])
 
 
 def test_the_chain_example_and_only_its_shape_run_fused() -> None:
@@ -268,13 +282,14 @@ def test_a_new_keys_record_is_folded_fused_once_its_state_is_loaded() -> None:
 ])
 def test_a_damaged_state_dead_letters_the_record_on_both_paths(row: bytes) -> None:
     """A corrupt stored state, one no onceflow step wrote, fails its records as a fold does
-    (the same reason on either path), instead of failing the batch."""
-    stores = Stored(), Stored()
+    (the same reason on either path, and the model's), instead of failing the batch."""
+    stores = [Stored() for _ in PATHS]
     for store in stores:
         store.rows["minute", "a"] = row
-    runs = [runner(True, stores[0], False), runner(False, stores[1], False)]
+    runs = [runner(path, store, False) for path, store in zip(PATHS, stores, strict=True)]
     stream = Stream()
     for _ in range(2):  # the first loads the state (general path), the second finds it cached
         outcome = step(runs, stream.batch([(0, 0, "a", [(0, 1)], False, 0)]))
         assert outcome.dead_letters == 1 and outcome.rejected == {("minute", "TypeError"): 1}
-    assert seen(runs[0], stores[0]) == seen(runs[1], stores[1])
+    for run, store in zip(runs[1:], stores[1:], strict=True):
+        assert seen(run, store) == seen(runs[0], stores[0])

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onceflow.stages import Pipeline, Tumbling
-from onceflow.stages.state import decode_state, encode_state
-from onceflow.stages.windows import empty_windows, fold_windowed
+from onceflow.stages.fold_rules import UNREAD, Staged, WindowStage, fold_window
+from onceflow.stages.state import AggregateState, decode_state, encode_state
+from onceflow.stages.state_table import StateTable
+from onceflow.stages.window_clock import WindowClock
+from onceflow.stages.windows import empty_windows
 from onceflow.testing import Record, TestRun
 
 MINUTE = 60_000
@@ -82,6 +85,31 @@ def test_tumbling_rejects_nonsense() -> None:
         Tumbling(0, event_time_ms=int)
 
 
+class Folded(NamedTuple):
+    state: dict[str, Any]
+    closed: list[tuple[int, Any]]
+    late_by_ms: int | None
+
+
+def fold_windowed(window: Tumbling, init: Any, fold: Any, state: dict[str, Any], value: Any,
+                  watermark: int | None = None) -> Folded:
+    """One value through the engine's windowed fold (``fold_rules.fold_window``) on a key
+    whose stored state is ``state``, as a record meeting it alone would stage it."""
+    spec = (Pipeline("w", topics=("in",))
+            .aggregate("a", key=str, init=init, fold=fold, window=window).aggregates[0])
+    table = StateTable(spec)
+    stage = WindowStage(spec.key, table, WindowClock(table))
+    stage.fed_from = ("in", 0)
+    staged = Staged("k", AggregateState(state), None)
+    before = json.dumps(state, sort_keys=True)
+    late_by = fold_window(stage, staged, value, int(window.event_time_ms(value)), watermark)
+    assert json.dumps(state, sort_keys=True) == before  # the stored state is never mutated
+    if staged.opened is UNREAD:
+        return Folded(state, [], late_by)
+    return Folded({"open": staged.opened, "max_ts": staged.closed_to}, staged.closing or [],
+                  late_by)
+
+
 def reference_fold(window: Tumbling, state: dict[str, Any], ts: int, watermark: int | None
                    ) -> tuple[dict[str, Any], list[tuple[int, int]], int | None]:
     """The windows' rule written plainly: close every window the watermark passed, then
@@ -107,7 +135,7 @@ def reference_fold(window: Tumbling, state: dict[str, Any], ts: int, watermark: 
 def test_the_fold_decides_like_the_plain_rule(size: int, lateness: int,
                                               events: list[tuple[int, int]]) -> None:
     # Any event order and any watermark sequence (-1: none yet; a lower one than before
-    # changes nothing): fold_windowed closes, keeps and refuses what the plain rule does.
+    # changes nothing): the engine closes, keeps and refuses what the plain rule does.
     window = Tumbling(size, event_time_ms=lambda ts: ts, allowed_lateness_ms=lateness)
     fast = plain = empty_windows()
     for ts, mark in events:
