@@ -69,7 +69,9 @@ class Heads:
         else:
             root, route, position = chain_origin(chain)
             check_chain(len(chain), root, position, fed_from, offset)
-        unit = unit_of(envelope)  # several values (stages.units), checked
+        # several values (stages.units), checked; ``not items`` first: ``list`` of an empty
+        # upb repeated field raises and catches an IndexError (``lineage.hops_of``)
+        unit = None if envelope is None or not envelope.items else unit_of(envelope)
         if table is not None and self.sequences is not None and \
                 not self.sequences.admit(table, record, value):
             return None
