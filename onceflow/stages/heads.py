@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from onceflow.stages import unit_wire
 from onceflow.stages.formats import Reader, hop_reader, itself, meta_of, source_reader
 from onceflow.stages.guards import check_chain, check_header_names
 from onceflow.stages.lineage import Position, chain_origin, origin_of_hops
@@ -21,15 +22,23 @@ from onceflow.stages.state import TopicPartition
 from onceflow.stages.unit_wire import WireEnvelope, read_envelope
 from onceflow.stages.units import expand, out_of_order, unit_of
 
+#: Whether a record of one value is read off the wire too, not only a unit: where
+#: ``unit_wire`` runs compiled, its reader takes about half the time of protobuf's parse and
+#: field reads (``FromString``, the chain's hops, ``items``); in pure Python it takes twice
+#: theirs (journal 2026-11-27, issue 30). A unit is read off the wire either way: through
+#: protobuf, each of its items would be read field by field.
+PLAIN_OFF_THE_WIRE = not unit_wire.__file__.endswith(".py")
+
 
 class Heads:
     """The readers of a pipeline's consumed topics (sources and repartition hops)."""
 
     def __init__(self, pipeline: Pipeline, sequences: SequenceTables | None,
-                 without_envelope: Iterable[str] = ()):
+                 without_envelope: Iterable[str] = (), plain: bool = PLAIN_OFF_THE_WIRE):
         """``without_envelope``: topics whose steps never read a record's envelope (no
-        republish step); their envelopes are read off the wire (``unit_wire``) where their
-        decoder reads only the payload."""
+        republish step); their units (and, with ``plain``, their other envelopes) are read
+        off the wire (``unit_wire``) where their decoder reads only the payload."""
+        self._plain = plain
         self._readers = {topic: source_reader(topic, pipeline.format_of(topic), pipeline.decode,
                                               pipeline.with_meta) for topic in pipeline.topics}
         self._readers.update({hop.topic: hop_reader(hop.topic, hop.decode)
@@ -55,7 +64,7 @@ class Heads:
             check_header_names(headers)
         if table is None and fed_from[0] in self._wire_topics:
             data = record.value
-            wire = read_envelope(data) if type(data) is bytes else None
+            wire = read_envelope(data, self._plain) if type(data) is bytes else None
             if wire is not None:
                 head = _wire_head(wire, reader, fed_from, offset)
                 if head is not None:

@@ -120,11 +120,12 @@ _INT32_SIGN, _TWO_32 = 1 << 31, 1 << 32
 _INT64_SIGN = 1 << 63
 
 
-def read_envelope(data: bytes) -> WireEnvelope | None:
+def read_envelope(data: bytes, plain: bool = True) -> WireEnvelope | None:
     """An envelope's source chain, items and payload, read as protobuf parses them; None
     for anything else (a field the envelope does not have, a wire type or length that
-    does not fit, text that is not UTF-8): the caller parses those with protobuf, which
-    reads or refuses them in its own words.
+    does not fit, text that is not UTF-8), and with ``plain`` False for anything but a
+    unit of only a unit's fields (no event id, event time or payload of its own): the
+    caller parses those with protobuf, which reads or refuses them in its own words.
 
     The event id, event time, key, payload type and the items' event times and ids are
     checked (text must be UTF-8) but not kept: the head reads only the chain, the
@@ -139,6 +140,8 @@ def read_envelope(data: bytes) -> WireEnvelope | None:
     try:
         while at < end:
             tag = data[at]
+            if not plain and (tag == 0x0A or tag == 0x10 or tag == 0x22):  # no unit's
+                return None
             size, at = _varint(data, at + 1)
             if tag == 0x10:  # Envelope.event_time_ms: a varint, not kept
                 continue
@@ -164,6 +167,8 @@ def read_envelope(data: bytes) -> WireEnvelope | None:
                 return None
             at = stop
     except (IndexError, UnicodeDecodeError):
+        return None
+    if not plain and not indexes:
         return None
     return chain, indexes, payloads, payload
 

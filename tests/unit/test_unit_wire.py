@@ -123,6 +123,12 @@ def test_an_envelope_is_read_as_protobuf_reads_it(envelope: Envelope,
         assert read == read_by_protobuf(wire)
     elif damage == "none":
         pytest.fail("a whole envelope was not read")
+    unit = read_envelope(wire, plain=False)  # units only
+    if unit is not None:
+        assert unit == read and unit[1], "only a unit is read"
+    elif damage == "none" and envelope.items and not envelope.event_id \
+            and not envelope.payload and not envelope.event_time_ms:
+        pytest.fail("a whole unit of only a unit's fields was not read")
 
 
 def head_or_error(heads: Heads, record: Rec) -> Any:
@@ -135,13 +141,15 @@ def head_or_error(heads: Heads, record: Rec) -> Any:
 
 @settings(max_examples=400, deadline=None)
 @given(envelopes(), st.data())
-def test_the_head_of_a_unit_read_off_the_wire_is_protobufs(envelope: Envelope,
-                                                           data: st.DataObject) -> None:
-    """A topic without republish steps (units read off the wire) and one with them (read
-    through protobuf) make the same head of every record, or refuse it in the same words;
+def test_the_head_of_an_envelope_read_off_the_wire_is_protobufs(envelope: Envelope,
+                                                               data: st.DataObject) -> None:
+    """A topic without republish steps (units, and perhaps every envelope, read off the
+    wire) and one with them (read through protobuf) make the same head of every record, or
+    refuse it in the same words;
     chains often rooted at the consumed partition itself (forged ones among them)."""
     pipeline = Pipeline("p", topics=("in",)).map("m", lambda value: value)
-    wire_heads, protobuf_heads = Heads(pipeline, None, ["in"]), Heads(pipeline, None, [])
+    wire_heads = Heads(pipeline, None, ["in"], plain=data.draw(st.booleans()))
+    protobuf_heads = Heads(pipeline, None, [])
     if data.draw(st.booleans()) and envelope.source_chain:
         envelope.source_chain[0].topic, envelope.source_chain[0].partition = "in", 0
     value = envelope.SerializeToString()
