@@ -77,7 +77,7 @@ def chain_origin(chain: Sequence[SourceRef]) -> tuple[RootPartition, Route, Posi
 
 def origin_of_hops(chain: list[Hop]) -> tuple[RootPartition, Route, Position]:
     """``chain_origin`` of a non-empty chain of plain hops (``hops_of``, or one read off
-    the wire by ``unit_wire.read_unit``)."""
+    the wire by ``unit_wire.read_envelope``)."""
     first = chain[0]
     root = (first[0], first[1])
     if len(chain) == 1:  # one hop (a republisher's output): its root is its route
