@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from onceflow.stages import unit_wire
 from onceflow.stages.formats import Reader, hop_reader, itself, meta_of, source_reader
 from onceflow.stages.guards import check_chain, check_header_names
 from onceflow.stages.lineage import Position, chain_origin, origin_of_hops
@@ -18,17 +19,26 @@ from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.plan import Head
 from onceflow.stages.producer_dedup import PartitionSequences, SequenceTables
 from onceflow.stages.state import TopicPartition
-from onceflow.stages.unit_wire import WireUnit, read_unit
+from onceflow.stages.unit_wire import WireEnvelope, read_envelope
 from onceflow.stages.units import expand, out_of_order, unit_of
+
+#: Whether a record of one value is read off the wire too, not only a unit: where
+#: ``unit_wire`` runs compiled, its reader takes about half the time of protobuf's parse and
+#: field reads (``FromString``, the chain's hops, ``items``); in pure Python it takes twice
+#: theirs (journal 2026-11-27, issue 30). A unit is read off the wire either way: through
+#: protobuf, each of its items would be read field by field.
+PLAIN_OFF_THE_WIRE = not unit_wire.__file__.endswith(".py")
 
 
 class Heads:
     """The readers of a pipeline's consumed topics (sources and repartition hops)."""
 
     def __init__(self, pipeline: Pipeline, sequences: SequenceTables | None,
-                 without_envelope: Iterable[str] = ()):
+                 without_envelope: Iterable[str] = (), plain: bool = PLAIN_OFF_THE_WIRE):
         """``without_envelope``: topics whose steps never read a record's envelope (no
-        republish step); their units are read off the wire (``unit_wire``)."""
+        republish step); their units (and, with ``plain``, their other envelopes) are read
+        off the wire (``unit_wire``) where their decoder reads only the payload."""
+        self._plain = plain
         self._readers = {topic: source_reader(topic, pipeline.format_of(topic), pipeline.decode,
                                               pipeline.with_meta) for topic in pipeline.topics}
         self._readers.update({hop.topic: hop_reader(hop.topic, hop.decode)
@@ -54,7 +64,7 @@ class Heads:
             check_header_names(headers)
         if table is None and fed_from[0] in self._wire_topics:
             data = record.value
-            wire = read_unit(data) if type(data) is bytes else None
+            wire = read_envelope(data, self._plain) if type(data) is bytes else None
             if wire is not None:
                 head = _wire_head(wire, reader, fed_from, offset)
                 if head is not None:
@@ -68,7 +78,9 @@ class Heads:
         else:
             root, route, position = chain_origin(chain)
             check_chain(len(chain), root, position, fed_from, offset)
-        unit = unit_of(envelope)  # several values (stages.units), checked
+        # several values (stages.units), checked; ``not items`` first: ``list`` of an empty
+        # upb repeated field raises and catches an IndexError (``lineage.hops_of``)
+        unit = None if envelope is None or not envelope.items else unit_of(envelope)
         if table is not None and self.sequences is not None and \
                 not self.sequences.admit(table, record, value):
             return None
@@ -85,24 +97,34 @@ class Heads:
                 [(value, meta_of(record, envelope)) if reader.with_meta else value], [position])
 
 
-def _wire_head(wire: WireUnit, reader: Reader, fed_from: TopicPartition, offset: int
+def _wire_head(wire: WireEnvelope, reader: Reader, fed_from: TopicPartition, offset: int
                ) -> Head | None:
-    """``Heads.__call__`` of a unit read off the wire, for a topic whose steps take only
-    its items' payloads (no envelope: none of them reads it); None where the unit is
-    one ``unit_of`` refuses, so that protobuf's path refuses it in its words."""
-    chain, indexes, payloads = wire
-    if not chain:
+    """``Heads.__call__`` of an envelope read off the wire, for a topic whose steps take only
+    its payloads (no envelope: none of them reads it); None where it is a unit that
+    ``unit_of`` refuses, so that protobuf's path refuses it in its words."""
+    chain, indexes, payloads, payload = wire
+    if chain:
+        root, route, position = origin_of_hops(chain)
+        check_chain(len(chain), root, position, fed_from, offset)
+    elif indexes:  # a unit without a chain
         return None
-    root, route, position = origin_of_hops(chain)
-    check_chain(len(chain), root, position, fed_from, offset)
+    else:  # its own root
+        root = route = fed_from
+        position = (offset,)
+    fast = reader.payload
+    assert fast is not None
+    if not indexes:  # one value
+        try:
+            value = fast(payload)
+        except Exception as error:
+            raise StageFailure("decode", error) from error
+        return None, root, route, [value], [position]
     if out_of_order(indexes) is not None:
         return None
     base = position[:-1]
     positions = [base + (index,) for index in indexes]  # noqa: RUF005 (as units.expand)
-    fast = reader.payload
-    assert fast is not None
     try:
-        values = [fast(payload) for payload in payloads]
+        values = [fast(item) for item in payloads]
     except Exception as error:
         raise StageFailure("decode", error) from error
     return None, root, route, values, positions

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.formats import FormatError
+from onceflow.stages.lineage import hops_of
 from onceflow.stages.outcome import ConsumedHeader
 
 Header = tuple[str, bytes]
@@ -28,8 +29,9 @@ ORIGIN_HEADERS = ("onceflow-origin-topic", "onceflow-origin-partition",
 
 def encode_chain(chain: Sequence[SourceRef]) -> bytes:
     """``topic/partition/offset/index`` per hop, comma separated (Kafka topic names
-    hold neither character)."""
-    return ",".join(f"{r.topic}/{r.partition}/{r.offset}/{r.index}" for r in chain).encode()
+    hold neither character); the hops read by index (``lineage.hops_of``)."""
+    return ",".join([f"{topic}/{partition}/{offset}/{index}"
+                     for topic, partition, offset, index in hops_of(chain)]).encode()
 
 
 def decode_chain(text: bytes) -> list[SourceRef]:

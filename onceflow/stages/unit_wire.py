@@ -1,14 +1,18 @@
-"""Unit envelopes written straight in protobuf's wire format, without building messages.
+"""Envelopes in protobuf's wire format, written and read without building messages.
 
 A republish step with ``unit=True`` writes one ``Envelope`` per run of values
 (``stages.units``). Built through protobuf's Python API, each ``items.add``
 looks its keyword names up in the message descriptor and each field set
 crosses into upb: about half of the chain's republisher's time per record
-(``benchmarks/journal/2026-11-25.md``, issue 13, eighth session). The envelope uses few
-field types (strings, bytes, int32, int64, nested messages), so this module
-writes them itself, as protobuf's encoder does: fields in number order,
+(``benchmarks/journal/2026-11-25.md``, issue 13, eighth session). Reading is
+the same story: each field read from a parsed message builds its value anew
+(a source chain's hops, an empty ``items``), about two thirds of the envelope
+head's time on a topic whose steps read only payloads (issue 30). The envelope
+uses few field types (strings, bytes, int32, int64, nested messages), so this
+module writes and reads them itself, as protobuf does: fields in number order,
 proto3 defaults (0, empty) left out, negative ints as ten-byte varints.
-``tests/unit/test_unit_wire.py`` pins it to ``SerializeToString`` byte for byte.
+``tests/unit/test_unit_wire.py`` pins the writer to ``SerializeToString`` byte for
+byte and the reader to ``FromString``.
 
 Only plain values are written here: a key, payload type or event id that is no ``str``,
 an event time that is no ``int`` or outside int64, a payload that is no
@@ -107,55 +111,66 @@ def unit_envelope(key: Any, payload_type: Any, chain: list[Ref], items: list[Ite
     return b"".join(parts)
 
 
-#: A consumed unit as ``read_unit`` reads it: its source chain, its items' indexes and
-#: payloads.
-WireUnit = tuple[list[Ref], list[int], list[bytes]]
+#: A consumed envelope as ``read_envelope`` reads it: its source chain, its items' indexes
+#: and payloads (a unit's; empty for a record of one value) and its payload (unused in a
+#: unit).
+WireEnvelope = tuple[list[Ref], list[int], list[bytes], bytes]
 _UINT64 = (1 << 64) - 1
 _INT32_SIGN, _TWO_32 = 1 << 31, 1 << 32
 _INT64_SIGN = 1 << 63
 
 
-def read_unit(data: bytes) -> WireUnit | None:
-    """A unit envelope's source chain and items, read as protobuf parses them; None for
-    anything else (no items, a field other than a unit's, a wire type or length that
-    does not fit, text that is not UTF-8): the caller parses those with protobuf, which
-    reads or refuses them in its own words.
+def read_envelope(data: bytes, plain: bool = True) -> WireEnvelope | None:
+    """An envelope's source chain, items and payload, read as protobuf parses them; None
+    for anything else (a field the envelope does not have, a wire type or length that
+    does not fit, text that is not UTF-8), and with ``plain`` False for anything but a
+    unit of only a unit's fields (no event id, event time or payload of its own): the
+    caller parses those with protobuf, which reads or refuses them in its own words.
 
-    The items' event times and ids are checked (an id must be UTF-8) but not kept: the
-    head reads only indexes and payloads (``stages.units``).
+    The event id, event time, key, payload type and the items' event times and ids are
+    checked (text must be UTF-8) but not kept: the head reads only the chain, the
+    indexes and the payloads (``heads``). A field given twice keeps its last value, as
+    protobuf does.
     """
     chain: list[Ref] = []
     indexes: list[int] = []
     payloads: list[bytes] = []
+    payload = b""
     at, end = 0, len(data)
     try:
         while at < end:
             tag = data[at]
+            if not plain and (tag == 0x0A or tag == 0x10 or tag == 0x22):  # no unit's
+                return None
             size, at = _varint(data, at + 1)
+            if tag == 0x10:  # Envelope.event_time_ms: a varint, not kept
+                continue
             stop = at + size
             if stop > end:
                 return None
-            if tag == 0x3A:  # Envelope.items
-                item = _item_of(data, at, stop)
-                if item is None:
-                    return None
-                indexes.append(item[0])
-                payloads.append(item[1])
+            if tag == 0x22:  # Envelope.payload
+                payload = data[at:stop]
             elif tag == 0x32:  # Envelope.source_chain
                 ref = _ref_of(data, at, stop)
                 if ref is None:
                     return None
                 chain.append(ref)
-            elif tag == 0x1A or tag == 0x2A:  # key, payload type: UTF-8, as protobuf checks
-                data[at:stop].decode()
+            elif tag == 0x3A:  # Envelope.items
+                item = _item_of(data, at, stop)
+                if item is None:
+                    return None
+                indexes.append(item[0])
+                payloads.append(item[1])
+            elif tag == 0x0A or tag == 0x1A or tag == 0x2A:  # event id, key, payload type:
+                data[at:stop].decode()  # UTF-8, as protobuf checks
             else:
                 return None
             at = stop
     except (IndexError, UnicodeDecodeError):
         return None
-    if not indexes:
+    if not plain and not indexes:
         return None
-    return chain, indexes, payloads
+    return chain, indexes, payloads, payload
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """``unit_wire`` writes unit envelopes byte for byte as protobuf serializes them, reads
-them as protobuf parses them, and leaves to protobuf every value or record it does not
-write or read."""
+envelopes as protobuf parses them, and leaves to protobuf every value or record it does
+not write or read."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from onceflow.stages.formats import FormatError
 from onceflow.stages.heads import Heads
 from onceflow.stages.outcome import StageFailure
 from onceflow.stages.republish import _built_unit
-from onceflow.stages.unit_wire import read_unit, unit_envelope, varint
+from onceflow.stages.unit_wire import read_envelope, unit_envelope, varint
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -78,36 +78,37 @@ def envelopes() -> st.SearchStrategy[Envelope]:
                      max_size=4)
 
     def build(key: str, payload_type: str, chain: list[SourceRef], unit: list[Item],
-              event_id: str, payload: bytes) -> Envelope:
+              event_id: str, payload: bytes, time_ms: int) -> Envelope:
         envelope = Envelope(key=key, payload_type=payload_type, event_id=event_id,
-                            payload=payload)
+                            payload=payload, event_time_ms=time_ms)
         envelope.source_chain.extend(chain)
         envelope.items.extend(unit)
         return envelope
 
     return st.builds(build, st.text(max_size=8), st.text(max_size=8), refs, items,
-                     st.just("") | st.text(max_size=4), st.just(b"") | st.binary(max_size=4))
+                     st.just("") | st.text(max_size=4), st.just(b"") | st.binary(max_size=4),
+                     st.just(0) | INT64 | EDGES)
 
 
 def read_by_protobuf(data: bytes) -> Any:
-    """What ``read_unit`` must answer, as protobuf reads ``data``: None where it refuses
-    it or where it is no unit (``read_unit`` may also answer None for more)."""
+    """What ``read_envelope`` must answer, as protobuf reads ``data``: None where it
+    refuses it (``read_envelope`` may also answer None for more)."""
     try:
         envelope = Envelope.FromString(data)
     except DecodeError:
         return None
-    if not envelope.items:
-        return None
     return ([(r.topic, r.partition, r.offset, r.index) for r in envelope.source_chain],
-            [item.index for item in envelope.items], [item.payload for item in envelope.items])
+            [item.index for item in envelope.items], [item.payload for item in envelope.items],
+            envelope.payload)
 
 
 @settings(max_examples=500, deadline=None)
 @given(envelopes(), st.data())
-def test_a_unit_is_read_as_protobuf_reads_it(envelope: Envelope, data: st.DataObject) -> None:
+def test_an_envelope_is_read_as_protobuf_reads_it(envelope: Envelope,
+                                                  data: st.DataObject) -> None:
     """Written by protobuf, then perhaps damaged (cut, bytes changed, bytes added):
-    whatever ``read_unit`` reads, protobuf reads the same; a whole unit of only a
-    unit's fields it always reads."""
+    whatever ``read_envelope`` reads, protobuf reads the same; a whole envelope it always
+    reads."""
     wire = envelope.SerializeToString()
     damage = data.draw(st.sampled_from(["none", "cut", "flip", "append"]))
     if damage == "cut" and wire:
@@ -117,11 +118,16 @@ def test_a_unit_is_read_as_protobuf_reads_it(envelope: Envelope, data: st.DataOb
         wire = wire[:at] + bytes([data.draw(st.integers(0, 255))]) + wire[at + 1:]
     elif damage == "append":
         wire += data.draw(st.binary(min_size=1, max_size=6))
-    read = read_unit(wire)
+    read = read_envelope(wire)
     if read is not None:
         assert read == read_by_protobuf(wire)
+    elif damage == "none":
+        pytest.fail("a whole envelope was not read")
+    unit = read_envelope(wire, plain=False)  # units only
+    if unit is not None:
+        assert unit == read and unit[1], "only a unit is read"
     elif damage == "none" and envelope.items and not envelope.event_id \
-            and not envelope.payload:
+            and not envelope.payload and not envelope.event_time_ms:
         pytest.fail("a whole unit of only a unit's fields was not read")
 
 
@@ -135,13 +141,15 @@ def head_or_error(heads: Heads, record: Rec) -> Any:
 
 @settings(max_examples=400, deadline=None)
 @given(envelopes(), st.data())
-def test_the_head_of_a_unit_read_off_the_wire_is_protobufs(envelope: Envelope,
-                                                           data: st.DataObject) -> None:
-    """A topic without republish steps (units read off the wire) and one with them (read
-    through protobuf) make the same head of every record, or refuse it in the same words;
+def test_the_head_of_an_envelope_read_off_the_wire_is_protobufs(envelope: Envelope,
+                                                               data: st.DataObject) -> None:
+    """A topic without republish steps (units, and perhaps every envelope, read off the
+    wire) and one with them (read through protobuf) make the same head of every record, or
+    refuse it in the same words;
     chains often rooted at the consumed partition itself (forged ones among them)."""
     pipeline = Pipeline("p", topics=("in",)).map("m", lambda value: value)
-    wire_heads, protobuf_heads = Heads(pipeline, None, ["in"]), Heads(pipeline, None, [])
+    wire_heads = Heads(pipeline, None, ["in"], plain=data.draw(st.booleans()))
+    protobuf_heads = Heads(pipeline, None, [])
     if data.draw(st.booleans()) and envelope.source_chain:
         envelope.source_chain[0].topic, envelope.source_chain[0].partition = "in", 0
     value = envelope.SerializeToString()
