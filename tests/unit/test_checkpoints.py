@@ -39,25 +39,36 @@ class Recorder:
 
 
 class Sends:
-    """Sends that settle when the test says so."""
+    """Sends that settle when the test says so: those pending then, and any started after
+    (a hand-over's send task may first run after the test's ``settle``)."""
 
     def __init__(self, io: EventLoopThread) -> None:
         self.io = io
         self.pending: list[asyncio.Future[None]] = []
+        self.outcome: list[BaseException | None] = []  # once settled: [the error or None]
 
     async def send(self, outputs: Sequence[Output]) -> None:
         future = asyncio.get_running_loop().create_future()
         self.pending.append(future)
+        if self.outcome:
+            self._resolve(future, self.outcome[0])
         await future
 
     def settle(self, error: BaseException | None = None) -> None:
         def on_loop() -> None:
+            self.outcome[:] = [error]
             for future in self.pending:
-                if error is None:
-                    future.set_result(None)
-                else:
-                    future.set_exception(error)
+                self._resolve(future, error)
         self.io.call_soon(on_loop)
+
+    @staticmethod
+    def _resolve(future: asyncio.Future[None], error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
 
 
 @pytest.fixture
