@@ -26,6 +26,8 @@ demo: setup
 # JVM, one job at a time (their output follows the others').
 # Tests marked `alone` (their outcome depends on wall-clock pacing) run after, alone.
 TEST_WORKERS ?= 3
+# Two jobs: the lint runs beside the record path's compile (each uses one core).
+MAKEFLAGS += --jobs=2 --output-sync=line
 SPARK_LOG := .pytest-spark.log
 
 test: setup lint
@@ -42,13 +44,13 @@ prereqs:
 	@bash scripts/ensure-prereqs.sh
 
 # The editable install itself stays pure: $(COMPILED) compiles.
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py | prereqs
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	ONCEFLOW_PURE=1 $(BIN)/pip install -q -e '.[dev,analytics,embedded]'
 	touch $(STAMP)
 
-$(COMPILED): $(STAMP) setup.py $(PACKAGE)
+$(COMPILED): $(STAMP) setup.py $(PACKAGE) | prereqs
 	$(BIN)/python scripts/compile_stages.py
 	touch $(COMPILED)
 
