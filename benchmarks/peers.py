@@ -29,9 +29,9 @@ import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from common import append, journal_page, machine
+from common import append, journal_page, machine, raw_consume
 from throughput import measure_onceflow, peak_rss_while, produce
 
 from onceflow.devtools import services
@@ -57,31 +57,16 @@ def records(messages: int, seed: int = 11) -> list[tuple[bytes, bytes]]:
 def raw_child(bootstrap: str, topic: str, expected: int) -> None:
     """The baseline: getmany, ``json.loads`` and the per-key sum in a dict."""
 
-    async def run() -> Measure:
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap,
-                                    group_id=f"raw-{time.monotonic_ns()}",
-                                    auto_offset_reset="earliest", enable_auto_commit=False,
-                                    session_timeout_ms=6000, heartbeat_interval_ms=2000,
-                                    max_poll_records=2000)
-        await consumer.start()
-        sums: Counter[str] = Counter()
-        seen = 0
-        first = 0.0
-        try:
-            while seen < expected:
-                for batch in (await consumer.getmany(timeout_ms=500, max_records=2000)).values():
-                    if not first:
-                        first = time.monotonic()
-                    for record in batch:
-                        item = json.loads(record.value)
-                        sums[item["key"]] += item["value"]
-                    seen += len(batch)
-            return {"records": seen, "events": seen, "seconds": time.monotonic() - first,
-                    "keys": len(sums)}
-        finally:
-            await consumer.stop()
+    sums: Counter[str] = Counter()
 
-    print(json.dumps(asyncio.run(run())))
+    def handle(records: list[Any]) -> int:
+        for record in records:
+            item = json.loads(record.value)
+            sums[item["key"]] += item["value"]
+        return len(records)
+
+    result = asyncio.run(raw_consume(bootstrap, topic, expected, handle))
+    print(json.dumps({**result, "keys": len(sums)}))
 
 
 def measure_raw(bootstrap: str, topic: str, expected: int) -> Measure:

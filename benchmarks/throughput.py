@@ -38,11 +38,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
 from onceflow.actors.producer import key_partition
 from onceflow.devtools import services
@@ -54,7 +56,7 @@ from onceflow.stages.formats import ENVELOPE_MARK
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
-from common import CommitWatcher, append, journal_page  # noqa: E402
+from common import CommitWatcher, append, journal_page, raw_consume  # noqa: E402
 from helpers import create_topic  # noqa: E402
 
 PARTITIONS = 4
@@ -66,32 +68,16 @@ def raw_child(bootstrap: str, topic: str, expected: int, fmt: str = "json") -> N
     parsed by ``Envelope.FromString``), nothing else."""
     envelopes = fmt == "envelope"
 
-    async def run() -> dict[str, float]:
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap,
-                                    group_id=f"raw-{time.monotonic_ns()}",
-                                    auto_offset_reset="earliest", enable_auto_commit=False,
-                                    session_timeout_ms=6000, heartbeat_interval_ms=2000,
-                                    max_poll_records=2000)
-        await consumer.start()
-        seen = events = 0
-        first = 0.0
-        try:
-            while seen < expected:
-                for records in (await consumer.getmany(timeout_ms=500, max_records=2000)).values():
-                    if not first:
-                        first = time.monotonic()
-                    for record in records:
-                        value = record.value
-                        if envelopes:
-                            value = Envelope.FromString(value).payload
-                        report = json.loads(value)
-                        events += len(report["results"])
-                    seen += len(records)
-            return {"records": seen, "events": events, "seconds": time.monotonic() - first}
-        finally:
-            await consumer.stop()
+    def handle(records: list[Any]) -> int:
+        events = 0
+        for record in records:
+            value = record.value
+            if envelopes:
+                value = Envelope.FromString(value).payload
+            events += len(json.loads(value)["results"])
+        return events
 
-    print(json.dumps(asyncio.run(run())))
+    print(json.dumps(asyncio.run(raw_consume(bootstrap, topic, expected, handle))))
 
 
 async def produce(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]],
@@ -133,7 +119,8 @@ def as_envelopes(topic: str, messages: list[tuple[bytes, bytes]]
     return out
 
 
-def peak_rss_while(proc: subprocess.Popen[bytes], until: callable) -> tuple[float, int]:  # type: ignore[valid-type]
+def peak_rss_while(proc: subprocess.Popen[bytes], until: Callable[[], bool]
+                   ) -> tuple[float, int]:
     """Poll until ``until()`` is true or the process exits; returns (end time, peak RSS)."""
     ps = psutil.Process(proc.pid)
     peak = 0
