@@ -5,7 +5,8 @@
 4-partition regrouped topic -> ``cleanup`` (two worker processes) copies it
 into a 4-partition pristine topic (``onceflow/examples/regroup.py``). All four
 processes are SIGKILLed again and again while the orders flow. The regrouped
-topic holds re-sent lines; a plain aiokafka consumer then finds every line
+topic holds re-sent lines (the kills may leave some; a producer's re-send of
+each partition's first lines always does); a plain aiokafka consumer then finds every line
 in the pristine topic exactly once, and per sku in the order of its orders
 partition.
 
@@ -27,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 
 from onceflow.devtools import harness
 from onceflow.devtools.services import ServiceInfo
@@ -35,6 +36,7 @@ from onceflow.stages.origin import CHAIN_HEADER, decode_chain, header
 
 ORDER_PARTITIONS, LINE_PARTITIONS, RESHUFFLED_PARTITIONS = 6, 4, 3
 Line = tuple[str, int]  # (order, line index)
+RESENT_EACH = 50  # lines of each regrouped partition sent again
 
 
 def orders(n: int, seed: int = 12) -> list[tuple[bytes | None, bytes]]:
@@ -80,6 +82,33 @@ async def plain_read(bootstrap: str, topic: str, partitions: int, want: int
     finally:
         await consumer.stop()
     return found
+
+
+async def resend(bootstrap: str, topic: str, partitions: int, count: int) -> None:
+    """Send each partition's first ``count`` records again, headers and all, as a producer
+    does after a lost acknowledgement. Whether a SIGKILL leaves copies depends on where it
+    lands (a worker killed before it produced anything leaves none), so the copies the
+    cleanup must drop do not depend on the host's speed."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await consumer.start()
+    await producer.start()
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        first: dict[int, list[ConsumerRecord[bytes, bytes]]] = {p: [] for p in range(partitions)}
+        deadline = time.monotonic() + 60
+        while any(len(rows) < count for rows in first.values()):
+            assert time.monotonic() < deadline, f"{topic}: fewer than {count} records"
+            for tp, records in (await consumer.getmany(timeout_ms=200)).items():
+                first[tp.partition] += records
+        sends = [await producer.send(topic, record.value, key=record.key,
+                                     partition=record.partition, headers=list(record.headers))
+                 for rows in first.values() for record in rows[:count]]
+        await asyncio.gather(*sends)
+    finally:
+        await producer.stop()
+        await consumer.stop()
 
 
 def test_a_re_keyed_topic_cleaned_under_sigkills_is_pristine_for_a_plain_consumer(
@@ -152,6 +181,7 @@ def regroup_and_clean(kafka: ServiceInfo, redis: ServiceInfo, tmp_path: Path,
             await drained(groups["reshuffle"], source, ends)
             ends = await harness.read_ends(bootstrap, regroup_input, regroup_partitions, 1.0)
         await drained(groups["regroup"], regroup_input, ends)
+        await resend(bootstrap, regrouped, LINE_PARTITIONS, RESENT_EACH)
         regrouped_ends = await harness.read_ends(bootstrap, regrouped, LINE_PARTITIONS, 1.0)
         await drained(groups["cleanup"], regrouped, regrouped_ends)
 
@@ -169,7 +199,7 @@ def regroup_and_clean(kafka: ServiceInfo, redis: ServiceInfo, tmp_path: Path,
                f"logs {tmp_path}")
     print(context)
     assert len(inputs) == orders_n and all(p.kills == kills_each for p in workers), context
-    assert duplicates > 0, f"the kills re-sent nothing: {context}"
+    assert duplicates >= RESENT_EACH * LINE_PARTITIONS, f"the copies are missing: {context}"
     seen = Counter((line["order"], line["line"]) for line in got)
     assert seen.keys() == want.keys(), f"missing or extra lines: {context}"
     assert max(seen.values()) == 1, f"duplicates: {context} {seen.most_common(3)}"
