@@ -38,9 +38,9 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 from common import append, journal_page, raw_republish
 
-from onceflow.actors.output_tail import TailReader
 from onceflow.devtools import harness, services
 from onceflow.devtools.chaos import start_store
+from onceflow.kafka.tail_reader import TailReader
 from onceflow.protos.envelope_pb2 import SourceRef
 from onceflow.stages.origin import plain_headers
 

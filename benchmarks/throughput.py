@@ -46,11 +46,11 @@ from typing import Any
 import psutil
 from aiokafka import AIOKafkaProducer
 
-from onceflow.actors.producer import key_partition
 from onceflow.devtools import services
 from onceflow.devtools.chaos import start_store
 from onceflow.devtools.harness import packaged_config, worker_command
 from onceflow.devtools.robot_stream import START_MS, generate
+from onceflow.kafka.producer import key_partition
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.formats import ENVELOPE_MARK
 

@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Never, NoReturn
 
-from onceflow.actors.ledger import Checkpoint
-from onceflow.actors.log_marks import LogMark
+from onceflow.checkpoint.ledger import Checkpoint
+from onceflow.checkpoint.log_marks import LogMark
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 
@@ -25,9 +25,9 @@ class Batch:
 
     records: Sequence[Any]  # aiokafka ConsumerRecords
     #: Called ON THE LOOP once processed (the consumer may fetch another); the pipeline
-    #: hands it over with the batch's outputs (``checkpoints.Checkpoints.hand_over``).
+    #: hands it over with the batch's outputs (``coordinator.Checkpoints.hand_over``).
     done: Callable[[], None] | None = None
-    #: Per partition, the batch's last record (``onceflow.actors.log_marks``).
+    #: Per partition, the batch's last record (``onceflow.checkpoint.log_marks``).
     marks: Mapping[TopicPartition, LogMark] = field(default_factory=dict)
 
 

@@ -18,15 +18,14 @@ from typing import Any
 import pykka
 
 from onceflow.actors.base import FatalHandler
-from onceflow.actors.checkpoints import Checkpoints
-from onceflow.actors.delivery import OutboxTally
-from onceflow.actors.fence import Fencing, OutputFence, epoch_source, share_epochs
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Flush, LogStats, PersistTick
-from onceflow.actors.output_tail import resumed_outputs
-from onceflow.actors.persistence import StoreWriter
 from onceflow.actors.pipeline_actor import PipelineActor
-from onceflow.actors.producer import ProducerActor
+from onceflow.checkpoint.coordinator import Checkpoints
+from onceflow.checkpoint.persistence import StoreWriter
+from onceflow.kafka.delivery import OutboxTally
+from onceflow.kafka.producer import ProducerActor
+from onceflow.kafka.tail_reader import resumed_outputs
 from onceflow.runtime.config import Settings
 from onceflow.runtime.topics import ensure_repartition_topics
 from onceflow.runtime.wiring import (
@@ -38,6 +37,7 @@ from onceflow.runtime.wiring import (
 )
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.state import TopicPartition
+from onceflow.stores.fencing.held_epochs import Fencing, OutputFence, epoch_source, share_epochs
 
 log = logging.getLogger(__name__)
 

@@ -317,7 +317,7 @@ def test_each_shared_type_is_defined_once() -> None:
 def test_the_engine_keeps_its_rows_under_the_ids_the_user_api_refuses(reserved: str) -> None:
     """``declarations.RESERVED_STAGES`` lets the user's API refuse them without importing the
     engine; the engine's own names for them must stay those."""
-    from onceflow.actors.log_marks import LOGS_STAGE
+    from onceflow.checkpoint.log_marks import LOGS_STAGE
     from onceflow.stages.declarations import RESERVED_STAGES
     from onceflow.stages.producer_dedup import SEQUENCE_STAGE
     from onceflow.stages.watermark import WINDOWS_STAGE

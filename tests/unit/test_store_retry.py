@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from onceflow.actors.retry import retrying
+from onceflow.stores.retry import retrying
 
 
 class Rows:

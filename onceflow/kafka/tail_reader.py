@@ -1,5 +1,5 @@
 """Reads the tails of exclusive republish outputs on assignment (the Kafka side of
-``onceflow.stages.output_tail``).
+``onceflow.stages.tail_scan``).
 
 Runs on the consumer's loop inside the assignment callback, while the new
 partitions are still paused: first everything processed so far is settled
@@ -32,13 +32,13 @@ from aiokafka import TopicPartition as KafkaPartition
 from onceflow.actors.base import FatalHandler
 from onceflow.actors.messages import Flush, ResumeOutputs
 from onceflow.stages.outcome import ConsumedHeader, Output
-from onceflow.stages.output_tail import Origin, TailScan, Written, windows, written_origin
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.side_outputs import LateFound, SideOrigin, late_value, side_partition
 from onceflow.stages.state import TopicPartition
+from onceflow.stages.tail_scan import Origin, TailScan, Written, windows, written_origin
 
 if TYPE_CHECKING:
-    from onceflow.actors.producer import ProducerActor
+    from onceflow.kafka.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
