@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 #: kept by hand from these pages (see journal/README.md).
 JOURNAL = HERE / "journal"
 T = TypeVar("T")
-ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow.actors.\S+: partitions assigned: (.*)$", re.M)
+ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow.kafka.\S+: partitions assigned: (.*)$", re.M)
 
 
 class Worker:

@@ -182,7 +182,7 @@ def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: di
     proc.terminate()
     proc.wait(15)
     text = log.read_text()
-    match = re.search(r"^(\S+ \S+) INFO onceflow.actors.\S+: partitions assigned", text, re.M)
+    match = re.search(r"^(\S+ \S+) INFO onceflow.kafka.\S+: partitions assigned", text, re.M)
     if not match:
         raise RuntimeError(f"no assignment in worker log:\n{text[-2000:]}")
     assigned = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
