@@ -37,6 +37,8 @@ from onceflow.actors.messages import (
     Batch,
     Flush,
     Forget,
+    Mailbox,
+    PipelineMessage,
 )
 from onceflow.checkpoint.log_marks import LogCheck, LogMark, mark_of
 from onceflow.kafka.connection_check import ConnectionCheck, check_connection
@@ -51,7 +53,6 @@ from onceflow.stages.state import TopicPartition
 from onceflow.stores.fencing.held_epochs import Fencing
 
 if TYPE_CHECKING:
-    from onceflow.actors.pipeline_actor import PipelineActor
     from onceflow.checkpoint.coordinator import Checkpoints
     from onceflow.kafka.producer import ProducerActor
 
@@ -68,7 +69,7 @@ class ConsumerActor(LoopActor):
         poll_timeout: float,
         start_timeout: float,
         io: EventLoopThread,
-        pipeline: pykka.ActorRef[PipelineActor],
+        pipeline: Mailbox[PipelineMessage],
         checkpoints: Checkpoints,
         producer: ProducerActor,
         on_fatal: FatalHandler,

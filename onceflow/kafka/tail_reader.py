@@ -25,12 +25,11 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import pykka
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaPartition
 
 from onceflow.actors.base import FatalHandler
-from onceflow.actors.messages import Flush, ResumeOutputs
+from onceflow.actors.messages import Flush, Mailbox, PipelineMessage, ResumeOutputs
 from onceflow.stages.outcome import ConsumedHeader, Output
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.side_outputs import LateFound, SideOrigin, late_value, side_partition
@@ -249,7 +248,7 @@ class ExclusiveResume:
     """The consumer's step on assignment for a pipeline with exclusive republish steps."""
 
     def __init__(self, outputs: Sequence[ExclusiveOutput], reader: TailReader,
-                 pipeline: pykka.ActorRef[Any], producer: ProducerActor,
+                 pipeline: Mailbox[PipelineMessage], producer: ProducerActor,
                  on_fatal: FatalHandler):
         self._outputs = tuple(outputs)
         self._reader = reader
@@ -294,6 +293,6 @@ class ExclusiveResume:
         return [out.spread_over(counts[out.topic]) if out.side else out
                 for out in self._outputs if not out.side or out.topic in counts], counts
 
-    async def _ask(self, message: Any) -> Any:
+    async def _ask(self, message: PipelineMessage) -> Any:
         return await asyncio.get_running_loop().run_in_executor(
             None, partial(self._pipeline.ask, message))

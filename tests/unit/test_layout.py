@@ -490,3 +490,33 @@ def test_the_circle_scan_finds_every_circle_and_only_those(
     graph = import_graph(tmp_path, "pkg", type_checking)
     assert circles(graph) == found
     assert len(described(graph)) == len(found)
+
+
+def untyped_refs(source: str) -> list[int]:
+    """The lines of ``source`` that hold an actor ref typed ``Any`` (``ActorRef[Any]``)."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Subscript)
+                  and (getattr(node.value, "attr", None) or getattr(node.value, "id", None))
+                  == "ActorRef"
+                  and isinstance(node.slice, ast.Name) and node.slice.id == "Any")
+
+
+def test_actor_refs_are_typed_by_what_their_actor_takes() -> None:
+    """A sender holds an actor's ref as ``messages.Mailbox[ItsUnion]`` (or as the
+    ``ActorRef`` of its actor class), never ``ActorRef[Any]``: mypy then refuses a message
+    sent to the wrong actor."""
+    assert [f"{path.relative_to(PACKAGE)}:{line}" for path in library_modules()
+            for line in untyped_refs(path.read_text())] == []
+
+
+@pytest.mark.parametrize(
+    ("source", "flagged"),
+    [
+        ("def f(ref: pykka.ActorRef[Any]) -> None: ...", True),
+        ("refs: list[ActorRef[Any]] = []", True),
+        ("def f(ref: Mailbox[PipelineMessage]) -> None: ...", False),
+        ("ref: pykka.ActorRef[Supervisor] | None = None", False),
+    ],
+)
+def test_the_ref_scan_flags_what_it_should(source: str, flagged: bool) -> None:
+    assert bool(untyped_refs(source)) is flagged
