@@ -80,7 +80,7 @@ from onceflow.devtools.robot_stream import generate
 NAMES = ("republisher", "aggregator")
 RECORDS = re.compile(rb"^onceflow_records_total(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
 COMMITTED = re.compile(rb"^onceflow_committed_offset\{[^}]*\} (\S+)$", re.MULTILINE)
-ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow\.actors\.rebalance: partitions assigned",
+ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow\.kafka\.rebalance: partitions assigned",
                       re.MULTILINE)
 
 

@@ -27,15 +27,15 @@ import psutil  # type: ignore[import-untyped]
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.producer import key_partition
 from onceflow.devtools.harness import packaged_config, worker_command
+from onceflow.kafka.producer import key_partition
 
 HERE = Path(__file__).resolve().parent
 #: Where runs are recorded: a page per day (UTC). RESULTS.md's table of current figures is
 #: kept by hand from these pages (see journal/README.md).
 JOURNAL = HERE / "journal"
 T = TypeVar("T")
-ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow.actors.\S+: partitions assigned: (.*)$", re.M)
+ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow.kafka.\S+: partitions assigned: (.*)$", re.M)
 
 
 class Worker:

@@ -38,9 +38,9 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 from common import append, journal_page, raw_republish
 
-from onceflow.actors.output_tail import TailReader
 from onceflow.devtools import harness, services
 from onceflow.devtools.chaos import start_store
+from onceflow.kafka.tail_reader import TailReader
 from onceflow.protos.envelope_pb2 import SourceRef
 from onceflow.stages.origin import plain_headers
 
@@ -88,7 +88,7 @@ def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: di
     done = asyncio.run(run())
     worker.terminate(timeout=15)
     text = worker.logs[-1].read_text()
-    match = re.search(r"^(\S+ \S+) INFO onceflow.actors.\S+: partitions assigned", text, re.M)
+    match = re.search(r"^(\S+ \S+) INFO onceflow.kafka.\S+: partitions assigned", text, re.M)
     if not match:
         raise RuntimeError(f"no assignment in worker log:\n{text[-2000:]}")
     assigned = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()

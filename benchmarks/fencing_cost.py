@@ -93,13 +93,13 @@ def outputs_cost(messages: int, batches: list[int], repeat: int) -> None:
     """Exclusive outputs through the ProducerActor, with the fence check and without."""
     import asyncio
 
-    from onceflow.actors.delivery import DeliverySettings, OutboxTally
-    from onceflow.actors.fence import EpochFence, OutputFence
     from onceflow.actors.loop import EventLoopThread
     from onceflow.actors.messages import Send
-    from onceflow.actors.producer import ProducerActor
     from onceflow.devtools import harness
+    from onceflow.kafka.delivery import DeliverySettings, OutboxTally
+    from onceflow.kafka.producer import ProducerActor
     from onceflow.stages.outcome import Output
+    from onceflow.stores.fencing.held_epochs import EpochFence, OutputFence
 
     topic, inputs = "bench-exclusive", [("bench-in", p) for p in range(4)]
     settings = DeliverySettings(delivery_timeout=120, request_timeout=30, retries=2**31 - 1,

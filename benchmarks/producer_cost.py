@@ -22,9 +22,9 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 from runner_cost import BATCH, records
 
-from onceflow.actors.delivery import DeliverySettings, Lanes, OutboxTally
-from onceflow.actors.producer import ProducerActor
 from onceflow.examples.robot_chain import build_normalize
+from onceflow.kafka.delivery import DeliverySettings, Lanes, OutboxTally
+from onceflow.kafka.producer import ProducerActor
 from onceflow.stages.outcome import Output
 from onceflow.stages.runner import PipelineRunner
 

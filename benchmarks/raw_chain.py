@@ -58,9 +58,9 @@ import orjson
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from common import send_batches
 
-from onceflow.actors.producer import key_partition
 from onceflow.examples.robot_chain import encode_fastening, fastening_of
 from onceflow.examples.robots import count, fastenings, new_counts
+from onceflow.kafka.producer import key_partition
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.formats import ENVELOPE_MARK
 from onceflow.stages.lineage import event_id

@@ -46,11 +46,11 @@ from typing import Any
 import psutil
 from aiokafka import AIOKafkaProducer
 
-from onceflow.actors.producer import key_partition
 from onceflow.devtools import services
 from onceflow.devtools.chaos import start_store
 from onceflow.devtools.harness import packaged_config, worker_command
 from onceflow.devtools.robot_stream import START_MS, generate
+from onceflow.kafka.producer import key_partition
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.formats import ENVELOPE_MARK
 
@@ -182,7 +182,7 @@ def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: di
     proc.terminate()
     proc.wait(15)
     text = log.read_text()
-    match = re.search(r"^(\S+ \S+) INFO onceflow.actors.\S+: partitions assigned", text, re.M)
+    match = re.search(r"^(\S+ \S+) INFO onceflow.kafka.\S+: partitions assigned", text, re.M)
     if not match:
         raise RuntimeError(f"no assignment in worker log:\n{text[-2000:]}")
     assigned = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()

@@ -4,17 +4,18 @@ Fire-and-forget messages go by ``tell`` so that an exception in a handler
 reaches the actor's ``on_failure`` (a proxy call would bury it in a future
 nobody reads); request/response goes by ``ask``. Each actor takes one union
 of them (``PipelineMessage``...), and its ``on_receive`` hands anything else
-to ``unexpected``, which mypy checks is unreachable.
+to ``unexpected``, which mypy checks is unreachable. Its senders hold its ref as a
+``Mailbox`` of that union, so mypy refuses a message sent to the wrong actor too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Never, NoReturn
+from typing import Any, Never, NoReturn, Protocol, TypeVar
 
-from onceflow.actors.ledger import Checkpoint
-from onceflow.actors.log_marks import LogMark
+from onceflow.checkpoint.ledger import Checkpoint
+from onceflow.checkpoint.log_marks import LogMark
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 
@@ -25,9 +26,9 @@ class Batch:
 
     records: Sequence[Any]  # aiokafka ConsumerRecords
     #: Called ON THE LOOP once processed (the consumer may fetch another); the pipeline
-    #: hands it over with the batch's outputs (``checkpoints.Checkpoints.hand_over``).
+    #: hands it over with the batch's outputs (``coordinator.Checkpoints.hand_over``).
     done: Callable[[], None] | None = None
-    #: Per partition, the batch's last record (``onceflow.actors.log_marks``).
+    #: Per partition, the batch's last record (``onceflow.checkpoint.log_marks``).
     marks: Mapping[TopicPartition, LogMark] = field(default_factory=dict)
 
 
@@ -108,6 +109,22 @@ class Snapshot:
 
 
 PipelineMessage = Batch | PersistTick | LogStats | Flush | Forget | Assigned | ResumeOutputs
+
+_Accepted = TypeVar("_Accepted", contravariant=True)
+
+
+class Mailbox(Protocol[_Accepted]):
+    """An actor's ref as its senders see it, typed by the messages the actor takes.
+
+    pykka's ``ActorRef`` takes any object (and is generic in the actor, not in its
+    messages); a ``pykka.ActorRef`` is a ``Mailbox`` of any union, so the sender names the
+    union its actor's ``on_receive`` takes (``Mailbox[PipelineMessage]``). An ask's answer
+    stays ``Any``: pykka's ``ask`` is overloaded on ``block``, which no protocol can follow.
+    """
+
+    def tell(self, message: _Accepted) -> None: ...
+
+    def ask(self, message: _Accepted, *, timeout: float | None = None) -> Any: ...
 
 
 def unexpected(receiver: str, message: Never) -> NoReturn:

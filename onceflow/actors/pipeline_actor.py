@@ -18,12 +18,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from onceflow.actors import faults, metrics
+from onceflow import faults
+from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, ReportingActor
-from onceflow.actors.checkpoints import Checkpoints, Taking
 from onceflow.actors.dead_letter_log import DeadLetterWarnings
-from onceflow.actors.ledger import LedgerError
-from onceflow.actors.log_marks import LogMark
 from onceflow.actors.messages import (
     Assigned,
     Batch,
@@ -37,8 +35,10 @@ from onceflow.actors.messages import (
     StageRows,
     unexpected,
 )
-from onceflow.actors.retry import retrying
-from onceflow.actors.stored_rows import checked_sequence_rows, checked_window_rows
+from onceflow.checkpoint.coordinator import Checkpoints, Taking
+from onceflow.checkpoint.ledger import LedgerError
+from onceflow.checkpoint.log_marks import LogMark
+from onceflow.checkpoint.stored_rows import checked_sequence_rows, checked_window_rows
 from onceflow.stages.outcome import DEAD_LETTER_MAX_VALUE, Output
 from onceflow.stages.pipeline import Aggregate, Pipeline, Repartition, Republish
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
@@ -53,9 +53,10 @@ from onceflow.stages.state import (
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stages.window_clock import IDLE_TIMEOUT, MAX_FUTURE
 from onceflow.stores.base import StateStore, UndecodableState
+from onceflow.stores.retry import retrying
 
 if TYPE_CHECKING:
-    from onceflow.actors.producer import ProducerActor
+    from onceflow.kafka.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 

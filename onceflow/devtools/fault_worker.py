@@ -1,7 +1,7 @@
 """The test harness's worker: ``onceflow`` with the ``ONCEFLOW_FAULT_*`` switches read.
 
 ``python -m onceflow.devtools.fault_worker run -c app.conf ...`` reads the
-fault switches (``onceflow.actors.faults``) from the environment, logs a
+fault switches (``onceflow.faults``) from the environment, logs a
 WARNING per active one, removes them from the environment (the production
 ``onceflow run`` refuses to start while one is set) and runs the normal
 command line. Never in a deployment: the production entry point has no way
@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from onceflow.actors import faults
+from onceflow import faults
 from onceflow.runtime import cli
 
 log = logging.getLogger("onceflow.faults")

@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord
 from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from onceflow.actors import faults
+from onceflow import faults
 from onceflow.runtime.kafka_security import PLAINTEXT, KafkaSecurity, client_kwargs
 
 ASSIGNED = re.compile(r"partitions assigned: \[\(")

@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from onceflow.actors import faults
+from onceflow import faults
 from onceflow.runtime import extras
 from onceflow.runtime.app_path import take_app_dir, use_app_dir
 from onceflow.runtime.config import ConfigError, load_settings

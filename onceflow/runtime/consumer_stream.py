@@ -12,11 +12,11 @@ from __future__ import annotations
 import logging
 
 from onceflow.actors.base import FatalHandler
-from onceflow.actors.consumer import ConsumerActor
-from onceflow.actors.continuity import GapCheck
-from onceflow.actors.join_watch import JoinWatch
-from onceflow.actors.log_marks import LogCheck
-from onceflow.actors.output_tail import (
+from onceflow.checkpoint.log_marks import LogCheck
+from onceflow.kafka.consumer import ConsumerActor
+from onceflow.kafka.continuity import GapCheck
+from onceflow.kafka.join_watch import JoinWatch
+from onceflow.kafka.tail_reader import (
     ExclusiveResume,
     TailReader,
     resumed_outputs,
@@ -89,7 +89,7 @@ def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveRes
 
 def log_check(core: PipelineCore) -> LogCheck | None:
     """The check on assignment that each input log is the one the states were folded
-    from (``onceflow.actors.log_marks``); None for a pipeline without a store."""
+    from (``onceflow.checkpoint.log_marks``); None for a pipeline without a store."""
     store = next(iter(core.stage_stores.values()), None)
     if store is None:
         return None

@@ -2,7 +2,7 @@
 
 A topic deleted and re-created under its name restarts its offsets at 0,
 below the watermarks its old records left; the worker refuses it on
-assignment (``onceflow.actors.log_marks``). When the operator knows the new
+assignment (``onceflow.checkpoint.log_marks``). When the operator knows the new
 topic's events are new, this drops from every store of the pipeline what
 the old log left behind, and nothing else:
 
@@ -29,8 +29,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from onceflow.actors.fence import epoch_source, share_epochs
-from onceflow.actors.log_marks import LOGS_STAGE, NO_MARK
+from onceflow.checkpoint.log_marks import LOGS_STAGE, NO_MARK
 from onceflow.runtime.config import ConfigError, Settings, load_settings, split_assignment
 from onceflow.stages.lineage import Route
 from onceflow.stages.pipeline import Pipeline
@@ -38,6 +37,7 @@ from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.state import decode_state, encode_state
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stores.base import StateRows, StateStore
+from onceflow.stores.fencing.held_epochs import epoch_source, share_epochs
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from onceflow.actors.output_tail import fetch_until_answered, tail_options
+from onceflow.kafka.tail_reader import fetch_until_answered, tail_options
 
 __all__ = ["GroupLag", "LagReader", "LagWatch", "PartitionLag", "read_lag"]
 

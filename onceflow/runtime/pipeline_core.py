@@ -13,20 +13,18 @@ from __future__ import annotations
 import contextlib
 import logging
 from functools import partial
-from typing import Any
 
 import pykka
 
 from onceflow.actors.base import FatalHandler
-from onceflow.actors.checkpoints import Checkpoints
-from onceflow.actors.delivery import OutboxTally
-from onceflow.actors.fence import Fencing, OutputFence, epoch_source, share_epochs
 from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import Flush, LogStats, PersistTick
-from onceflow.actors.output_tail import resumed_outputs
-from onceflow.actors.persistence import StoreWriter
+from onceflow.actors.messages import Flush, LogStats, Mailbox, PersistTick, PipelineMessage
 from onceflow.actors.pipeline_actor import PipelineActor
-from onceflow.actors.producer import ProducerActor
+from onceflow.checkpoint.coordinator import Checkpoints
+from onceflow.checkpoint.persistence import StoreWriter
+from onceflow.kafka.delivery import OutboxTally
+from onceflow.kafka.producer import ProducerActor
+from onceflow.kafka.tail_reader import resumed_outputs
 from onceflow.runtime.config import Settings
 from onceflow.runtime.topics import ensure_repartition_topics
 from onceflow.runtime.wiring import (
@@ -38,11 +36,12 @@ from onceflow.runtime.wiring import (
 )
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.state import TopicPartition
+from onceflow.stores.fencing.held_epochs import Fencing, OutputFence, epoch_source, share_epochs
 
 log = logging.getLogger(__name__)
 
 
-def _tell(actor: pykka.ActorRef[Any], message: object) -> None:
+def _tell(actor: Mailbox[PipelineMessage], message: PipelineMessage) -> None:
     """A tick, from the loop; an actor already stopped (its failure is being handled)
     misses it."""
     with contextlib.suppress(pykka.ActorDeadError):
@@ -132,7 +131,7 @@ class PipelineCore:
             persist_interval=s.persistence.interval,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
-        self._actors: list[pykka.ActorRef[Any]] = [self.pipeline_actor]
+        self._actors: list[pykka.ActorRef[PipelineActor]] = [self.pipeline_actor]
         # Tickers are loop timers (no thread each): they only hand a message on.
         self._tickers = [
             self.io.every(s.persistence.interval, partial(_tell, self.pipeline_actor,

@@ -12,8 +12,8 @@ import logging
 import re
 from typing import Any
 
-from onceflow.actors.connection_check import ConnectionCheck
-from onceflow.actors.delivery import DeliverySettings
+from onceflow.kafka.connection_check import ConnectionCheck
+from onceflow.kafka.delivery import DeliverySettings
 from onceflow.runtime import extras
 from onceflow.runtime.app_path import import_hint
 from onceflow.runtime.config import ConfigError, Settings

@@ -34,9 +34,8 @@ from typing import Any
 
 import pykka
 
-from onceflow.actors import metrics, tolerant_records
+from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
-from onceflow.actors.continuity import PartitionRewound
 from onceflow.actors.supervisor import (
     ChildSpec,
     ChildState,
@@ -44,6 +43,8 @@ from onceflow.actors.supervisor import (
     RestartSettings,
     Supervisor,
 )
+from onceflow.kafka import tolerant_records
+from onceflow.kafka.continuity import PartitionRewound
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.runtime.consumer_stream import ConsumerStream
 from onceflow.runtime.health import HealthServer, health_report

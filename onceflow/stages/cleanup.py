@@ -14,7 +14,7 @@ once, in order, to a *pristine* topic with the same partitioning:
    5): a record at or below it is a re-sent copy and goes no further.
 2. An exclusive republish writes what passes to the same partition number of
    the pristine topic, so the cleanup's own crashes write nothing twice
-   either (``onceflow.stages.output_tail``).
+   either (``onceflow.stages.tail_scan``).
 
 Why the watermark rule holds: within one regrouped partition, the records of
 one route come from one writer at a time (the worker that owns the re-keying

@@ -24,7 +24,7 @@ T = TypeVar("T", default=Any)
 
 #: Stage ids under which the runtime keeps rows of its own beside the states, so no step
 #: may take them: producer sequences (``stages.producer_dedup``), window watermarks and
-#: open-window indexes (``stages.watermark``), log marks (``actors.log_marks``).
+#: open-window indexes (``stages.watermark``), log marks (``checkpoint.log_marks``).
 SEQUENCE_STAGE = "__producer_seq__"
 WINDOWS_STAGE = "__windows__"
 LOGS_STAGE = "__logs__"

@@ -181,7 +181,7 @@ class Pipeline(Generic[T]):
                                  f"one of its topics {list(self.topics)}")
             check_format(f"pipeline {self.id!r}: topic {topic!r}", fmt)
         seen: set[str] = set()
-        # Reserved: producer sequences, window watermarks, log marks (actors.log_marks).
+        # Reserved: producer sequences, window watermarks, log marks (checkpoint.log_marks).
         for step in self.steps:
             _check_id(type(step).__name__.lower(), step.id)
             if step.id in seen or step.id in RESERVED_STAGES:

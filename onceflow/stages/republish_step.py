@@ -36,7 +36,7 @@ class Republish(Generic[T]):
     ``partition``: ``"key"`` (Kafka's default partitioner over the key) or a
     ``PartitionMap``. ``exclusive``: this step is the only writer of its
     output partitions, so a restarted worker reads their tails and skips
-    what is already there (``onceflow.stages.output_tail``). ``format``:
+    what is already there (``onceflow.stages.tail_scan``). ``format``:
     ``"envelope"``, or ``"json"``/``"bytes"`` for the plain encoded value
     with the origin in headers (``onceflow.stages.origin``). ``unit``: a
     consumed record's consecutive outputs with one key travel as one record

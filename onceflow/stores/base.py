@@ -119,8 +119,8 @@ class EpochCounter(Protocol):
 
     #: Whether writes given a ``guard`` check it; a store that does not ignores it.
     fenced: bool
-    #: Whether the check is atomic with the write (Redis): such a store is preferred
-    #: as the pipeline's one source of epochs (``onceflow.actors.fence.epoch_source``).
+    #: Whether the check is atomic with the write (Redis): such a store is preferred as the
+    #: pipeline's one source of epochs (``onceflow.stores.fencing.held_epochs.epoch_source``).
     atomic_fence: bool
 
     @abstractmethod

@@ -30,7 +30,7 @@ Rows are written ``USING TTL``: 0 (never) but for history rows under a retention
 
 Fenced: epochs live in the ``epochs`` table, and state rows are written
 ``USING TIMESTAMP`` of their epoch, after a check of the guard's epochs
-(``onceflow.stores.cassandra_fence``).
+(``onceflow.stores.fencing.cassandra_fence``).
 
 A key's home (the one input partition allowed to feed its state) is claimed
 with a lightweight transaction (``INSERT ... IF NOT EXISTS``), once per key
@@ -87,7 +87,6 @@ from cassandra.query import PreparedStatement, Statement, tuple_factory
 from onceflow.shared_types import TopicPartition
 from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, cassandra_options
 from onceflow.stores.base import OutboxKey, StateStore
-from onceflow.stores.cassandra_fence import CassandraFence, WriteClock
 from onceflow.stores.cassandra_schema import (
     EPOCHS_TABLE,
     STATES_TABLE,
@@ -96,6 +95,7 @@ from onceflow.stores.cassandra_schema import (
     with_schema,
 )
 from onceflow.stores.fencing import Guard, Taken
+from onceflow.stores.fencing.cassandra_fence import CassandraFence, WriteClock
 
 __all__ = ["CONSISTENCY_LEVELS", "TABLES", "CassandraStore", "CassandraUnavailable"]
 

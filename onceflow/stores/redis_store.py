@@ -12,7 +12,7 @@ and the outbox, one hash ``<prefix>:<pipeline>:outbox`` of field ``<lane>|<seq>`
 
 A write given a guard (the epochs of the input partitions it depends on) is
 one Lua script that checks them and writes, or refuses with ``Fenced``
-(``onceflow.stores.redis_fence``); the epochs are ``<prefix>:<pipeline>:epoch:
+(``onceflow.stores.fencing.redis_fence``); the epochs are ``<prefix>:<pipeline>:epoch:
 <topic>|<partition>``, taken from the counter ``<prefix>:<pipeline>:#counter``.
 """
 
@@ -27,7 +27,7 @@ from onceflow.shared_types import TopicPartition
 from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, redis_options
 from onceflow.stores.base import OutboxKey, StateStore
 from onceflow.stores.fencing import Guard, Taken
-from onceflow.stores.redis_fence import RedisFence
+from onceflow.stores.fencing.redis_fence import RedisFence
 
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 

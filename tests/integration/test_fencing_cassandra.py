@@ -16,12 +16,12 @@ from cassandra import WriteTimeout
 from cassandra.cluster import Cluster
 from helpers import assert_history_and_outbox_fenced
 
-from onceflow.actors.fence import Fencing
-from onceflow.actors.retry import retrying
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.cassandra_store import CassandraStore, CassandraUnavailable
 from onceflow.stores.fencing import Fenced, Guard, Taken
+from onceflow.stores.fencing.held_epochs import Fencing
 from onceflow.stores.redis_store import RedisStore
+from onceflow.stores.retry import retrying
 
 A, B = ("orders", 0), ("orders", 1)
 

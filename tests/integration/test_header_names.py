@@ -1,6 +1,6 @@
 """A record whose header name is not UTF-8, mid-batch on a real broker: dead-lettered, no stall.
 
-aiokafka's parser fails on such a name, and before ``actors.tolerant_records``
+aiokafka's parser fails on such a name, and before ``kafka.tolerant_records``
 every fetch of the partition failed with it: the worker restarted its stream
 until the budget was spent and exited 1, nothing after it was ever folded.
 """

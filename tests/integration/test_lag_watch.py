@@ -17,8 +17,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from helpers import create_topic, produce
 
-from onceflow.actors import output_tail
 from onceflow.devtools.services import ServiceInfo
+from onceflow.kafka import tail_reader
 from onceflow.runtime import lag
 from onceflow.runtime.lag import LagWatch
 
@@ -61,7 +61,7 @@ def test_lag_watch_reads_the_real_lag_through_one_client_over_many_intervals(
             super().__init__(*args, **kwargs)
 
     monkeypatch.setattr(lag, "AIOKafkaConsumer", Counted)
-    monkeypatch.setattr(output_tail, "AIOKafkaConsumer", Counted)
+    monkeypatch.setattr(tail_reader, "AIOKafkaConsumer", Counted)
 
     watch = LagWatch({"bootstrap_servers": bootstrap}, group, [topic], interval=0.05,
                      timeout=20).start()

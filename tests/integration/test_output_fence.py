@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
-from onceflow.actors.fence import EpochFence, OutputFence
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stages.outcome import Output
 from onceflow.stores.fencing import Fenced
+from onceflow.stores.fencing.held_epochs import EpochFence, OutputFence
 from onceflow.stores.redis_store import RedisStore
 
 

@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from onceflow.actors.retry import retrying
 from onceflow.devtools import services
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.base import StateStore
 from onceflow.stores.cassandra_store import CassandraStore
 from onceflow.stores.redis_store import RedisStore
+from onceflow.stores.retry import retrying
 
 OpenStore = Callable[..., StateStore]
 STAGE = "per_robot"

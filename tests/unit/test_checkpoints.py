@@ -13,9 +13,9 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 
-from onceflow.actors.checkpoints import Checkpoints, Taking
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Snapshot, StageRows
+from onceflow.checkpoint.coordinator import Checkpoints, Taking
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow.actors.continuity import Continuity, PartitionRewound, Verdict
+from onceflow.kafka.continuity import Continuity, PartitionRewound, Verdict
 
 TP = ("t", 0)
 

@@ -7,14 +7,14 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 
-from onceflow.actors.delivery import (
+from onceflow.kafka.delivery import (
     DeliveryFailed,
     DeliverySettings,
     Lanes,
     OutboxTally,
     OutboxWriter,
 )
-from onceflow.actors.outbox_rows import SeqClock, decode_record, encode_record
+from onceflow.kafka.outbox_rows import SeqClock, decode_record, encode_record
 from onceflow.stages.outcome import Output
 from onceflow.stores.base import OutboxKey, StateStore
 from onceflow.stores.fencing import Guard

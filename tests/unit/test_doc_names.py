@@ -29,7 +29,7 @@ CONCEPTS: dict[str, str] = {
 
 _FENCE = re.compile(r"^```.*?^```[^\n]*$", re.S | re.M)
 _SPAN = re.compile(r"`([^`]+)`")
-# An optional module path (`delivery.`, `actors/continuity.`), a CamelCase name (a capital
+# An optional module path (`delivery.`, `kafka/continuity.`), a CamelCase name (a capital
 # first, a lower-case letter somewhere: not SIGTERM or MSET), optional attributes.
 _CITED = re.compile(r"(?<![\w.$-])((?:[a-z_]\w*[./])*)([A-Z]\w*[a-z]\w*)((?:\.\w+)*)")
 

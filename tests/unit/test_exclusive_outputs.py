@@ -2,7 +2,7 @@
 
 Pure logic only (the Kafka reading is in tests/integration and tests/e2e).
 ``scan`` below drives ``TailScan`` over a log the way
-``onceflow.actors.output_tail.TailReader`` does: chunks from the end backwards.
+``onceflow.kafka.tail_reader.TailReader`` does: chunks from the end backwards.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runner import Rec
 
-from onceflow.actors.outbox_rows import decode_record, encode_record
+from onceflow.kafka.outbox_rows import decode_record, encode_record
 from onceflow.protos.envelope_pb2 import SourceRef
 from onceflow.runtime.config import ConfigError, load_settings
 from onceflow.runtime.wiring import check_exclusive
 from onceflow.stages import Pipeline
 from onceflow.stages.origin import plain_headers
 from onceflow.stages.outcome import Output
-from onceflow.stages.output_tail import TailScan, Written, merge, windows, written_origin
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import TopicPartition
+from onceflow.stages.tail_scan import TailScan, Written, merge, windows, written_origin
 from onceflow.testing import Record, TestRun
 
 

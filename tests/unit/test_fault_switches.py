@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from onceflow.actors import faults
+from onceflow import faults
 from onceflow.devtools.harness import fault_aware
 
 # A config that fails to load: the normal CLI ran (and refused it) after the switches.
@@ -53,7 +53,7 @@ def test_the_fault_worker_refuses_an_unknown_switch(tmp_path: Path) -> None:
 def test_importing_the_runtime_reads_no_switch() -> None:
     """The module's switches stay off whatever the environment holds: only ``configure``
     (the fault worker's) sets them."""
-    code = ("from onceflow.actors import faults; import onceflow.runtime.worker; "
+    code = ("from onceflow import faults; import onceflow.runtime.worker; "
             "print(faults.NO_FENCING, faults.KILL_AFTER_SAVE)")
     env = {**os.environ, "ONCEFLOW_FAULT_NO_FENCING": "1", "ONCEFLOW_FAULT_KILL_AFTER_SAVE": "x"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,

@@ -1,4 +1,4 @@
-"""EpochFence: which epochs a write may carry (onceflow.actors.fence, docs "Fencing")."""
+"""EpochFence: which epochs a write may carry (stores/fencing/held_epochs, docs "Fencing")."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from typing import cast
 
 import pytest
 
-from onceflow.actors.fence import EpochFence, Fencing, epoch_source, share_epochs
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
-from onceflow.stores.cassandra_fence import WriteClock
 from onceflow.stores.fencing import Fenced, Taken, epoch_key, first_mismatch, write_timestamp
+from onceflow.stores.fencing.cassandra_fence import WriteClock
+from onceflow.stores.fencing.held_epochs import EpochFence, Fencing, epoch_source, share_epochs
 
 A: TopicPartition = ("orders", 0)
 B: TopicPartition = ("orders", 1)

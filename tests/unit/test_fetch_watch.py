@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from onceflow.actors.fetch_watch import FetchWatch, Starved
+from onceflow.kafka.fetch_watch import FetchWatch, Starved
 
 TP = ("t", 0)
 

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from onceflow.actors import metrics
-from onceflow.actors.join_watch import JoinTimeout, JoinWatch, enforce
 from onceflow.actors.loop import EventLoopThread
+from onceflow.kafka.join_watch import JoinTimeout, JoinWatch, enforce
 
 
 class Clock:

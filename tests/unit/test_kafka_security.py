@@ -15,7 +15,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 from tls_certs import Certs, make_ca, make_certs
 
-from onceflow.actors.output_tail import tail_options
+from onceflow.kafka.tail_reader import tail_options
 from onceflow.runtime import topics
 from onceflow.runtime.config import ConfigError, Settings, load_settings
 from onceflow.runtime.kafka_security import KWARGS, PLAINTEXT, client_kwargs

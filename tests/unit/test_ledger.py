@@ -1,4 +1,4 @@
-"""The checkpoint ledger (onceflow.actors.ledger): examples of its API, then a
+"""The checkpoint ledger (onceflow.checkpoint.ledger): examples of its API, then a
 model-based property test over random interleavings of what the actors tell it.
 
 The model keeps a small world next to the ledger: the pipeline actor's cached
@@ -25,7 +25,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from onceflow.actors.ledger import Checkpoint, Ledger, LedgerError
+from onceflow.checkpoint.ledger import Checkpoint, Ledger, LedgerError
 from onceflow.stages.state import TopicPartition
 
 A: TopicPartition = ("t", 0)

@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 from persistence_doubles import DictStore
 
-from onceflow.actors.continuity import PartitionRewound
-from onceflow.actors.fence import EpochFence
-from onceflow.actors.ledger import Ledger
-from onceflow.actors.log_marks import (
+from onceflow.actors.messages import Snapshot, StageRows
+from onceflow.checkpoint.ledger import Ledger
+from onceflow.checkpoint.log_marks import (
     LOGS_STAGE,
     NO_MARK,
     LogCheck,
@@ -27,14 +26,15 @@ from onceflow.actors.log_marks import (
     judge,
     mark_of,
 )
-from onceflow.actors.messages import Snapshot, StageRows
-from onceflow.actors.persistence import StoreWriter
+from onceflow.checkpoint.persistence import StoreWriter
+from onceflow.kafka.continuity import PartitionRewound
 from onceflow.runtime.forget import forget_topic
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stores.fencing import Fenced
+from onceflow.stores.fencing.held_epochs import EpochFence
 
 A: TopicPartition = ("orders", 0)
 

@@ -1,6 +1,6 @@
 """Persistence under fencing: a refused snapshot writes nothing and is never durable.
 
-The checkpoint coordinator (``checkpoints.Checkpoints``) runs the numbered steps
+The checkpoint coordinator (``coordinator.Checkpoints``) runs the numbered steps
 on a real event loop and hands the write to persistence's thread. The store
 here is a dict that checks guards as Redis's script does
 (``persistence_doubles.DictStore``); the real script is tested against Redis in
@@ -15,13 +15,13 @@ import pytest
 from persistence_doubles import DictStore
 
 from onceflow.actors import metrics
-from onceflow.actors.checkpoints import Checkpoints, Taking
-from onceflow.actors.fence import EpochFence
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import StageRows
-from onceflow.actors.persistence import StoreWriter
+from onceflow.checkpoint.coordinator import Checkpoints, Taking
+from onceflow.checkpoint.persistence import StoreWriter
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.fencing import Fenced, Taken
+from onceflow.stores.fencing.held_epochs import EpochFence
 
 A: TopicPartition = ("t", 0)
 B: TopicPartition = ("t", 1)

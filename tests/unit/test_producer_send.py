@@ -9,8 +9,8 @@ from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow.actors.outbox_rows import SeqClock
-from onceflow.actors.producer import all_settled, key_hash, key_partition
+from onceflow.kafka.outbox_rows import SeqClock
+from onceflow.kafka.producer import all_settled, key_hash, key_partition
 
 KAFKA = DefaultPartitioner()
 

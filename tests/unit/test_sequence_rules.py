@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from onceflow import Pipeline, ProducerDedup
 from onceflow.actors.messages import StageRows
-from onceflow.actors.persistence import write_order
 from onceflow.actors.pipeline_actor import snapshot_rows
+from onceflow.checkpoint.persistence import write_order
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.testing import Record, TestRun
 

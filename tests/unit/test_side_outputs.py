@@ -14,13 +14,13 @@ import pytest
 from test_runner import Rec, envelope
 from test_windows import MINUTE, windowed
 
-from onceflow.actors.output_tail import ExclusiveResume, resumed_outputs
+from onceflow.kafka.tail_reader import ExclusiveResume, resumed_outputs
 from onceflow.stages import Pipeline
 from onceflow.stages.outcome import Output
-from onceflow.stages.output_tail import TailScan, Written, windows
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.side_outputs import SideOrigin, late_value, side_partition
 from onceflow.stages.state import TopicPartition
+from onceflow.stages.tail_scan import TailScan, Written, windows
 
 
 def counting() -> Pipeline:

@@ -15,7 +15,6 @@ from cassandra import AuthenticationFailed, OperationTimedOut, Unauthorized
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import NoHostAvailable
 
-from onceflow.actors.retry import retrying
 from onceflow.actors.supervisor import ChildSpec, Policy, RestartSettings, Supervisor
 from onceflow.runtime.config import ConfigError, load_settings
 from onceflow.runtime.secrets import Secret
@@ -29,6 +28,7 @@ from onceflow.stores.access import (
     cassandra_options,
     redis_options,
 )
+from onceflow.stores.retry import retrying
 
 PIPELINE = 'onceflow.pipeline = "shop.orders:pipeline"\n'
 R, C = "onceflow.stores.redis.", "onceflow.stores.cassandra."

@@ -1,4 +1,4 @@
-"""``actors.retry.retrying``: transient store errors are retried, others are not, and the
+"""``stores.retry.retrying``: transient store errors are retried, others are not, and the
 call is not kept alive afterwards (a cycle did, and worker memory grew per snapshot)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from onceflow.actors.retry import retrying
+from onceflow.stores.retry import retrying
 
 
 class Rows:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from onceflow.actors.stored_rows import checked_sequence_rows, checked_window_rows
+from onceflow.checkpoint.stored_rows import checked_sequence_rows, checked_window_rows
 from onceflow.devtools.services import ServiceInfo
 from onceflow.runtime.worker import _permanent
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences

@@ -18,8 +18,8 @@ from aiokafka.record.default_records import DefaultRecordBatch, _DefaultRecordBa
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy as PyBuilder
 from aiokafka.structs import TopicPartition
 
-from onceflow.actors import tolerant_records
-from onceflow.actors.tolerant_records import KeptRecords
+from onceflow.kafka import tolerant_records
+from onceflow.kafka.tolerant_records import KeptRecords
 
 RAW = b"\xff\xfebad"
 TP = TopicPartition("in", 0)

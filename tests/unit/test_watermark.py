@@ -13,9 +13,9 @@ from test_runner import Rec
 from test_runner import envelope as renvelope
 
 from onceflow.stages import Pipeline, Tumbling
-from onceflow.stages.output_tail import TailScan
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.side_outputs import SideOrigin, late_value
+from onceflow.stages.tail_scan import TailScan
 from onceflow.stages.watermark import OpenWindows, StageWatermark
 from onceflow.testing import Record, TestRun, envelope
 

@@ -41,7 +41,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
-from onceflow.actors.continuity import PartitionRewound
+from onceflow.kafka.continuity import PartitionRewound
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 
@@ -127,7 +127,7 @@ class LogCheck:
 
     Args:
         store: where the marks are (the pipeline's first store).
-        options: a group-less consumer's options (``output_tail.tail_options``).
+        options: a group-less consumer's options (``tail_reader.tail_options``).
         timeout: for the store read and the fetches together.
     """
 

@@ -1,9 +1,9 @@
 """The aiokafka producer for republished and dead-lettered records.
 
-Threads: the producer and its lanes (``onceflow.actors.delivery``) live on
+Threads: the producer and its lanes (``onceflow.kafka.delivery``) live on
 the shared ``EventLoopThread`` loop, in the ``ProducerActor``. The pipeline
 thread hands each batch's outputs to the loop with the batch
-(``checkpoints.Checkpoints.hand_over``: one hand-off), where ``send`` starts
+(``coordinator.Checkpoints.hand_over``: one hand-off), where ``send`` starts
 them; the checkpoint coordinator waits until they are settled (acknowledged
 by the broker, or durably in the outbox) before it tells the ledger the sends
 are settled and has the states written. ``adopt`` (called on the loop
@@ -34,22 +34,23 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaConnectionError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from onceflow.actors import faults, metrics
+from onceflow import faults
+from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, LoopActor
-from onceflow.actors.delivery import (
+from onceflow.actors.loop import EventLoopThread
+from onceflow.actors.messages import Send
+from onceflow.kafka.delivery import (
     DeliverySettings,
     FencedProduce,
     Lanes,
     OutboxTally,
     OutboxWriter,
 )
-from onceflow.actors.fence import RECHECK_AFTER, OutputFence
-from onceflow.actors.loop import EventLoopThread
-from onceflow.actors.messages import Send
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard
+from onceflow.stores.fencing.held_epochs import RECHECK_AFTER, OutputFence
 
 log = logging.getLogger(__name__)
 

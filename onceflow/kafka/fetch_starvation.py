@@ -20,9 +20,9 @@ from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
 from onceflow.actors import metrics
-from onceflow.actors.continuity import Continuity
-from onceflow.actors.fetch_watch import FetchWatch, Starved
-from onceflow.actors.kafka_parts import ours
+from onceflow.kafka.continuity import Continuity
+from onceflow.kafka.fetch_watch import FetchWatch, Starved
+from onceflow.kafka.kafka_parts import ours
 
 log = logging.getLogger(__name__)
 

@@ -22,8 +22,8 @@ from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.errors import IllegalStateError
 
 from onceflow.actors import metrics
-from onceflow.actors.continuity import Continuity, GapCheck
-from onceflow.actors.kafka_parts import ours
+from onceflow.kafka.continuity import Continuity, GapCheck
+from onceflow.kafka.kafka_parts import ours
 
 log = logging.getLogger(__name__)
 

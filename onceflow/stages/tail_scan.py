@@ -1,6 +1,6 @@
 """Where an exclusive republish resumes: what its output partitions already hold.
 
-Pure logic; ``onceflow.actors.output_tail`` does the Kafka reading. An
+Pure logic; ``onceflow.kafka.tail_reader`` does the Kafka reading. An
 exclusive republish step is the one writer of its output partitions (each is
 fed by the input partitions its partition map sends there, and the worker
 that owns those inputs writes it). Its outputs carry their input's position

@@ -1,5 +1,5 @@
 """Reads the tails of exclusive republish outputs on assignment (the Kafka side of
-``onceflow.stages.output_tail``).
+``onceflow.stages.tail_scan``).
 
 Runs on the consumer's loop inside the assignment callback, while the new
 partitions are still paused: first everything processed so far is settled
@@ -25,20 +25,19 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-import pykka
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaPartition
 
 from onceflow.actors.base import FatalHandler
-from onceflow.actors.messages import Flush, ResumeOutputs
+from onceflow.actors.messages import Flush, Mailbox, PipelineMessage, ResumeOutputs
 from onceflow.stages.outcome import ConsumedHeader, Output
-from onceflow.stages.output_tail import Origin, TailScan, Written, windows, written_origin
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.side_outputs import LateFound, SideOrigin, late_value, side_partition
 from onceflow.stages.state import TopicPartition
+from onceflow.stages.tail_scan import Origin, TailScan, Written, windows, written_origin
 
 if TYPE_CHECKING:
-    from onceflow.actors.producer import ProducerActor
+    from onceflow.kafka.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +248,7 @@ class ExclusiveResume:
     """The consumer's step on assignment for a pipeline with exclusive republish steps."""
 
     def __init__(self, outputs: Sequence[ExclusiveOutput], reader: TailReader,
-                 pipeline: pykka.ActorRef[Any], producer: ProducerActor,
+                 pipeline: Mailbox[PipelineMessage], producer: ProducerActor,
                  on_fatal: FatalHandler):
         self._outputs = tuple(outputs)
         self._reader = reader
@@ -294,6 +293,6 @@ class ExclusiveResume:
         return [out.spread_over(counts[out.topic]) if out.side else out
                 for out in self._outputs if not out.side or out.topic in counts], counts
 
-    async def _ask(self, message: Any) -> Any:
+    async def _ask(self, message: PipelineMessage) -> Any:
         return await asyncio.get_running_loop().run_in_executor(
             None, partial(self._pipeline.ask, message))

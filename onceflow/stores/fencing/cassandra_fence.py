@@ -42,7 +42,7 @@ from cassandra import ConsistencyLevel
 from cassandra.cluster import Session
 from cassandra.query import BatchStatement, PreparedStatement, Statement
 
-from onceflow.actors import faults
+from onceflow import faults
 from onceflow.shared_types import TopicPartition
 from onceflow.stores.fencing import COUNTER, Guard, Taken, first_mismatch, write_timestamp
 

@@ -36,10 +36,10 @@ from aiokafka.errors import KafkaError
 
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
-from onceflow.actors.ledger import Ledger, LedgerError
-from onceflow.actors.log_marks import LogMark
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Snapshot, StageRows
+from onceflow.checkpoint.ledger import Ledger, LedgerError
+from onceflow.checkpoint.log_marks import LogMark
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 

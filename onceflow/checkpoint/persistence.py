@@ -2,7 +2,7 @@
 
 Thread: its own (the checkpoint coordinator's single persistence thread);
 store calls block it, retried with backoff. The checkpoint ledger decides
-(``checkpoints.Checkpoints`` asks it, on the loop): a snapshot is written only once every record
+(``coordinator.Checkpoints`` asks it, on the loop): a snapshot is written only once every record
 produced before it is settled (acknowledged, or in the outbox) and every
 earlier snapshot is written, and only once its states are written does the
 ledger hold its offsets durable (docs/architecture.md, invariants 5 and 6).
@@ -31,14 +31,15 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
-from onceflow.actors import faults, metrics
-from onceflow.actors.fence import EpochFence, epoch_source
-from onceflow.actors.log_marks import LOGS_STAGE, mark_rows
+from onceflow import faults
+from onceflow.actors import metrics
 from onceflow.actors.messages import Snapshot, StageRows
-from onceflow.actors.retry import retrying
+from onceflow.checkpoint.log_marks import LOGS_STAGE, mark_rows
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard
+from onceflow.stores.fencing.held_epochs import EpochFence, epoch_source
+from onceflow.stores.retry import retrying
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class WindowSink(Protocol):
 
 class StoreWriter:
     """Writes one snapshot, downstream first; run on persistence's own thread by the
-    checkpoint coordinator (``checkpoints.Checkpoints``), which tells the ledger."""
+    checkpoint coordinator (``coordinator.Checkpoints``), which tells the ledger."""
 
     def __init__(
         self,
@@ -108,7 +109,7 @@ class StoreWriter:
         return landed
 
     def _marks_store(self) -> StateStore | None:
-        """Where log marks go: the pipeline's first store (``onceflow.actors.log_marks``)."""
+        """Where log marks go: the pipeline's first store (``onceflow.checkpoint.log_marks``)."""
         return next(iter(self._stores.values()), None)
 
     def _fenced(self, error: Fenced, message: Snapshot) -> None:

@@ -31,29 +31,30 @@ from aiokafka.errors import IllegalStateError, KafkaError
 
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, LoopActor
-from onceflow.actors.connection_check import ConnectionCheck, check_connection
-from onceflow.actors.continuity import GapCheck
-from onceflow.actors.fence import Fencing
-from onceflow.actors.fetch_continuity import FetchContinuity
-from onceflow.actors.fetch_starvation import FetchStarvation
-from onceflow.actors.join_watch import JoinWatch, enforce
-from onceflow.actors.kafka_parts import close_parts, ours
-from onceflow.actors.log_marks import LogCheck, LogMark, mark_of
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import (
     Assigned,
     Batch,
     Flush,
     Forget,
+    Mailbox,
+    PipelineMessage,
 )
-from onceflow.actors.output_tail import ExclusiveResume
-from onceflow.actors.rebalance import RebalanceListener, warn_partial_assignment
+from onceflow.checkpoint.log_marks import LogCheck, LogMark, mark_of
+from onceflow.kafka.connection_check import ConnectionCheck, check_connection
+from onceflow.kafka.continuity import GapCheck
+from onceflow.kafka.fetch_continuity import FetchContinuity
+from onceflow.kafka.fetch_starvation import FetchStarvation
+from onceflow.kafka.join_watch import JoinWatch, enforce
+from onceflow.kafka.kafka_parts import close_parts, ours
+from onceflow.kafka.rebalance import RebalanceListener, warn_partial_assignment
+from onceflow.kafka.tail_reader import ExclusiveResume
 from onceflow.stages.state import TopicPartition
+from onceflow.stores.fencing.held_epochs import Fencing
 
 if TYPE_CHECKING:
-    from onceflow.actors.checkpoints import Checkpoints
-    from onceflow.actors.pipeline_actor import PipelineActor
-    from onceflow.actors.producer import ProducerActor
+    from onceflow.checkpoint.coordinator import Checkpoints
+    from onceflow.kafka.producer import ProducerActor
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class ConsumerActor(LoopActor):
         poll_timeout: float,
         start_timeout: float,
         io: EventLoopThread,
-        pipeline: pykka.ActorRef[PipelineActor],
+        pipeline: Mailbox[PipelineMessage],
         checkpoints: Checkpoints,
         producer: ProducerActor,
         on_fatal: FatalHandler,

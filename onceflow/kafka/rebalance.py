@@ -7,7 +7,7 @@ still holds the record its states were folded up to (``log_marks``), learn where
 each resumes, take a new epoch for them in the store (fencing: from then on a
 worker that held them before can no longer write for them), tell the
 checkpoint ledger (which finds stale cached progress), adopt the outbox, read
-what exclusive republish steps already wrote (``onceflow.actors.output_tail``),
+what exclusive republish steps already wrote (``onceflow.kafka.tail_reader``),
 and only then let them be fetched.
 """
 
@@ -21,9 +21,9 @@ from typing import Protocol
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka import TopicPartition as KafkaPartition
 
-from onceflow.actors.fence import Fencing
-from onceflow.actors.output_tail import ExclusiveResume
+from onceflow.kafka.tail_reader import ExclusiveResume
 from onceflow.stages.state import TopicPartition
+from onceflow.stores.fencing.held_epochs import Fencing
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,10 @@ differs. A worker that lost a partition (its session expired while it was
 paused, and another member took the partition under a new epoch) can then no
 longer overwrite the new owner's rows: its write is refused as if it had
 crashed just before it (docs/architecture.md, "Fencing").
+
+This module holds what every store shares (``Guard``, ``Taken``, ``Fenced``); each
+backend's taking and checking is in ``redis_fence`` and ``cassandra_fence``, and the
+epochs a worker holds, with the checks its writers make, in ``held_epochs``.
 """
 
 from __future__ import annotations

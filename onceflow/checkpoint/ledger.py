@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from onceflow.actors.log_marks import LogMark
+from onceflow.checkpoint.log_marks import LogMark
 from onceflow.stages.state import TopicPartition
 
 
@@ -53,7 +53,7 @@ class Checkpoint:
     sends: int
     depends: frozenset[TopicPartition] = field(default=frozenset(), compare=False)
     #: Per partition advanced since the last checkpoint, its last processed record
-    #: (``onceflow.actors.log_marks``): written with the states, checked on assignment.
+    #: (``onceflow.checkpoint.log_marks``): written with the states, checked on assignment.
     marks: Mapping[TopicPartition, LogMark] = field(default_factory=dict, compare=False)
 
 

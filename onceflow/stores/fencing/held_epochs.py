@@ -22,12 +22,12 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from onceflow.actors import faults
-from onceflow.actors.retry import retrying
+from onceflow import faults
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard, Taken
+from onceflow.stores.retry import retrying
 
 log = logging.getLogger(__name__)
 

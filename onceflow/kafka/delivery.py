@@ -39,12 +39,12 @@ from itertools import islice
 from aiokafka.errors import KafkaError
 
 from onceflow.actors import metrics
-from onceflow.actors.outbox_rows import SeqClock, decode_record, encode_record, lane_name
-from onceflow.actors.retry import retrying
+from onceflow.kafka.outbox_rows import SeqClock, decode_record, encode_record, lane_name
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard
+from onceflow.stores.retry import retrying
 
 log = logging.getLogger(__name__)
 
