@@ -103,7 +103,8 @@ class PartitionWatermark:
                  held_until: int | None = None, value: int | None = None):
         self.idle_ms = idle_ms
         self.roots = roots or {}
-        self.held_until = held_until  # no watermark before the top reaches it (hold_new)
+        self.held_until = held_until  # no watermark before the top reaches it (hold_new; -1:
+        # set at the first event)
         self.value = value
         self.top = max(self.roots.values(), default=None)
         self.low = min(self.roots.values(), default=None)
@@ -129,6 +130,8 @@ class PartitionWatermark:
             self.low = low
         held = self.held_until
         if held is not None:
+            if held == -1:  # a first start: held until idle_ms past its first event
+                held = self.held_until = ts + self.idle_ms
             if top < held:
                 return True
             self.held_until = None
@@ -175,19 +178,6 @@ class StageWatermark:
         self.dirty.add(tp)
         if self.hold_new:
             self.partitions[tp].held_until = -1  # set at the first event
-
-    def observe(self, tp: TopicPartition, root: RootPartition, ts: int) -> int | None:
-        """An event of ``root`` consumed from ``tp`` (``install`` came first); answers the
-        partition's watermark."""
-        mark = self.partitions[tp]
-        if mark.held_until == -1:
-            mark.held_until = ts + self.idle_ms
-        if mark.observe(root, ts):
-            self.dirty.add(tp)
-        return mark.value
-
-    def value(self, tp: TopicPartition) -> int | None:
-        return self.partitions[tp].value
 
     def take_rows(self) -> dict[str, bytes]:
         """The changed partitions' rows, to be written after the snapshot's states."""
