@@ -52,12 +52,11 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from onceflow.stages.declarations import WINDOWS_STAGE as WINDOWS_STAGE  # a reserved id
 from onceflow.stages.lineage import RootPartition
 from onceflow.stages.state import TopicPartition
 from onceflow.stages.windows import earliest_start
 
-#: The reserved stage id of watermark and open-window index rows.
-WINDOWS_STAGE = "__windows__"
 #: Reads rows of ``WINDOWS_STAGE`` from a store: keys -> the rows found.
 RowLoader = Callable[[str, Iterable[str]], Mapping[str, bytes]]
 
