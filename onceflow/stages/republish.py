@@ -90,8 +90,8 @@ def republished(
     """
     if step.unit:
         return _units(step, envelope, record, root, values, time_ms, key)
-    # The user's functions, as what they are: compiled, a hint is checked at run time, and
-    # what they return is the protobuf's to accept or refuse (a numpy integer, say).
+    # The user's functions: what they answer is protobuf's to accept or refuse (a numpy
+    # integer, say), not a hint's (``onceflow.compiled``).
     encode: Callable[[Any], Any] = step.encode
     key_of: Callable[[Any], Any] | None = step.key
     event_time: Callable[[Any], Any] | None = step.event_time_ms

@@ -109,7 +109,7 @@ class PartitionWatermark:
         self.low = min(self.roots.values(), default=None)
 
     def observe(self, root: Any, ts: Any) -> bool:
-        """An event of ``root`` (a ``RootPartition``) at ``ts`` (an ``int`` object); True
+        """An event of ``root`` (a ``RootPartition``) at ``ts`` (an ``int``); True
         when the partition's maxima changed. Once per value reaching a windowed stage."""
         roots = self.roots
         seen: Any = roots.get(root)
@@ -227,8 +227,7 @@ class OpenWindows:
 
     def note(self, key: str, tp: Any, closes_at: int | None, known: bool = True) -> None:
         """A key's earliest open window now closes at ``closes_at`` (None with ``known``:
-        it has no open window any more); ``tp``: the ``TopicPartition`` feeding it, an object
-        (``WindowClock.note``)."""
+        it has no open window any more); ``tp``: the ``TopicPartition`` feeding it."""
         old: Any = self.keys.get(key)
         if known and closes_at is None:
             if old is not None:
