@@ -20,8 +20,9 @@ A compiled module shadows its ``.py``: an edit would silently not run. So every 
 writes a manifest of its sources' hashes beside the compiled modules (in the wheel too),
 and importing ``onceflow.stages`` refuses a build whose sources changed since (``check``),
 naming the command that fixes it.
-Hints are checked at run time in compiled code, so they must tell the truth
-about hostile input (a null header value, say): the whole suite runs compiled.
+Hints (and ``cast``) are checked at run time in compiled code, so they must tell the truth
+about hostile input (a null header value, say; a JSON array that is a tuple, not a list):
+the whole suite runs compiled.
 
 How the record path is written for the compiler (the domain code says nothing of it):
 
@@ -33,7 +34,8 @@ How the record path is written for the compiler (the domain code says nothing of
   int]``) is unboxed into a C struct, and boxed again into a new object for every dict,
   set or comparison it meets: the per-value code takes them as ``Any`` (one object,
   boxed once). An ``int`` met per value the same (``PartitionWatermark.observe``'s
-  arguments, an event time kept as the object the user's function answered).
+  arguments, an event time kept as the object the user's function answered). An int
+  below 2**62 is a short int, compared in C (``guards._SHORT_INT``).
 - Values read from users or the store are ``Any``: a hint would be checked at run time
   and fail on hostile input with the compiler's message, not the domain's.
 - Loops and comprehensions beat ``map()``, ``min()`` and ``zip(..., strict=True)`` (a

@@ -147,8 +147,8 @@ class WindowStage:
     """
 
     __slots__ = ("bounded", "clock", "event_time", "fed_from", "fold", "folded", "highest",
-                 "id", "idle_ms", "init", "key", "late", "mark", "max_bytes", "moved",
-                 "replayed", "size", "slot", "slot_start", "span", "table")
+                 "id", "init", "key", "late", "mark", "max_bytes", "moved", "replayed", "size",
+                 "slot", "slot_start", "span", "table")
 
     def __init__(self, key: Callable[[Any], Any], table: StateTable, clock: WindowClock):
         window = table.spec.window
@@ -160,7 +160,6 @@ class WindowStage:
         self.size = window.size_ms
         self.span = window.size_ms + window.allowed_lateness_ms  # a window's start to its close
         self.max_bytes = table.max_bytes
-        self.idle_ms = clock.watermark.idle_ms
         self.folded = self.replayed = self.late = 0  # a fused path's, until it counts them
         self.slot, self.slot_start = "-1", -1  # the last window folded into: JSON key, start
         self.mark: PartitionWatermark | None = None  # the record's input partition's
@@ -195,8 +194,6 @@ class WindowStage:
             raise FutureEventTime(ts, self.highest - max_future, max_future)
         mark = self.mark
         assert mark is not None
-        if mark.held_until == -1:  # a first start: held until idle_ms past its first event
-            mark.held_until = ts + self.idle_ms
         if mark.observe(root, stamp) and not self.moved:
             self.clock.watermark.dirty.add(self.fed_from)
             self.moved = True

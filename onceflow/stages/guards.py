@@ -22,8 +22,7 @@ from onceflow.stages.state_table import StateTable
 
 #: Most hops a source chain may have (onceflow's own chains grow by one per republish hop).
 MAX_HOPS = 100
-#: Integers up to this in magnitude encode in at most 19 characters (``_fits``); below
-#: 2**62, a short int compiled (compared in C, not as objects).
+#: Integers up to this in magnitude encode in at most 19 characters (``_fits``).
 _SHORT_INT: Final = 999_999_999_999_999_999
 #: Nesting ``_fits`` walks; a deeper value is encoded to be measured.
 _WALK_DEPTH: Final = 64
@@ -189,7 +188,7 @@ def _fits(value: object, budget: int, depth: int) -> int:
         return budget
     if kind is list or kind is tuple:
         budget -= 2
-        # a Sequence, not a list: compiled, a cast to list is checked
+        # a list or a tuple (a cast is checked at run time: ``onceflow.compiled``)
         for item in cast(Sequence[object], value):
             budget = _fits(item, budget - 1, depth + 1)
             if budget < 0:

@@ -55,8 +55,7 @@ class Heads:
                  table: PartitionSequences | None) -> Head | None:
         """Parse, producer dedup, origin and decode: the record's first values (one, or a
         unit's items) and their positions (parallel lists); None for a producer duplicate.
-        ``fed_from`` and ``offset``: the record's, read once by the caller (a consumer
-        record's attributes are read generically, compiled or not); ``table``: its
+        ``fed_from`` and ``offset``: the record's, read once by the caller; ``table``: its
         partition's producer sequences (``SequenceTables.table_of``), if it has them."""
         reader: Reader = self._readers.get(fed_from[0]) or self._first
         headers = record.headers

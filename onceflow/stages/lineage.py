@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
+from onceflow.shared_types import Hop as Hop  # defined there, once
 
 RootPartition = tuple[str, int]
 #: ``(root, partition)`` for a root partition, or ``("<root>/<p>>...><last hop topic>",
@@ -49,9 +50,6 @@ def root_of(envelope: Envelope | None, topic: str, partition: int, offset: int) 
     root = chain[0]
     return (root.topic, root.partition), (root.offset, *(ref.index for ref in chain))
 
-
-#: A hop of a source chain as plain values: topic, partition, offset, fan-out index.
-Hop = tuple[str, int, int, int]
 
 
 def hops_of(chain: Sequence[SourceRef]) -> list[Hop]:

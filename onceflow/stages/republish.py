@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.formats import ENVELOPE_MARK, FORMAT_HEADER
 from onceflow.stages.guards import checked_key
 from onceflow.stages.lineage import Position, RootPartition, event_id, hops_of
@@ -90,8 +90,8 @@ def republished(
     """
     if step.unit:
         return _units(step, envelope, record, root, values, time_ms, key)
-    # The user's functions, as what they are: compiled, a hint is checked at run time, and
-    # what they return is the protobuf's to accept or refuse (a numpy integer, say).
+    # The user's functions: what they answer is protobuf's to accept or refuse (a numpy
+    # integer, say), not a hint's (``onceflow.compiled``).
     encode: Callable[[Any], Any] = step.encode
     key_of: Callable[[Any], Any] | None = step.key
     event_time: Callable[[Any], Any] | None = step.event_time_ms
@@ -99,7 +99,10 @@ def republished(
     outputs: list[Output] = []
     partition = step.partition_of(record.topic, record.partition)
     mark = written.up_to(step.topic, record) if step.exclusive else None
-    prior = envelope.source_chain if envelope is not None else ()
+    prior: list[SourceRef] = []  # the consumed chain, read once by index (``hops_of``)
+    if envelope is not None:
+        consumed = envelope.source_chain
+        prior = [consumed[at] for at in range(len(consumed))]
     hop = len(prior)
     times = _item_times(envelope)
     fan = _fan_out(values, hop) if times else None
@@ -214,7 +217,12 @@ def _item_times(envelope: Envelope | None) -> dict[int, int] | None:
     """A consumed unit's event time per item index; None for a record of one value."""
     if envelope is None or not envelope.items:
         return None
-    return {item.index: item.event_time_ms for item in envelope.items}
+    items = envelope.items
+    times: dict[int, int] = {}
+    for at in range(len(items)):  # by index (``lineage.hops_of``)
+        item = items[at]
+        times[item.index] = item.event_time_ms
+    return times
 
 
 def _fan_out(values: list[tuple[Position, Any]], hop: int) -> list[int]:

@@ -65,7 +65,7 @@ def through(kind: int, fn: Callable[[Any], Any], values: list[Any], positions: l
     A flat-map's ``j``-th output of a value at ``pos`` is at ``(*pos, j)``.
     """
     if kind is MAP:
-        return [fn(value) for value in values], positions  # compiled, a loop beats map()
+        return [fn(value) for value in values], positions
     if kind is FILTER:
         kept = [bool(fn(value)) for value in values]
         return ([value for value, keep in zip(values, kept, strict=True) if keep],
@@ -74,7 +74,6 @@ def through(kind: int, fn: Callable[[Any], Any], values: list[Any], positions: l
     if len(values) == 1:  # the usual case: one input value
         outs = list(fn(values[0]))
         pos = positions[0]
-        # concatenation: compiled, ``(*pos, j)`` builds a list and copies it to a tuple
         return outs, [pos + (j,) for j in range(len(outs))]  # noqa: RUF005
     fanned = [list(fn(value)) for value in values]
     return ([out for outs in fanned for out in outs],

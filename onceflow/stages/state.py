@@ -76,7 +76,7 @@ def plain_json(value: object, depth: int) -> bool:
                 return False
         return True
     if kind is list or kind is tuple:
-        # cast to a Sequence, not a list: compiled, a cast to list is checked
+        # a list or a tuple (a cast is checked at run time: ``onceflow.compiled``)
         return all(plain_json(item, depth + 1) for item in cast(Sequence[object], value))
     return False
 

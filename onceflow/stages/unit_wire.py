@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from onceflow.stages.lineage import Hop
+from onceflow.shared_types import Hop
 
 #: One-byte varints (0-127), shared.
 _SMALL = [bytes((n,)) for n in range(128)]
@@ -37,7 +37,7 @@ _KEY, _PAYLOAD_TYPE, _SOURCE, _ITEM = b"\x1a", b"\x2a", b"\x32", b"\x3a"
 _REF_TOPIC, _REF_PARTITION, _REF_OFFSET, _REF_INDEX = b"\x0a", b"\x10", b"\x18", b"\x20"
 _ITEM_INDEX, _ITEM_PAYLOAD, _ITEM_TIME, _ITEM_ID = b"\x08", b"\x12", b"\x18", b"\x22"
 
-#: A source reference: topic, partition, offset, fan-out index (``lineage.Hop``).
+#: A source reference: topic, partition, offset, fan-out index (``shared_types.Hop``).
 Ref = Hop
 #: A unit item: index, payload, event time (ms), event id.
 ItemFields = tuple[int, Any, Any, Any]

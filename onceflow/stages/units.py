@@ -35,7 +35,8 @@ def unit_of(envelope: Envelope | None) -> tuple[list[Item], list[int]] | None:
     """
     if envelope is None:
         return None
-    items = list(envelope.items)  # each access of a protobuf field builds its value anew
+    repeated = envelope.items  # each read of a protobuf field builds its value anew
+    items = [repeated[at] for at in range(len(repeated))]  # by index (``lineage.hops_of``)
     if not items:
         return None
     if not envelope.source_chain:
@@ -117,5 +118,6 @@ def item_at(envelope: Envelope, position: Position) -> Envelope:
 def _template(envelope: Envelope) -> Envelope:
     """The unit without its items: what every item view starts from (one copy each)."""
     template = Envelope(key=envelope.key, payload_type=envelope.payload_type)
-    template.source_chain.extend(envelope.source_chain)
+    chain = envelope.source_chain
+    template.source_chain.extend([chain[at] for at in range(len(chain))])  # by index
     return template

@@ -52,12 +52,11 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from onceflow.stages.declarations import WINDOWS_STAGE as WINDOWS_STAGE  # a reserved id
 from onceflow.stages.lineage import RootPartition
 from onceflow.stages.state import TopicPartition
 from onceflow.stages.windows import earliest_start
 
-#: The reserved stage id of watermark and open-window index rows.
-WINDOWS_STAGE = "__windows__"
 #: Reads rows of ``WINDOWS_STAGE`` from a store: keys -> the rows found.
 RowLoader = Callable[[str, Iterable[str]], Mapping[str, bytes]]
 
@@ -103,13 +102,14 @@ class PartitionWatermark:
                  held_until: int | None = None, value: int | None = None):
         self.idle_ms = idle_ms
         self.roots = roots or {}
-        self.held_until = held_until  # no watermark before the top reaches it (hold_new)
+        self.held_until = held_until  # no watermark before the top reaches it (hold_new; -1:
+        # set at the first event)
         self.value = value
         self.top = max(self.roots.values(), default=None)
         self.low = min(self.roots.values(), default=None)
 
     def observe(self, root: Any, ts: Any) -> bool:
-        """An event of ``root`` (a ``RootPartition``) at ``ts`` (an ``int`` object); True
+        """An event of ``root`` (a ``RootPartition``) at ``ts`` (an ``int``); True
         when the partition's maxima changed. Once per value reaching a windowed stage."""
         roots = self.roots
         seen: Any = roots.get(root)
@@ -129,6 +129,8 @@ class PartitionWatermark:
             self.low = low
         held = self.held_until
         if held is not None:
+            if held == -1:  # a first start: held until idle_ms past its first event
+                held = self.held_until = ts + self.idle_ms
             if top < held:
                 return True
             self.held_until = None
@@ -175,19 +177,6 @@ class StageWatermark:
         self.dirty.add(tp)
         if self.hold_new:
             self.partitions[tp].held_until = -1  # set at the first event
-
-    def observe(self, tp: TopicPartition, root: RootPartition, ts: int) -> int | None:
-        """An event of ``root`` consumed from ``tp`` (``install`` came first); answers the
-        partition's watermark."""
-        mark = self.partitions[tp]
-        if mark.held_until == -1:
-            mark.held_until = ts + self.idle_ms
-        if mark.observe(root, ts):
-            self.dirty.add(tp)
-        return mark.value
-
-    def value(self, tp: TopicPartition) -> int | None:
-        return self.partitions[tp].value
 
     def take_rows(self) -> dict[str, bytes]:
         """The changed partitions' rows, to be written after the snapshot's states."""
@@ -238,8 +227,7 @@ class OpenWindows:
 
     def note(self, key: str, tp: Any, closes_at: int | None, known: bool = True) -> None:
         """A key's earliest open window now closes at ``closes_at`` (None with ``known``:
-        it has no open window any more); ``tp``: the ``TopicPartition`` feeding it, an object
-        (``WindowClock.note``)."""
+        it has no open window any more); ``tp``: the ``TopicPartition`` feeding it."""
         old: Any = self.keys.get(key)
         if known and closes_at is None:
             if old is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from onceflow.stages.lineage import RootPartition
 from onceflow.stages.state import AggregateState, TopicPartition
 from onceflow.stages.state_table import StateTable
 from onceflow.stages.watermark import (
@@ -66,11 +65,6 @@ class WindowClock:
         rows = self._load_rows(self.table.spec.store, keys) if self._load_rows else {}
         self.watermark.install(tp, rows.get(keys[0]))
         self.open.install(tp, rows.get(keys[1]))
-
-    def observe(self, tp: TopicPartition, root: RootPartition, ts: int) -> int | None:
-        """Count a value's event time ``ts``; answers the partition's watermark, what the
-        value is decided against."""
-        return self.watermark.observe(tp, root, ts)
 
     def note(self, key: str, tp: Any, state: dict[str, Any], reopened: bool = True) -> None:
         """A key's windowed state changed (fed from ``tp``, a ``TopicPartition``); ``reopened``

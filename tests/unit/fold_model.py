@@ -26,9 +26,20 @@ from onceflow.stages.outcome import (
 from onceflow.stages.plan import Emit, Fold, Plan
 from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state_table import StateTable
-from onceflow.stages.watermark import FutureEventTime, future_limit
+from onceflow.stages.watermark import FutureEventTime, StageWatermark, future_limit
 from onceflow.stages.window_clock import WindowClock
 from onceflow.stages.windows import Tumbling
+
+
+def observe(watermark: StageWatermark, tp: tuple[str, int], root: tuple[str, int], ts: int
+            ) -> int | None:
+    """An event of ``root`` consumed from ``tp`` (``install`` came first) counted towards
+    the stage's watermark; answers the partition's watermark, what the value is decided
+    against (the engine's is ``fold_rules.WindowStage.observe``, with its bound)."""
+    mark = watermark.partitions[tp]
+    if mark.observe(root, ts):
+        watermark.dirty.add(tp)
+    return mark.value
 
 
 @dataclass
@@ -126,7 +137,7 @@ class ModelPath:
                         if limit is not None and ts > limit:
                             raise FutureEventTime(ts, limit - clock.max_future_ms,
                                                   clock.max_future_ms)
-                        watermark = clock.observe(fed_from, plan.root, ts)
+                        watermark = observe(clock.watermark, fed_from, plan.root, ts)
                     except Exception as error:
                         raise StageFailure(spec.id, error, key) from error
                 if stopped_by(pos, stopped):

@@ -7,6 +7,7 @@ import json
 from collections import Counter
 from typing import Any
 
+from fold_model import observe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_runner import Rec
@@ -33,36 +34,36 @@ def counting(size: int = SIZE, lateness: int = LATENESS) -> Pipeline:
 def test_the_watermark_is_the_lowest_root_and_a_root_far_behind_stops_holding_it() -> None:
     mark = StageWatermark("s", idle_ms=1_000)
     mark.install(("in", 0), None)
-    mark.observe(("in", 0), ("raw", 1), 200)
-    mark.observe(("in", 0), ("raw", 0), 500)
-    mark.observe(("in", 0), ("raw", 0), 400)  # out of order: no step back
-    assert mark.value(("in", 0)) == 200
-    mark.observe(("in", 0), ("raw", 0), 900)
-    assert mark.value(("in", 0)) == 200  # raw/1 lags: it holds the watermark
-    mark.observe(("in", 0), ("raw", 0), 1_500)  # raw/1 is more than 1 s behind
-    assert mark.value(("in", 0)) == 500
-    mark.observe(("in", 0), ("raw", 1), 300)  # back, behind: the watermark stays
-    assert mark.value(("in", 0)) == 500
+    observe(mark, ("in", 0), ("raw", 1), 200)
+    observe(mark, ("in", 0), ("raw", 0), 500)
+    observe(mark, ("in", 0), ("raw", 0), 400)  # out of order: no step back
+    assert mark.partitions[("in", 0)].value == 200
+    observe(mark, ("in", 0), ("raw", 0), 900)
+    assert mark.partitions[("in", 0)].value == 200  # raw/1 lags: it holds the watermark
+    observe(mark, ("in", 0), ("raw", 0), 1_500)  # raw/1 is more than 1 s behind
+    assert mark.partitions[("in", 0)].value == 500
+    observe(mark, ("in", 0), ("raw", 1), 300)  # back, behind: the watermark stays
+    assert mark.partitions[("in", 0)].value == 500
     mark.install(("in", 1), None)  # another input partition has its own
-    mark.observe(("in", 1), ("raw", 1), 50)
-    assert mark.value(("in", 1)) == 50 and mark.value(("in", 0)) == 500
+    observe(mark, ("in", 1), ("raw", 1), 50)
+    assert mark.partitions[("in", 1)].value == 50 and mark.partitions[("in", 0)].value == 500
 
 
 def test_a_first_start_waits_for_root_partitions_it_has_not_met() -> None:
     mark = StageWatermark("s", idle_ms=1_000, hold_new=True)
     mark.install(("in", 0), None)  # nothing written for it: the stage's first start
-    mark.observe(("in", 0), ("raw", 0), 500)
-    mark.observe(("in", 0), ("raw", 0), 1_400)
-    assert mark.value(("in", 0)) is None  # raw/1 may still come
-    mark.observe(("in", 0), ("raw", 1), 600)
-    mark.observe(("in", 0), ("raw", 0), 1_500)  # 1 s past the first event met
-    assert mark.value(("in", 0)) == 600
+    observe(mark, ("in", 0), ("raw", 0), 500)
+    observe(mark, ("in", 0), ("raw", 0), 1_400)
+    assert mark.partitions[("in", 0)].value is None  # raw/1 may still come
+    observe(mark, ("in", 0), ("raw", 1), 600)
+    observe(mark, ("in", 0), ("raw", 0), 1_500)  # 1 s past the first event met
+    assert mark.partitions[("in", 0)].value == 600
     rows = mark.take_rows()
     back = StageWatermark("s", idle_ms=1_000, hold_new=True)
     back.install(("in", 0), rows["s|wm|in|0"])  # a restart: the roots are known
-    assert back.value(("in", 0)) == 600
-    back.observe(("in", 0), ("raw", 1), 700)
-    assert back.value(("in", 0)) == 700
+    assert back.partitions[("in", 0)].value == 600
+    observe(back, ("in", 0), ("raw", 1), 700)
+    assert back.partitions[("in", 0)].value == 700
 
 
 def test_an_empty_partition_row_is_written_and_holds_nothing_after_a_restart() -> None:
@@ -71,10 +72,10 @@ def test_an_empty_partition_row_is_written_and_holds_nothing_after_a_restart() -
     rows = mark.take_rows()
     back = StageWatermark("s", idle_ms=1_000, hold_new=True)
     back.install(("in", 0), rows["s|wm|in|0"])
-    back.observe(("in", 0), ("raw", 0), 100)
-    assert back.value(("in", 0)) is None  # still its first event: the hold starts here
-    back.observe(("in", 0), ("raw", 0), 1_100)
-    assert back.value(("in", 0)) == 1_100
+    observe(back, ("in", 0), ("raw", 0), 100)
+    assert back.partitions[("in", 0)].value is None  # still its first event: the hold starts here
+    observe(back, ("in", 0), ("raw", 0), 1_100)
+    assert back.partitions[("in", 0)].value == 1_100
 
 
 def test_the_open_window_index_drops_a_key_one_snapshot_after_it_closed() -> None:
