@@ -42,13 +42,12 @@ from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
 from onceflow.kafka.continuity import PartitionRewound
+from onceflow.stages.declarations import LOGS_STAGE
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 
 log = logging.getLogger(__name__)
 
-#: The reserved stage id of the mark rows (refused as a user stage id).
-LOGS_STAGE = "__logs__"
 #: A row that holds no mark (``onceflow forget`` leaves it): nothing to check.
 NO_MARK = b"{}"
 

@@ -34,7 +34,8 @@ from typing import Protocol
 from onceflow import faults
 from onceflow.actors import metrics
 from onceflow.actors.messages import Snapshot, StageRows
-from onceflow.checkpoint.log_marks import LOGS_STAGE, mark_rows
+from onceflow.checkpoint.log_marks import mark_rows
+from onceflow.stages.declarations import LOGS_STAGE
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard

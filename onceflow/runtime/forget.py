@@ -29,8 +29,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from onceflow.checkpoint.log_marks import LOGS_STAGE, NO_MARK
+from onceflow.checkpoint.log_marks import NO_MARK
 from onceflow.runtime.config import ConfigError, Settings, load_settings, split_assignment
+from onceflow.stages.declarations import LOGS_STAGE
 from onceflow.stages.lineage import Route
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences

@@ -37,7 +37,7 @@ def check_header_names(headers: Sequence[ConsumedHeader]) -> None:
 
     Kafka header names are strings; a hand-made batch can still hold any bytes
     there, which the consumer reads with ``surrogateescape``
-    (``actors.tolerant_records``). Such a record breaks the protocol: it is
+    (``kafka.tolerant_records``). Such a record breaks the protocol: it is
     dead-lettered with the name's bytes rather than handed to user functions,
     whose encoding of the name would fail far from the record.
     """

@@ -4,7 +4,7 @@ less what an exclusive step finds already written.
 Split from the runner so that the output side of a republish stays in one
 place: the envelope and its chain (``lineage``), the plain format's headers
 (``origin``), the partition map and the resume marks of exclusive steps
-(``output_tail``).
+(``tail_scan``).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def republished(
 
     The ``j``-th value gets fan-out index ``j`` in the chain's new hop; an
     exclusive step skips the outputs at or below what is already written
-    (``output_tail``: the input offset, the input's own last index, ``j``).
+    (``tail_scan``: the input offset, the input's own last index, ``j``).
     A value from an item of a consumed unit gets what it would have had from
     the item's record: the item's chain (its last index the item's), the
     item's event time by default, and ``j`` counted within the item.

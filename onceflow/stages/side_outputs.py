@@ -2,7 +2,7 @@
 
 A dead letter (or late event) is produced before its record's offset is
 committed, so a worker killed in between would write it again on replay.
-They are kept once the way an exclusive republish is (``output_tail``): the
+They are kept once the way an exclusive republish is (``tail_scan``): the
 side output of input partition ``p`` goes to partition ``p mod n`` of its
 topic (``n`` its partition count, learned on assignment), so each input
 partition has one writer there at a time, in order. Before replaying, the
