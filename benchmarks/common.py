@@ -38,6 +38,15 @@ T = TypeVar("T")
 ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow.kafka.\S+: partitions assigned: (.*)$", re.M)
 
 
+def worker_path(env: Mapping[str, str]) -> str:
+    """A worker's PYTHONPATH: this directory (it imports ``bench_pipelines`` from here), then
+    ``BENCH_WORKER_TREE`` if set (another checkout, e.g. a commit before a change, built as
+    ``make setup`` builds: these scripts measure its workers beside the same baseline),
+    else the caller's PYTHONPATH."""
+    tree = env.get("BENCH_WORKER_TREE") or env.get("PYTHONPATH", "")
+    return os.pathsep.join(p for p in (str(HERE), tree) if p)
+
+
 class Worker:
     """One ``onceflow run`` process started with demo.conf plus ``settings``."""
 
@@ -45,11 +54,9 @@ class Worker:
                  extra: Iterable[str] = ()):
         self.log = log
         argv = [*worker_command(packaged_config("demo.conf"), settings), *extra]
-        # The worker imports the benchmark pipelines (bench_pipelines) from here.
-        path = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH", "")) if p)
         with log.open("wb") as out:
-            self.proc = subprocess.Popen(argv, env={**env, "PYTHONPATH": path}, stdout=out,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, env={**env, "PYTHONPATH": worker_path(env)},
+                                         stdout=out, stderr=subprocess.STDOUT)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -56,7 +56,7 @@ from onceflow.stages.formats import ENVELOPE_MARK
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
-from common import CommitWatcher, append, journal_page, raw_consume  # noqa: E402
+from common import CommitWatcher, append, journal_page, raw_consume, worker_path  # noqa: E402
 from helpers import create_topic  # noqa: E402
 
 PARTITIONS = 4
@@ -158,9 +158,8 @@ def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: di
     argv += [*EXTRA, "--set", "onceflow.persistence.interval=250ms",
              "--set", "onceflow.commit.interval=250ms"]
     log = workdir / "worker.log"
-    path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic, "ONCEFLOW_ROBOTS_STORE": store["kind"],
-           "BENCH_TOPIC": topic, "PYTHONPATH": path}
+           "BENCH_TOPIC": topic, "PYTHONPATH": worker_path(os.environ)}
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     total = sum(ends.values())
