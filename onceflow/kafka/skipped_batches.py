@@ -85,6 +85,9 @@ class SkippedRanges:
         return len(self._firsts)
 
 
+_NEXT_BATCH = KeptRecords.next_batch  # aiokafka's (C when built): no super() per batch
+
+
 class NotedRecords(KeptRecords):
     """A fetch's records (``KeptRecords``) noting the offsets of its control and
     transactional batches in ``skipped`` (set by ``FetchResult``; None: not noted)."""
@@ -96,9 +99,9 @@ class NotedRecords(KeptRecords):
         self.skipped: SkippedRanges | None = None
 
     def next_batch(self) -> Any:
-        batch = super().next_batch()
-        if (batch is not None and self.skipped is not None
-                and (batch.is_control_batch or batch.is_transactional)):
+        batch = _NEXT_BATCH(self)
+        if (batch is not None and (batch.is_control_batch or batch.is_transactional)
+                and self.skipped is not None):
             self.skipped.add(batch.base_offset, batch.next_offset - 1)
         return batch
 
