@@ -57,7 +57,7 @@ class ReplicaWait:
         if int(acknowledged) < self.replicas:
             raise ReplicasBehind(
                 f"redis: {acknowledged} of {self.replicas} replicas acknowledged a write "
-                f"within {self.timeout:g}s ({WAIT_KEY}): not counted as written, retried")
+                f"within {self.timeout:g}s ({WAIT_KEY}): not counted as written")
         return answers
 
 

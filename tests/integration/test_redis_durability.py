@@ -114,8 +114,8 @@ def test_a_worker_holds_its_commits_while_the_replica_is_stopped_and_loses_nothi
 ) -> None:
     topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
     create_topic(kafka_service.address, topic, 4)
-    first = generate(3_000, seed=71)
-    second = generate(3_000, seed=72, after=first)
+    first = generate(3_000, robots=100, seed=71)
+    second = generate(3_000, robots=100, seed=72, after=first)
     settings = {"onceflow.pipeline": "onceflow.examples.robots:pipeline",
                 "onceflow.kafka.bootstrap-servers": kafka_service.address,
                 "onceflow.kafka.group-id": group,

@@ -195,7 +195,7 @@ def test_every_named_volume_is_declared_and_every_store_keeps_its_data_in_one() 
 
 def test_redis_fsyncs_every_write_before_acknowledging_it() -> None:
     """Offsets follow a written state: an acknowledged write lost in a crash loses events."""
-    args = services()["redis"]["command"]
+    args = command(services()["redis"])
     options = {args[i]: args[i + 1] for i in range(1, len(args) - 1, 2)
                if args[i].startswith("--")}
     assert options.get("--appendonly") == "yes", args
