@@ -51,9 +51,9 @@ class ReplicaWait:
         pipe = client.pipeline(transaction=False)
         write(pipe)
         if not self.replicas:
-            return cast(list[Any], pipe.execute())
+            return pipe.execute()
         pipe.wait(self.replicas, max(1, round(self.timeout * 1000)))
-        *answers, acknowledged = cast(list[Any], pipe.execute())
+        *answers, acknowledged = pipe.execute()
         if int(acknowledged) < self.replicas:
             raise ReplicasBehind(
                 f"redis: {acknowledged} of {self.replicas} replicas acknowledged a write "

@@ -253,4 +253,17 @@ def test_what_is_logged_follows_the_settings_redis_reports(
     finally:
         admin.config_set("appendonly", "yes")
         admin.acl_deluser("limited")
+        _wait_for_aof_rewrite(admin)
         admin.close()
+
+
+def _wait_for_aof_rewrite(client: redis.Redis, timeout: float = 30) -> None:
+    """Until the rewrite that turning the AOF on starts is done: Redis refuses SIGTERM
+    meanwhile (the fixture's stop would wait 10 s for nothing, then SIGKILL it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = client.info("persistence")
+        if not (found["aof_rewrite_in_progress"] or found["aof_rewrite_scheduled"]):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the AOF rewrite did not end in {timeout}s")
