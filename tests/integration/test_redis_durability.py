@@ -140,10 +140,11 @@ def test_a_worker_holds_its_commits_while_the_replica_is_stopped_and_loses_nothi
         assert held == {p: ends.get(p, 0) for p in range(4)}
         later = asyncio.run(harness.produce(kafka_service.address, topic, second.messages))
         # Each failed write is retried with backoff; four of them outlast several commit
-        # intervals, and the primary holds the new states all along, uncounted.
-        _wait_for_count(worker, BEHIND, 4)
+        # intervals, no commit advancing meanwhile, and the primary holds the new states
+        # all along, uncounted.
+        _held_until_logged(worker, BEHIND, 4,
+                           lambda: committed(kafka_service.address, group, topic, 4), held)
         assert stored_states(primary, "per_robot") != expected_counts(first.truth)
-        assert committed(kafka_service.address, group, topic, 4) == held
         assert worker.exited() is None, "the worker must wait for the replica, not die"
 
         services.thaw(replicated.replica)
@@ -168,14 +169,19 @@ def _drained(bootstrap: str, group: str, topic: str, ends: dict[int, int],
     assert asyncio.run(wait()), f"not committed: see {worker.logs[-1]}{worker.log_tail()}"
 
 
-def _wait_for_count(worker: harness.WorkerProcess, needle: str, count: int,
-                    timeout: float = 60) -> None:
+def _held_until_logged(worker: harness.WorkerProcess, needle: str, count: int,
+                       offsets: Callable[[], dict[int, int]], held: dict[int, int],
+                       timeout: float = 60) -> None:
+    """Until ``needle`` is ``count`` times in the worker's log, the committed offsets
+    stay ``held``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if worker.logs[-1].read_text(errors="replace").count(needle) >= count:
+        logged = worker.logs[-1].read_text(errors="replace").count(needle)
+        assert offsets() == held, f"a commit advanced after {logged} failed writes"
+        if logged >= count:
             return
         assert worker.exited() is None, f"worker exited: {worker.log_tail()}"
-        time.sleep(0.1)
+        time.sleep(0.2)
     raise AssertionError(f"{needle!r} not {count} times in {timeout}s:{worker.log_tail()}")
 
 
