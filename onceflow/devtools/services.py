@@ -225,19 +225,24 @@ def start_tansu(state_dir: Path, port: int | None = None, timeout: float = 30,
 
 
 def start_redis(state_dir: Path, port: int | None = None, timeout: float = 30, *,
-                password: str | None = None, tls: LocalPki | None = None) -> ServiceInfo:
+                password: str | None = None, tls: LocalPki | None = None,
+                appendfsync: str = "always", replica_of: ServiceInfo | None = None
+                ) -> ServiceInfo:
     """Start Redis with an fsync-always AOF in *state_dir* (a kill loses nothing acked).
 
     ``password`` is the default user's (requirepass: it can add ACL users with
     ACL SETUSER). With ``tls`` Redis listens on TLS only and asks every client
-    for a certificate signed by the PKI's CA.
+    for a certificate signed by the PKI's CA. ``appendfsync`` is the AOF's fsync
+    policy (``everysec``, ``no``: for tests of the start-up warning);
+    ``replica_of`` (a plain Redis) makes it that one's replica, started once it
+    is in sync.
     """
     binary = shutil.which("redis-server")
     if binary is None:
         raise ServiceError("redis-server not found: apt-get install -y redis-server")
     port = _claim("redis", port)
     cmd = [binary, "--bind", HOST, "--save", "", "--appendonly", "yes",
-           "--appendfsync", "always", "--dir", str(state_dir.resolve())]
+           "--appendfsync", appendfsync, "--dir", str(state_dir.resolve())]
     if tls is None:
         cmd += ["--port", str(port)]
     else:
@@ -246,7 +251,10 @@ def start_redis(state_dir: Path, port: int | None = None, timeout: float = 30, *
                 "--tls-auth-clients", "yes"]
     if password is not None:
         cmd += ["--requirepass", password]
-    info = _with_port(_spawn("redis", cmd, state_dir), port)
+    if replica_of is not None:
+        cmd += ["--replicaof", replica_of.host, str(replica_of.port)]
+    name = "redis" if replica_of is None else "redis-replica"
+    info = _with_port(_spawn(name, cmd, state_dir), port)
     client_tls: dict[str, object] = {} if tls is None else {
         "ssl": True, "ssl_ca_certs": str(tls.ca_file), "ssl_certfile": str(tls.client_cert),
         "ssl_keyfile": str(tls.client_key)}
@@ -257,6 +265,9 @@ def start_redis(state_dir: Path, port: int | None = None, timeout: float = 30, *
                                  password=password, **client_tls)  # type: ignore[arg-type]
             with closing(client):
                 client.ping()
+                if replica_of is not None and client.info("replication").get(
+                        "master_link_status") != "up":
+                    raise _NotReady("the replica is not in sync with its primary yet")
         except redis.RedisError as exc:
             raise _NotReady(str(exc)) from exc
 

@@ -39,7 +39,7 @@ _FIXED_REPLICAS = {"ONE": 1, "TWO": 2, "THREE": 3, "LOCAL_ONE": 1}
 
 
 def redis_settings(read: Reader) -> RedisSettings:
-    """``onceflow.stores.redis``: URL, key prefix, login and TLS."""
+    """``onceflow.stores.redis``: URL, key prefix, login, TLS and the replicas to wait for."""
     r = "onceflow.stores.redis."
     url = read.text(r + "url", r"(rediss?|unix)://\S+", _REDIS_HINT)
     access = StoreAccess(_optional_text(read, r + "username"), read_secret(read, r + "password"),
@@ -50,7 +50,9 @@ def redis_settings(read: Reader) -> RedisSettings:
     if access.tls is None and _tls_files_given(read, r + "tls."):
         raise read.error(r + "url", f"expected a rediss:// URL with {r}tls set, got "
                          f"{url.partition(':')[0]}://")
-    return RedisSettings(url, read.text(r + "key-prefix"), access)
+    return RedisSettings(url, read.text(r + "key-prefix"), access,
+                         read.integer(r + "wait-replicas", 0, 100),
+                         read.duration(r + "wait-timeout", 0.01, 60))
 
 
 def _cassandra_access(read: Reader, c: str) -> StoreAccess:

@@ -116,11 +116,14 @@ class CommitSettings:
 
 @dataclass(frozen=True)
 class RedisSettings:
-    """``onceflow.stores.redis``: the aggregate state store."""
+    """``onceflow.stores.redis``: the aggregate state store; ``wait_replicas`` replicas
+    acknowledge each write within ``wait_timeout`` s (0: no WAIT)."""
 
     url: str
     key_prefix: str
     access: StoreAccess
+    wait_replicas: int = 0
+    wait_timeout: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -192,7 +192,8 @@ def open_store(settings: Settings, name: str, pipeline_id: str) -> StateStore:
         redis = settings.stores.redis
         return RedisStore(redis.url, redis.key_prefix, pipeline_id,
                           history_retention=settings.state.history_retention,
-                          access=redis.access)
+                          access=redis.access, wait_replicas=redis.wait_replicas,
+                          wait_timeout=redis.wait_timeout)
     if name == "cassandra":
         from onceflow.stores.cassandra_store import CassandraStore
 
@@ -217,7 +218,8 @@ def open_store(settings: Settings, name: str, pipeline_id: str) -> StateStore:
 
 
 def check_store_access(settings: Settings, pipeline: Pipeline) -> None:
-    """Log in to every store the worker will use, once, before any actor starts.
+    """Log in to every store the worker will use, once, before any actor starts, and log
+    what each keeps of an acknowledged write (a WARNING where it can be lost).
 
     A store that refuses the login, the certificate or a permission is a
     ConfigError (the worker exits 2 naming the setting). One that does not
@@ -234,6 +236,8 @@ def check_store_access(settings: Settings, pipeline: Pipeline) -> None:
             if error is not None:
                 log.warning("store %s does not answer yet (%s): starting, its calls are "
                             "retried", name, error)
+            elif (durability := store.durability()) is not None:
+                log.log(*durability)
         except StoreAccessDenied as denied:
             raise access_error(settings, denied) from None
         finally:

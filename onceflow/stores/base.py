@@ -193,6 +193,11 @@ class Connection(Protocol):
         starts, so that a wrong password stops it with a configuration error.
         """
 
+    def durability(self) -> tuple[int, str] | None:
+        """What the store keeps of a write it acknowledged, as (logging level, message)
+        for the start-up log; None when there is nothing to check at run time."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Release the client's connections."""

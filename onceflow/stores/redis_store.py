@@ -14,6 +14,9 @@ A write given a guard (the epochs of the input partitions it depends on) is
 one Lua script that checks them and writes, or refuses with ``Fenced``
 (``onceflow.stores.fencing.redis_fence``); the epochs are ``<prefix>:<pipeline>:epoch:
 <topic>|<partition>``, taken from the counter ``<prefix>:<pipeline>:#counter``.
+
+With ``wait_replicas``, a write of states, history or outbox rows returns only
+once that many replicas acknowledged it (``onceflow.stores.redis_durability``).
 """
 
 from __future__ import annotations
@@ -22,30 +25,38 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import redis
+from redis.client import Pipeline
 
 from onceflow.shared_types import TopicPartition
 from onceflow.stores.access import NO_ACCESS, StoreAccess, access_denied, redis_options
 from onceflow.stores.base import OutboxKey, StateStore
 from onceflow.stores.fencing import Guard, Taken
 from onceflow.stores.fencing.redis_fence import RedisFence
+from onceflow.stores.redis_durability import ReplicaWait, persistence_report
 
 _GLOB_SPECIAL = str.maketrans({c: "\\" + c for c in "*?[]\\"})
 
 
 class RedisStore(StateStore):
-    """``access`` logs in (AUTH, an ACL user) and sets up TLS (a ``rediss://`` URL)."""
+    """``access`` logs in (AUTH, an ACL user) and sets up TLS (a ``rediss://`` URL);
+    ``wait_replicas`` replicas acknowledge each write within ``wait_timeout`` s (0: none)."""
 
     fenced = atomic_fence = True
 
     def __init__(self, url: str, key_prefix: str, pipeline_id: str, timeout: float = 5.0,
-                 history_retention: float = 0.0, *, access: StoreAccess = NO_ACCESS):
+                 history_retention: float = 0.0, *, access: StoreAccess = NO_ACCESS,
+                 wait_replicas: int = 0, wait_timeout: float = 1.0):
         self.history_retention = history_retention
+        self._acks = ReplicaWait(wait_replicas, wait_timeout)
+        reply = timeout + (wait_timeout if wait_replicas else 0.0)  # WAIT blocks that long
         self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout, socket_connect_timeout=timeout, **redis_options(access)
+            url, socket_timeout=reply, socket_connect_timeout=timeout, **redis_options(access)
         )
+        where = self._client.get_connection_kwargs()  # never the password: only the address
+        self._where = str(where.get("path") or f"{where.get('host')}:{where.get('port')}")
         self._base = f"{key_prefix}:{pipeline_id}"
         self._outbox = f"{self._base}:outbox"
-        self.fence = RedisFence(self._client, self._base)
+        self.fence = RedisFence(self._client, self._base, self._acks)
 
     def _key(self, stage_id: str, key: str) -> str:
         return f"{self._base}:s:{stage_id}:{key}"
@@ -73,7 +84,7 @@ class RedisStore(StateStore):
         if guard:
             self.fence.write(guard, "mset", named)
         else:
-            self._client.mset(named)
+            self._acks.execute(self._client, lambda pipe: pipe.mset(named))
 
     def save_expiring(self, stage_id: str, rows: Mapping[str, bytes], ttl: float, *,
                       guard: Guard | None = None) -> None:
@@ -85,10 +96,12 @@ class RedisStore(StateStore):
             self.fence.write(guard, "px", {self._key(stage_id, key): value
                                           for key, value in rows.items()}, px=ttl_ms)
             return
-        pipe = self._client.pipeline(transaction=False)
-        for key, value in rows.items():
-            pipe.set(self._key(stage_id, key), value, px=ttl_ms)
-        pipe.execute()
+
+        def write(pipe: Pipeline) -> None:
+            for key, value in rows.items():
+                pipe.set(self._key(stage_id, key), value, px=ttl_ms)
+
+        self._acks.execute(self._client, write)
 
     def scan(self, stage_id: str) -> Iterator[tuple[str, bytes]]:
         prefix = self._key(stage_id, "")
@@ -130,8 +143,9 @@ class RedisStore(StateStore):
                                              for (lane, seq), value in rows.items()},
                              hash_key=self._outbox)
         else:
-            self._client.hset(self._outbox, mapping={f"{lane}|{seq}": value
-                                                     for (lane, seq), value in rows.items()})
+            self._acks.execute(self._client, lambda pipe: pipe.hset(
+                self._outbox, mapping={f"{lane}|{seq}": value
+                                       for (lane, seq), value in rows.items()}))
 
     def outbox_remove(self, keys: Sequence[OutboxKey]) -> None:
         if keys:
@@ -174,6 +188,10 @@ class RedisStore(StateStore):
                 raise denied from error
             return error
         return None
+
+    def durability(self) -> tuple[int, str]:
+        """What Redis keeps of an acknowledged write (``redis_durability.persistence_report``)."""
+        return persistence_report(self._client, self._where, self._acks.replicas)
 
     def close(self) -> None:
         self._client.close()

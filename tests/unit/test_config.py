@@ -169,7 +169,8 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
           consumer { max-in-flight-batches = 16, gap-refetches = 0, gap-refetch-backoff = 20ms }
           persistence.interval = 500ms
           state { cache.max-states = 50, history.retention = 30d, max-bytes = 65536 }
-          stores.redis { url = "rediss://cache:6380/2", key-prefix = "shop" }
+          stores.redis { url = "rediss://cache:6380/2", key-prefix = "shop", wait-replicas = 2,
+                         wait-timeout = 250ms }
         }
         """
     )
@@ -192,7 +193,8 @@ def test_application_file_overrides_defaults(app_file: AppFile) -> None:
     assert settings.state == StateSettings(max_cached_states=50, history_retention=30 * 86400,
                                            max_state_bytes=65536)
     assert settings.stores.redis == RedisSettings(  # rediss://: TLS, the system's CAs
-        "rediss://cache:6380/2", "shop", StoreAccess(tls=TlsFiles(None, None, None, True)))
+        "rediss://cache:6380/2", "shop", StoreAccess(tls=TlsFiles(None, None, None, True)),
+        wait_replicas=2, wait_timeout=0.25)
 
 
 def test_environment_beats_reference_defaults(
@@ -617,6 +619,16 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             'stores.redis.url = "http://cache:6379"',
             "onceflow.stores.redis.url",
             "expected a redis://, rediss:// or unix:// URL, got 'http://cache:6379'",
+        ),
+        (
+            "stores.redis.wait-replicas = -1",
+            "onceflow.stores.redis.wait-replicas",
+            "expected an integer in 0..100, got -1",
+        ),
+        (
+            "stores.redis.wait-timeout = 0s",  # WAIT 0 would wait for ever
+            "onceflow.stores.redis.wait-timeout",
+            "expected a duration in 10ms..1m, got 0ms",
         ),
         (
             "stores.cassandra.contact-points = []",

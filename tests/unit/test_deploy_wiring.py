@@ -193,6 +193,15 @@ def test_every_named_volume_is_declared_and_every_store_keeps_its_data_in_one() 
         assert mounted.get(directory) in declared, f"{name} keeps {directory} in no volume"
 
 
+def test_redis_fsyncs_every_write_before_acknowledging_it() -> None:
+    """Offsets follow a written state: an acknowledged write lost in a crash loses events."""
+    args = command(services()["redis"])
+    options = {args[i]: args[i + 1] for i in range(1, len(args) - 1, 2)
+               if args[i].startswith("--")}
+    assert options.get("--appendonly") == "yes", args
+    assert options.get("--appendfsync") == "always", args
+
+
 def test_every_healthcheck_hits_an_endpoint_the_worker_enables(
         monkeypatch: pytest.MonkeyPatch) -> None:
     workers = {n: s for n, s in onceflow_services().items() if command(s)[1:2] == ["run"]}

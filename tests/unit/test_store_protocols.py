@@ -38,7 +38,7 @@ def test_every_member_of_the_store_belongs_to_exactly_one_concern() -> None:
     assert len(members) == len(set(members))  # no member in two protocols
     public = {name for name in dir(StateStore) if not name.startswith("_")}
     assert public == set(members)
-    assert len(public) == 22  # 19 methods, the two fencing flags, the history retention
+    assert len(public) == 23  # 20 methods, the two fencing flags, the history retention
 
 
 class Rows:

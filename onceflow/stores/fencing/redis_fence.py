@@ -9,7 +9,8 @@ ARGV, then the rows; it answers 0 when written, else ``[i, stored]`` for the
 first epoch that differs (nothing is written then). The rows go out as MSET
 (or SET PX, or HSET into one hash) in chunks of 1,000, under Lua's limit on
 ``unpack``. One node only: on a cluster the epoch and row keys would live in
-different slots, which a script cannot reach.
+different slots, which a script cannot reach. With replicas to wait for, the
+script and a WAIT go out as one pipeline (``onceflow.stores.redis_durability``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import redis
 
 from onceflow.shared_types import TopicPartition
 from onceflow.stores.fencing import COUNTER, Fenced, Guard, Taken, epoch_key, first_mismatch
+from onceflow.stores.redis_durability import ReplicaWait
 
 Mode = Literal["mset", "px", "hset"]
 
@@ -99,9 +101,10 @@ return {epoch, old}
 class RedisFence:
     """Epochs and guarded writes under ``<base>:epoch:<topic>|<partition>``."""
 
-    def __init__(self, client: redis.Redis, base: str):
+    def __init__(self, client: redis.Redis, base: str, acks: ReplicaWait | None = None):
         self._client = client
         self._base = base
+        self._acks = acks or ReplicaWait()
         self._script = client.register_script(GUARDED_WRITE)
         self._take = client.register_script(TAKE)
 
@@ -118,7 +121,8 @@ class RedisFence:
     def write(self, guard: Guard, mode: Mode, rows: Mapping[str, bytes], *, px: int = 0,
               hash_key: str = "") -> None:
         """Write ``rows`` (key or hash field -> value) if every epoch of ``guard`` is the
-        store's; raise ``Fenced`` (nothing written) otherwise."""
+        store's; raise ``Fenced`` (nothing written) otherwise, ``ReplicasBehind`` when too
+        few replicas acknowledged the rows."""
         order = sorted(guard)
         keys = [epoch_key(self._base, tp) for tp in order]
         args: list[str | bytes | int] = [len(order), *(str(guard[tp]) for tp in order), mode, px]
@@ -129,7 +133,11 @@ class RedisFence:
         else:
             keys += list(rows)
             args += list(rows.values())
-        answer = self._script(keys=keys, args=args)
+        if rows and self._acks.replicas:
+            answer = self._acks.execute(
+                self._client, lambda pipe: self._script(keys=keys, args=args, client=pipe))[0]
+        else:
+            answer = self._script(keys=keys, args=args)
         if answer != 0:
             index, stored = cast(list[int | bytes | None], answer)
             tp = order[int(cast(int, index)) - 1]
