@@ -25,6 +25,11 @@ last one may be cut short by the fetch's size limit (the client drops it).
 ``max_wait_ms`` limits the holes to fetches with that max wait: the worker's own
 group-less readers (the lag reader, the log-mark check) fetch with 100 ms and must not
 use up a hole meant for its consumer.
+
+``freeze_metadata()`` makes the broker stop answering metadata: a link that sends a
+Metadata (key 3) request from then on holds it, and everything after it on that link
+(Kafka answers a connection's requests in order), until ``thaw()``; ``held`` counts the
+requests held so. Other links keep flowing.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from itertools import pairwise
 from onceflow.actors.loop import EventLoopThread
 
 FETCH = 1
+METADATA = 3
 VERSIONS = range(4, 12)  # the Fetch versions parsed here: aiokafka 0.14's
 
 
@@ -70,7 +76,22 @@ class HoleProxy:
         self.versions: set[int] = set()  # Fetch versions seen
         self.errors: list[str] = []  # responses that could not be parsed (forwarded as is)
         self._writers: set[asyncio.StreamWriter] = set()
+        self.held = 0  # Metadata requests held while frozen
+        self._thawed = self._io.run(self._event())
         self._server = self._io.run(asyncio.start_server(self._link, host, port))
+
+    @staticmethod
+    async def _event() -> asyncio.Event:
+        thawed = asyncio.Event()  # made on the proxy's loop
+        thawed.set()
+        return thawed
+
+    def freeze_metadata(self) -> None:
+        """From now on, hold every Metadata request (and its link) until ``thaw``."""
+        self._io.loop.call_soon_threadsafe(self._thawed.clear)
+
+    def thaw(self) -> None:
+        self._io.loop.call_soon_threadsafe(self._thawed.set)
 
     async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -90,6 +111,9 @@ class HoleProxy:
                 size = await reader.readexactly(4)
                 body = await reader.readexactly(struct.unpack(">i", size)[0])
                 key, version, correlation = struct.unpack_from(">hhi", body)
+                if key == METADATA and not self._thawed.is_set():
+                    self.held += 1
+                    await self._thawed.wait()
                 if key == FETCH:
                     client = struct.unpack_from(">h", body, 8)[0]
                     max_wait = struct.unpack_from(">i", body, 10 + max(client, 0) + 4)[0]

@@ -1,0 +1,187 @@
+"""The producer follows its output topics, on the real broker: partitions added under load
+receive records without a restart, and a broker that stops answering metadata fails a
+send within ``max-block``; every output exactly once in both.
+
+A republisher keys each input ``{"id": n}`` by its id. The first test grows the output
+topic from 2 to 6 partitions while inputs arrive (admin CreatePartitions): the new
+partitions receive the records Kafka's default partitioner puts there on 6 partitions,
+without a restart, and the topic holds every id once (before the producer followed its
+topics, nothing reached them until a restart). The second puts a proxy between the worker
+and a private broker that holds every Metadata request from a moment on (the output
+topic is created then): the worker's first send to its output waits for the topic's
+metadata, fails after ``max-block`` with
+the topic named, the supervisor restarts the pipeline, and once metadata flows again the
+replay writes every id once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
+from hole_proxy import HoleProxy
+
+from onceflow.devtools import harness, services
+from onceflow.devtools.demo import redis_settings
+from onceflow.devtools.services import ServiceInfo, free_port
+from onceflow.kafka.producer import key_partition
+
+PIPELINE = '''
+import os
+from onceflow import Pipeline
+
+pipeline = (
+    Pipeline("grow", topics=(os.environ["GROW_IN"],), format="json")
+    .republish("out", os.environ["GROW_OUT"], key=lambda r: str(r["id"]), format="json")
+)
+'''
+BEFORE, AFTER = 2, 6  # output partitions
+RECORDS = 6_000
+
+
+def worker(tmp_path: Path, bootstrap: str, redis: ServiceInfo, group: str, prefix: str,
+           topics: tuple[str, str], **settings: str) -> harness.WorkerProcess:
+    """A republisher of ``topics[0]`` to ``topics[1]``, keyed by id (not started)."""
+    (tmp_path / "grow_pipeline.py").write_text(textwrap.dedent(PIPELINE))
+    config = {**redis_settings(bootstrap, f"redis://{redis.address}/0", group, prefix),
+              "onceflow.pipeline": "grow_pipeline:pipeline",
+              "onceflow.commit.interval": "500ms", **settings}
+    argv = harness.worker_command(harness.packaged_config("demo.conf"), config)
+    env = {**os.environ, "GROW_IN": topics[0], "GROW_OUT": topics[1],
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    return harness.WorkerProcess(argv, env, tmp_path)
+
+
+def inputs(ids: range) -> list[tuple[bytes | None, bytes]]:
+    return [(str(i).encode(), json.dumps({"id": i}).encode()) for i in ids]
+
+
+async def outputs(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, bytes, int]]:
+    """(partition, key, id) of every record in the output topic."""
+    return [(r.partition, r.key, json.loads(r.value)["id"])
+            for r in await harness.read_all(bootstrap, topic, partitions)]
+
+
+async def finished(bootstrap: str, group: str, topic: str, ends: dict[int, int],
+                   process: harness.WorkerProcess) -> None:
+    async with harness.CommittedOffsets(bootstrap, group) as committed:
+        assert await committed.wait_for(topic, ends, 120, process), \
+            f"not committed to {ends}{process.log_tail()}"
+
+
+def test_partitions_added_to_an_output_topic_receive_records_without_a_restart(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    bootstrap = kafka_service.address
+    source, output = unique_name("in"), unique_name("out")
+    group = unique_name("g")
+    process = worker(tmp_path, bootstrap, redis_service, group, unique_name("p"),
+                     (source, output), **{"onceflow.kafka.producer.metadata-max-age": "1s"})
+
+    async def scenario() -> dict[int, int]:
+        await harness.create_topic(bootstrap, source, 2)
+        await harness.create_topic(bootstrap, output, BEFORE)
+        process.start()
+        await process.assigned()
+        ends: dict[int, int] = {}
+        sending = asyncio.create_task(
+            harness.produce(bootstrap, source, inputs(range(RECORDS)), seconds=8, ends=ends))
+        while sum(ends.values()) < RECORDS // 3:  # under load: a third is in
+            assert not sending.done() and process.exited() is None, process.log_tail()
+            await asyncio.sleep(0.05)
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_partitions({output: NewPartitions(AFTER)})
+        finally:
+            await admin.close()
+        await sending
+        await finished(bootstrap, group, source, ends, process)
+        return ends
+
+    try:
+        asyncio.run(scenario())
+        records = asyncio.run(outputs(bootstrap, output, AFTER))
+        assert process.exited() is None, process.log_tail()
+    finally:
+        process.terminate(15)
+    log = process.logs[-1].read_text(errors="replace")
+    assert "restarting" not in log, process.log_tail()
+    ids = Counter(i for _, _, i in records)
+    assert sorted(ids) == list(range(RECORDS)), "lost records"
+    assert max(ids.values()) == 1, f"doubled: {[i for i, n in ids.items() if n > 1][:10]}"
+    grown = Counter(p for p, _, _ in records if p >= BEFORE)
+    assert sorted(grown) == list(range(BEFORE, AFTER)), f"new partitions unused: {grown}"
+    # Where Kafka's default partitioner puts each key: on the old count, or the new one.
+    for partition, key, _ in records:
+        assert partition in (key_partition(key, range(BEFORE)), key_partition(key, range(AFTER)))
+    assert f"output topic {output!r} has {AFTER} partitions now (was {BEFORE})" in log
+
+
+def test_a_broker_that_stops_answering_metadata_fails_a_send_within_max_block(
+    redis_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
+) -> None:
+    source, output = unique_name("in"), unique_name("out")
+    proxy_port = free_port()
+    kafka = services.start_tansu(tmp_path / "kafka", advertised_port=proxy_port)
+    proxy = HoleProxy(proxy_port, kafka.port, output, 0, ())
+    bootstrap = f"127.0.0.1:{proxy_port}"
+    group = unique_name("g")
+    process = worker(tmp_path, bootstrap, redis_service, group, unique_name("p"),
+                     (source, output), **{"onceflow.kafka.producer.max-block": "2s"})
+    needle = f"no metadata for output topic {output!r} within max-block (2s)"
+
+    async def scenario() -> None:
+        await harness.create_topic(bootstrap, source, 1)
+        # The test's producer learns its topic before the freeze: it needs no metadata after.
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+                                    enable_idempotence=False)
+        await producer.start()
+        try:
+            await producer.partitions_for(source)
+            process.start()
+            await process.assigned()
+            proxy.freeze_metadata()
+            # Created now (bootstrapped past the proxy), so no metadata the worker holds
+            # names it: its first send must ask.
+            await harness.create_topic(kafka.address, output, 2)
+            ends: dict[int, int] = {}
+            for key, value in inputs(range(500)):
+                sent = await (await producer.send(source, value, key=key))
+                ends[sent.partition] = max(ends.get(sent.partition, 0), sent.offset + 1)
+        finally:
+            await producer.stop()
+        # Within the bound: well before aiokafka's own 30 s request timeout would end the
+        # wait (with slack for a loaded host), once the worker fetched them.
+        deadline = time.monotonic() + 25
+        while needle not in process.logs[-1].read_text(errors="replace"):
+            assert process.exited() is None, process.log_tail()
+            assert time.monotonic() < deadline, f"no max-block failure{process.log_tail()}"
+            await asyncio.sleep(0.1)
+        assert proxy.held > 0
+        proxy.thaw()
+        await finished(bootstrap, group, source, ends, process)
+
+    try:
+        asyncio.run(scenario())
+        records = asyncio.run(outputs(bootstrap, output, 2))
+        assert process.exited() is None, process.log_tail()
+    finally:
+        proxy.thaw()
+        process.terminate(15)
+        proxy.close()
+        services.stop(kafka)
+    log = process.logs[-1].read_text(errors="replace")
+    assert "restarting" in log  # the supervisor's policy: the pipeline restarted, not the worker
+    ids = Counter(i for _, _, i in records)
+    assert sorted(ids) == list(range(500)), "lost records"
+    assert max(ids.values()) == 1, f"doubled: {[i for i, n in ids.items() if n > 1][:10]}"
