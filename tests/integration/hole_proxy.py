@@ -30,6 +30,11 @@ use up a hole meant for its consumer.
 Metadata (key 3) request from then on holds it, and everything after it on that link
 (Kafka answers a connection's requests in order), until ``thaw()``; ``held`` counts the
 requests held so. Other links keep flowing.
+
+``show_partitions(topic, count)`` makes Metadata responses describe ``topic`` with its
+first ``count`` partitions only (None: as the broker does): a topic re-described to its
+clients without a broker that can add partitions. The responses are decoded and encoded
+again with aiokafka's own classes (Metadata v0 to v5, none "flexible").
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import contextlib
 import struct
 from collections.abc import Iterable
 from itertools import pairwise
+
+from aiokafka.protocol import metadata
 
 from onceflow.actors.loop import EventLoopThread
 
@@ -77,6 +84,7 @@ class HoleProxy:
         self.errors: list[str] = []  # responses that could not be parsed (forwarded as is)
         self._writers: set[asyncio.StreamWriter] = set()
         self.held = 0  # Metadata requests held while frozen
+        self._shown: dict[bytes, int] = {}  # topic -> partitions Metadata answers show
         self._thawed = self._io.run(self._event())
         self._server = self._io.run(asyncio.start_server(self._link, host, port))
 
@@ -93,6 +101,30 @@ class HoleProxy:
     def thaw(self) -> None:
         self._io.loop.call_soon_threadsafe(self._thawed.set)
 
+    def show_partitions(self, topic: str, count: int | None) -> None:
+        """Metadata answers show ``topic``'s first ``count`` partitions (None: all)."""
+        def apply() -> None:
+            if count is None:
+                self._shown.pop(topic.encode(), None)
+            else:
+                self._shown[topic.encode()] = count
+        self._io.loop.call_soon_threadsafe(apply)
+
+    def _described(self, body: bytes, version: int) -> bytes:
+        """``body`` (a Metadata response) with the shown topics' other partitions left out."""
+        kind = getattr(metadata, f"MetadataResponse_v{version}", None)
+        if kind is None:
+            raise ValueError(f"Metadata v{version} is not parsed here")
+        answer = kind.decode(body[4:])
+        topics = []
+        for topic in answer.topics:  # error_code, topic, [is_internal], partitions
+            shown = self._shown.get(topic[1].encode())
+            if shown is not None:
+                topic = (*topic[:-1], [p for p in topic[-1] if p[1] < shown])
+            topics.append(topic)
+        answer.topics = topics
+        return body[:4] + answer.encode()
+
     async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection(self._host, self._target)
@@ -101,11 +133,12 @@ class HoleProxy:
             return
         self._writers |= {writer, up_writer}
         fetches: dict[int, int] = {}  # correlation id -> Fetch version, on this link
-        await asyncio.gather(self._requests(reader, up_writer, fetches),
-                             self._responses(up_reader, writer, fetches))
+        metas: dict[int, int] = {}  # correlation id -> Metadata version, on this link
+        await asyncio.gather(self._requests(reader, up_writer, fetches, metas),
+                             self._responses(up_reader, writer, fetches, metas))
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                        fetches: dict[int, int]) -> None:
+                        fetches: dict[int, int], metas: dict[int, int]) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 size = await reader.readexactly(4)
@@ -114,6 +147,8 @@ class HoleProxy:
                 if key == METADATA and not self._thawed.is_set():
                     self.held += 1
                     await self._thawed.wait()
+                if key == METADATA:
+                    metas[correlation] = version
                 if key == FETCH:
                     client = struct.unpack_from(">h", body, 8)[0]
                     max_wait = struct.unpack_from(">i", body, 10 + max(client, 0) + 4)[0]
@@ -124,12 +159,19 @@ class HoleProxy:
         writer.close()
 
     async def _responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         fetches: dict[int, int]) -> None:
+                         fetches: dict[int, int], metas: dict[int, int]) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 size = await reader.readexactly(4)
                 body = await reader.readexactly(struct.unpack(">i", size)[0])
-                version = fetches.pop(struct.unpack_from(">i", body)[0], None)
+                correlation = struct.unpack_from(">i", body)[0]
+                described = metas.pop(correlation, None)
+                if described is not None and self._shown:
+                    try:
+                        body = self._described(body, described)
+                    except (ValueError, struct.error) as error:
+                        self.errors.append(f"Metadata v{described}: {error!r}")
+                version = fetches.pop(correlation, None)
                 if version is not None and self.pending:
                     self.versions.add(version)
                     try:

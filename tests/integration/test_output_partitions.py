@@ -11,7 +11,8 @@ and a private broker that holds every Metadata request from a moment on (the out
 topic is created then): the worker's first send to its output waits for the topic's
 metadata, fails after ``max-block`` with
 the topic named, the supervisor restarts the pipeline, and once metadata flows again the
-replay writes every id once.
+replay writes every id once. The third sends one record to a partition added after the
+producer cached its topic: it asks the broker again instead of failing.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from hole_proxy import HoleProxy
 
+from onceflow.actors.loop import EventLoopThread
 from onceflow.devtools import harness, services
 from onceflow.devtools.demo import redis_settings
 from onceflow.devtools.services import ServiceInfo, free_port
-from onceflow.kafka.producer import key_partition
+from onceflow.kafka.delivery import DeliverySettings, OutboxTally
+from onceflow.kafka.producer import ProducerActor, key_partition
+from onceflow.stages.outcome import Output
 
 PIPELINE = '''
 import os
@@ -70,6 +74,16 @@ async def outputs(bootstrap: str, topic: str, partitions: int) -> list[tuple[int
             for r in await harness.read_all(bootstrap, topic, partitions)]
 
 
+async def grow(bootstrap: str, topic: str, partitions: int) -> None:
+    """Add partitions to ``topic`` (Kafka's CreatePartitions), up to ``partitions``."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_partitions({topic: NewPartitions(partitions)})
+    finally:
+        await admin.close()
+
+
 async def finished(bootstrap: str, group: str, topic: str, ends: dict[int, int],
                    process: harness.WorkerProcess) -> None:
     async with harness.CommittedOffsets(bootstrap, group) as committed:
@@ -98,12 +112,7 @@ def test_partitions_added_to_an_output_topic_receive_records_without_a_restart(
         while sum(ends.values()) < RECORDS // 3:  # under load: a third is in
             assert not sending.done() and process.exited() is None, process.log_tail()
             await asyncio.sleep(0.05)
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.create_partitions({output: NewPartitions(AFTER)})
-        finally:
-            await admin.close()
+        await grow(bootstrap, output, AFTER)
         await sending
         await finished(bootstrap, group, source, ends, process)
         return ends
@@ -185,3 +194,34 @@ def test_a_broker_that_stops_answering_metadata_fails_a_send_within_max_block(
     ids = Counter(i for _, _, i in records)
     assert sorted(ids) == list(range(500)), "lost records"
     assert max(ids.values()) == 1, f"doubled: {[i for i, n in ids.items() if n > 1][:10]}"
+
+
+def test_a_send_to_a_partition_the_producer_has_not_seen_asks_the_broker_again(
+    kafka_service: ServiceInfo, unique_name: Callable[..., str],
+) -> None:
+    """A record for a partition added after the producer cached the topic (an exclusive
+    step's partition map, say) is sent there, without waiting for the periodic refresh
+    (5 minutes here): before, it failed with "partition 3 ... does not exist" until a
+    restart."""
+    bootstrap, topic = kafka_service.address, unique_name("out")
+    io = EventLoopThread("test-producer")
+    failures: list[BaseException] = []
+    actor = ProducerActor(
+        options={"bootstrap_servers": bootstrap, "acks": "all", "enable_idempotence": False},
+        delivery=DeliverySettings(delivery_timeout=30, request_timeout=10, retries=3,
+                                  retry_backoff=0.1, reconnect_backoff=0.05,
+                                  reconnect_backoff_max=1),
+        max_block=10, outbox=None, tally=OutboxTally(), io=io, start_timeout=30,
+        on_fatal=lambda name, error: failures.append(error))
+    try:
+        io.run(harness.create_topic(bootstrap, topic, 2))
+        actor.start()
+        io.run(actor.send([Output(topic, None, b"before", partition=1)]), timeout=60)
+        io.run(grow(bootstrap, topic, 4))
+        io.run(actor.send([Output(topic, None, b"after", partition=3)]), timeout=60)
+        actor.stop()
+    finally:
+        io.stop()
+    records = asyncio.run(harness.read_all(bootstrap, topic, 4))
+    assert sorted((r.partition, r.value) for r in records) == [(1, b"before"), (3, b"after")]
+    assert failures == []
