@@ -75,7 +75,7 @@ class HoleProxy:
                  offsets: Iterable[int], max_wait_ms: int | None = None,
                  host: str = "127.0.0.1"):
         self._io = EventLoopThread("hole-proxy")
-        self._host, self._target = host, target_port
+        self._host, self._target, self.port = host, target_port, port
         self._topic, self._partition = topic.encode(), partition
         self._max_wait = max_wait_ms
         self.pending = sorted(offsets)  # offsets still to punch a hole at
