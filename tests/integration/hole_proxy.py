@@ -26,10 +26,13 @@ last one may be cut short by the fetch's size limit (the client drops it).
 group-less readers (the lag reader, the log-mark check) fetch with 100 ms and must not
 use up a hole meant for its consumer.
 
-``freeze_metadata()`` makes the broker stop answering metadata: a link that sends a
-Metadata (key 3) request from then on holds it, and everything after it on that link
-(Kafka answers a connection's requests in order), until ``thaw()``; ``held`` counts the
-requests held so. Other links keep flowing.
+``freeze_metadata(topic)`` makes the broker stop answering metadata about ``topic``: a
+link that sends a Metadata (key 3) request naming it from then on holds it, and
+everything after it on that link (Kafka answers a connection's requests in order), until
+``thaw()``; ``held`` counts the requests held so. Other links, and Metadata requests for
+other topics or for all (a worker's other clients: its consumer, its tail and log-mark
+readers), keep flowing. A Metadata request body (v0 to v5, as aiokafka sends them) starts
+with the topics array: int32 count (-1: all topics), then int16-sized names.
 
 ``show_partitions(topic, count)`` makes Metadata responses describe ``topic`` with its
 first ``count`` partitions only (None: as the broker does): a topic re-described to its
@@ -84,6 +87,7 @@ class HoleProxy:
         self.errors: list[str] = []  # responses that could not be parsed (forwarded as is)
         self._writers: set[asyncio.StreamWriter] = set()
         self.held = 0  # Metadata requests held while frozen
+        self._frozen: bytes | None = None  # the topic whose Metadata requests are held
         self._shown: dict[bytes, int] = {}  # topic -> partitions Metadata answers show
         self._thawed = self._io.run(self._event())
         self._server = self._io.run(asyncio.start_server(self._link, host, port))
@@ -94,9 +98,24 @@ class HoleProxy:
         thawed.set()
         return thawed
 
-    def freeze_metadata(self) -> None:
-        """From now on, hold every Metadata request (and its link) until ``thaw``."""
+    def freeze_metadata(self, topic: str) -> None:
+        """From now on, hold every Metadata request naming ``topic`` (and its link) until
+        ``thaw``."""
+        self._frozen = topic.encode()
         self._io.loop.call_soon_threadsafe(self._thawed.clear)
+
+    @staticmethod
+    def _named(body: bytes) -> set[bytes]:
+        """The topics a Metadata request names (none for "all topics")."""
+        (client,) = struct.unpack_from(">h", body, 8)
+        at = 10 + max(client, 0)
+        (count,), at = struct.unpack_from(">i", body, at), at + 4
+        names = set()
+        for _ in range(max(count, 0)):
+            (size,) = struct.unpack_from(">h", body, at)
+            names.add(body[at + 2:at + 2 + size])
+            at += 2 + size
+        return names
 
     def thaw(self) -> None:
         self._io.loop.call_soon_threadsafe(self._thawed.set)
@@ -144,7 +163,8 @@ class HoleProxy:
                 size = await reader.readexactly(4)
                 body = await reader.readexactly(struct.unpack(">i", size)[0])
                 key, version, correlation = struct.unpack_from(">hhi", body)
-                if key == METADATA and not self._thawed.is_set():
+                if (key == METADATA and not self._thawed.is_set()
+                        and self._frozen in self._named(body)):
                     self.held += 1
                     await self._thawed.wait()
                 if key == METADATA:

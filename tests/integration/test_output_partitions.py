@@ -14,8 +14,9 @@ A republisher keys each input ``{"id": n}`` by its id. The first test grows the 
 topic from 2 to 6 partitions while inputs arrive: the new partitions receive the records
 Kafka's default partitioner puts there on 6 partitions, without a restart, and the topic
 holds every id once (before the producer followed its topics, nothing reached them until
-a restart). The second makes the proxy hold every Metadata request from a moment on (the
-output topic is created then): the worker's first send to its output waits for the
+a restart). The second makes the proxy hold every Metadata request for the output topic
+from a moment on (the topic is created then; the worker's other clients, which ask about
+other topics, keep working): the worker's first send to its output waits for the
 topic's metadata, fails after ``max-block`` with the topic named, the supervisor restarts
 the pipeline, and once metadata flows again the replay writes every id once. The third
 sends one record to a partition added after the producer cached its topic: it asks the
@@ -155,7 +156,7 @@ def test_a_broker_that_stops_answering_metadata_fails_a_send_within_max_block(
 ) -> None:
     source, output, group = unique_name("in"), unique_name("out"), unique_name("g")
     needle = f"no metadata for output topic {output!r} within max-block (2s)"
-    with proxied_broker(tmp_path / "kafka", output) as (proxy, kafka):
+    with proxied_broker(tmp_path / "kafka", output) as (proxy, _):
         bootstrap = f"127.0.0.1:{proxy.port}"
         process = worker(tmp_path, bootstrap, redis_service, group, unique_name("p"),
                          (source, output), **{"onceflow.kafka.producer.max-block": "2s"})
@@ -170,10 +171,10 @@ def test_a_broker_that_stops_answering_metadata_fails_a_send_within_max_block(
                 await producer.partitions_for(source)
                 process.start()
                 await process.assigned()
-                proxy.freeze_metadata()
-                # Created now (bootstrapped past the proxy), so no metadata the worker holds
-                # names it: its first send must ask.
-                await harness.create_topic(kafka.address, output, 2)
+                proxy.freeze_metadata(output)
+                # Created now, so no metadata the worker holds names it: its first send
+                # must ask.
+                await harness.create_topic(bootstrap, output, 2)
                 ends: dict[int, int] = {}
                 for key, value in inputs(range(500)):
                     sent = await (await producer.send(source, value, key=key))
