@@ -335,7 +335,7 @@ def measure_round(args: argparse.Namespace, kafka: services.ServiceInfo, baselin
     raws: list[tuple[dict[str, float], float]] = []
     for _ in range(args.raw_repeat):  # one pass lasts ~0.5 s: its rate varies by ~20%
         spawned = time.monotonic()
-        result = measure_raw(kafka.address, baseline, args.messages)
+        result = measure_raw(kafka.address, baseline, args.messages, "json")
         raws.append((result, time.monotonic() - spawned))
     raws.sort(key=lambda run: run[0]["records"] / run[0]["seconds"])
     hands = {}

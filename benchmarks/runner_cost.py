@@ -9,6 +9,9 @@ with every 50th batch encoding the dirty states as a snapshot would (no
 store, no Kafka), and the worker's garbage-collector settings
 (``runtime.worker.tune_gc``). Baseline in the same run: ``json.loads`` of each value.
 
+``--pipeline robots_envelope`` runs the robots over the same reports copied into
+envelopes (``throughput.py --format envelope``'s input and ``bench_pipelines``' pipeline),
+with ``Envelope.FromString`` + ``json.loads`` of each payload as the baseline.
 ``--pipeline normalize`` runs the chaos topology's republisher instead (flat-map
 1 -> ~3, a unit per report, or an envelope per output with ``--per-value``);
 ``--pipeline counting`` an aggregate feeding a republish step (no fused shape: every
@@ -18,7 +21,7 @@ over the republisher's outputs, with ``Envelope.FromString`` + ``json.loads``
 of each payload (a unit's: each item's) as the baseline.
 
     python benchmarks/runner_cost.py [--messages 200000] [--repeat 5] [--profile]
-        [--pipeline robots|normalize|counting|windows] [--per-value] [--general]
+        [--pipeline robots|robots_envelope|normalize|counting|windows] [--per-value] [--general]
 
 ``--general`` turns the fused paths off: every record takes the general path (a
 pipeline's cost on both paths, for those that have a fused one: robots, windows).
@@ -39,9 +42,10 @@ from aiokafka.structs import ConsumerRecord
 
 from onceflow.devtools.robot_stream import generate
 from onceflow.examples.robot_chain import build_counting_normalize, build_normalize, build_windows
-from onceflow.examples.robots import build
-from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.examples.robots import build, count, fastenings, new_counts
+from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.runtime.worker import tune_gc
+from onceflow.stages.formats import ENVELOPE_MARK, json_value
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.runner import PipelineRunner
 
@@ -56,7 +60,14 @@ PIPELINES: dict[str, Callable[[], Pipeline]] = {
     "normalize": lambda: build_normalize("reports", "normalized", unit=UNITS),
     "windows": lambda: build_windows("normalized", "redis"),
     "counting": lambda: build_counting_normalize("reports", "normalized", "redis"),
+    "robots_envelope": lambda: (  # as bench_pipelines.robots_envelope
+        Pipeline("robots_envelope", topics=("reports",), format="envelope")
+        .map("report", json_value)
+        .flat_map("fastenings", fastenings)
+        .aggregate("per_robot", key=attrgetter("robot"), init=new_counts, fold=count)),
 }
+#: The pipelines whose input is envelopes (baseline: ``FromString`` + ``json.loads``).
+ENVELOPE_INPUT = ("windows", "robots_envelope")
 PIPELINE = "robots"
 UNITS = True  # the normalize pipeline makes units (one record per report); see --per-value
 GENERAL = False  # every record on the general path, the fused ones off (--general)
@@ -76,6 +87,13 @@ def as_records(topic: str, messages: list[tuple[bytes, bytes]],
 
 def records(messages: int, pipeline: str) -> list[ConsumerRecord[bytes, bytes]]:
     reports = as_records("reports", generate(messages, seed=11).messages)
+    if pipeline == "robots_envelope":  # each copied as a republisher writes it, one hop
+        copies = [(r.key or b"", Envelope(
+            key=(r.key or b"").decode(), payload=r.value, event_time_ms=BROKER_MS,
+            payload_type="application/json",
+            source_chain=[SourceRef(topic="raw", partition=r.partition, offset=r.offset)],
+        ).SerializeToString()) for r in reports]
+        return as_records("reports", copies, (ENVELOPE_MARK,))
     if pipeline != "windows":
         return reports
     runner = PipelineRunner(build_normalize("reports", "normalized", unit=UNITS),
@@ -98,7 +116,7 @@ def onceflow_pass(batch_list: list[list[ConsumerRecord[bytes, bytes]]]) -> None:
 
 
 def raw_pass(batch_list: list[list[ConsumerRecord[bytes, bytes]]]) -> None:
-    envelopes = PIPELINE == "windows"
+    envelopes = PIPELINE in ENVELOPE_INPUT
     for batch in batch_list:
         for record in batch:
             if envelopes:
@@ -149,7 +167,7 @@ def main() -> None:
     path = " (general path)" if GENERAL else ""
     print(f"{args.pipeline}{path}: {len(stream):,} records, {args.repeat} alternating passes "
           "(best of each):")
-    print(f"  {'envelope + json' if PIPELINE == 'windows' else 'json.loads only':25} "
+    print(f"  {'envelope + json' if PIPELINE in ENVELOPE_INPUT else 'json.loads only':25} "
           f"{r:6.2f} us/record")
     print(f"  PipelineRunner.process    {f:6.2f} us/record  ({f / r:.1f}x json.loads; "
           f"onceflow's own share {f - r:.2f} us)")

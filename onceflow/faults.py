@@ -25,6 +25,9 @@ they cost one attribute check.
   without checking the epochs (wrong on purpose, to show what fencing
   prevents: a paused worker's stale states then overwrite its successor's,
   and its in-hand outputs are written twice).
+- ``ONCEFLOW_FAULT_FETCH_FAILS_AFTER=<n>``: the process's first consumer stream fails
+  (its fetch loop raises) right after handing its ``n``-th batch to the pipeline, once:
+  the stream the supervisor re-creates runs on.
 - ``ONCEFLOW_FAULT_STAGE_RAISES_ON=<text>``: the pipeline actor raises on every
   batch holding a record whose bytes contain ``text``, as a bug in the
   runtime would: the supervisor restarts it until the budget is gone.
@@ -39,7 +42,7 @@ from typing import NoReturn
 
 PREFIX = "ONCEFLOW_FAULT_"
 SWITCHES = ("KILL_AFTER_SAVE", "UPSTREAM_FIRST", "KILL_AFTER_LANDING", "KILL_AFTER_SENDS",
-            "NO_FENCING", "PRODUCE_FAILS", "STAGE_RAISES_ON")
+            "NO_FENCING", "PRODUCE_FAILS", "STAGE_RAISES_ON", "FETCH_FAILS_AFTER")
 
 KILL_AFTER_SAVE: str | None = None
 UPSTREAM_FIRST = False
@@ -48,6 +51,8 @@ KILL_AFTER_SENDS = 0
 NO_FENCING = False
 PRODUCE_FAILS: str | None = None
 STAGE_RAISES_ON = b""
+FETCH_FAILS_AFTER = 0
+_fetched = 0  # batches handed over while FETCH_FAILS_AFTER is armed
 
 
 class InjectedFailure(RuntimeError):
@@ -69,7 +74,7 @@ def configure(environ: Mapping[str, str]) -> dict[str, str]:
     Test-only (``onceflow.devtools.fault_worker``); an empty value is off.
     """
     global KILL_AFTER_SAVE, UPSTREAM_FIRST, KILL_AFTER_LANDING, KILL_AFTER_SENDS
-    global NO_FENCING, PRODUCE_FAILS, STAGE_RAISES_ON
+    global NO_FENCING, PRODUCE_FAILS, STAGE_RAISES_ON, FETCH_FAILS_AFTER
     unknown = [name for name in set_in(environ) if name[len(PREFIX):] not in SWITCHES]
     if unknown:
         raise UnknownSwitch(f"unknown fault switch {', '.join(unknown)} (known: "
@@ -85,7 +90,15 @@ def configure(environ: Mapping[str, str]) -> dict[str, str]:
     NO_FENCING = get("NO_FENCING") == "1"
     PRODUCE_FAILS = get("PRODUCE_FAILS") or None
     STAGE_RAISES_ON = get("STAGE_RAISES_ON").encode()
+    FETCH_FAILS_AFTER = int(get("FETCH_FAILS_AFTER") or 0)
     return {PREFIX + s: get(s) for s in SWITCHES if get(s)}
+
+
+def fetch_fails() -> bool:
+    """A batch was handed over: True once, at the ``FETCH_FAILS_AFTER``-th."""
+    global _fetched
+    _fetched += 1
+    return _fetched == FETCH_FAILS_AFTER
 
 
 def die() -> NoReturn:

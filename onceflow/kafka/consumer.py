@@ -19,7 +19,6 @@ re-creates (``fetch_starvation``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.errors import IllegalStateError, KafkaError
 
+from onceflow import faults
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, LoopActor
 from onceflow.actors.loop import EventLoopThread
@@ -181,6 +181,8 @@ class ConsumerActor(LoopActor):
                 except pykka.ActorDeadError:
                     log.warning("pipeline actor gone (its failure is being handled): fetch stops")
                     return
+                if faults.FETCH_FAILS_AFTER and faults.fetch_fails():
+                    raise faults.InjectedFailure("injected fetch failure")
 
     def _may_resume(self, tp: KafkaPartition) -> bool:
         """Whether a partition whose re-fetch pause ends may be fetched again."""
@@ -315,8 +317,12 @@ class ConsumerActor(LoopActor):
             self._fetch_task.cancel()
             if self._room is not None:
                 self._room.set()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._fetch_task
+            except asyncio.CancelledError:
+                pass
+            except Exception as error:  # why this stream stops: reported when it ended
+                log.debug("the fetch loop had failed: %r", error)
 
     def stop(self) -> None:
         """Stop fetching and leave the group (bounded); from the supervisor's thread."""
@@ -324,8 +330,16 @@ class ConsumerActor(LoopActor):
             self._io.run(self._close(), timeout=self._stop_timeout + 1)
 
     async def _close(self) -> None:
+        """Leave the group whatever else fails: a consumer left open stays a member (its
+        heartbeats run on the shared loop) and holds its partitions unfetched, beside the
+        stream that replaces it, until ``max_poll_interval_ms`` (5 min) evicts it."""
         self._checkpoints.detach(self.commit_assigned)
-        await self._stop_fetching()
+        try:
+            await self._stop_fetching()
+        finally:
+            await self._leave()
+
+    async def _leave(self) -> None:
         assert self._consumer is not None
         try:  # leaving waits for a join under way to finish: bounded
             await asyncio.wait_for(self._consumer.stop(), self._stop_timeout)

@@ -8,6 +8,11 @@ leaves holes that stay: compacted records, transaction markers, aborted
 batches. So a hole is first re-fetched (a few times, after a short pause),
 and accepted only when it persists.
 
+A hole the fetch itself explains is no loss and is passed without a re-fetch:
+offsets the broker served in batches the client skips on purpose (a transaction's
+commit or abort marker, an aborted transaction's records under read_committed),
+which ``skipped_batches`` notes and the caller passes as ``explained``.
+
 A partition can also move the other way: its records restart *below* the
 offset this worker's group committed, when the topic was deleted and
 re-created under its name, or truncated (an unclean leader election). The
@@ -26,11 +31,15 @@ partition's fetched records and acts on the :class:`Verdict`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from onceflow.stages.state import TopicPartition
+
+#: Whether the offsets ``first`` to ``last`` of the partition checked were served in
+#: batches the client skipped on purpose (``skipped_batches.SkippedRanges.covers``).
+Explained = Callable[[int, int], bool]
 
 
 class HasOffset(Protocol):
@@ -131,10 +140,12 @@ class Continuity:
     def expected(self, tp: TopicPartition) -> int | None:
         return self._next.get(tp)
 
-    def check(self, tp: TopicPartition, records: Sequence[HasOffset]) -> Verdict:
+    def check(self, tp: TopicPartition, records: Sequence[HasOffset],
+              explained: Explained | None = None) -> Verdict:
         """Judge ``records`` (one partition's, in offset order, non-empty).
 
-        Dense records (the normal case) cost two comparisons. Records below
+        Dense records (the normal case) cost two comparisons. A hole that
+        ``explained`` covers is passed (no re-fetch, not reported). Records below
         the expected offset are delivered as they are (a replay the
         watermarks discard) and re-anchor the tracking, unless they are below
         the assigned position: ``PartitionRewound``.
@@ -146,16 +157,18 @@ class Continuity:
             if self._spent:
                 self._spent.pop(tp, None)
             return Verdict(count)
-        return self._walk(tp, records, expected)
+        return self._walk(tp, records, expected, explained)
 
-    def _walk(self, tp: TopicPartition, records: Sequence[HasOffset], expected: int) -> Verdict:
+    def _walk(self, tp: TopicPartition, records: Sequence[HasOffset], expected: int,
+              explained: Explained | None) -> Verdict:
         floor = self._floor.get(tp)
         if floor is not None and records[0].offset < floor:
             raise PartitionRewound(tp, floor, records[0].offset)
         accepted: tuple[int, int] | None = None
         for index, record in enumerate(records):
             offset = record.offset
-            if offset > expected:
+            if offset > expected and (explained is None
+                                      or not explained(expected, offset - 1)):
                 spent = self._spent.get(tp, 0)
                 if spent < self._limit:
                     self._spent[tp] = spent + 1

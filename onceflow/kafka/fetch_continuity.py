@@ -5,7 +5,9 @@ aiokafka consumer, kept out of ``ConsumerActor`` so the actor reads as the
 fetch loop it is. A fetch that skips offsets is cut before the hole, the
 partition ``seek``s back to it and stays paused for ``gap-refetch-backoff``
 (the broker gets time to write the missing batch); a hole still there after
-``gap-refetches`` tries is accepted (logged, counted). Once a second the
+``gap-refetches`` tries is accepted (logged, counted). A hole the fetch explains
+(offsets served in batches aiokafka skips on purpose: transaction markers, aborted
+transactions; ``skipped_batches``) is passed without either. Once a second the
 fetched high watermarks are compared with where this worker is, so a log
 that restarted below it is caught even when the broker serves nothing there.
 """
@@ -22,10 +24,25 @@ from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.errors import IllegalStateError
 
 from onceflow.actors import metrics
-from onceflow.kafka.continuity import Continuity, GapCheck
+from onceflow.kafka.continuity import Continuity, Explained, GapCheck
 from onceflow.kafka.kafka_parts import ours
+from onceflow.kafka.skipped_batches import skipped
 
 log = logging.getLogger(__name__)
+
+
+def explained_by(consumer: AIOKafkaConsumer, tp: KafkaPartition) -> Explained:
+    """Whether ``consumer``'s fetches of ``tp`` served a hole in batches aiokafka skips on
+    purpose (asked about holes only; ranges below the hole are dropped then)."""
+
+    def explained(first: int, last: int) -> bool:
+        ranges = skipped(consumer, tp)
+        if ranges is None:
+            return False
+        ranges.forget_below(first)  # the continuity check is past them
+        return ranges.covers(first, last)
+
+    return explained
 
 
 class FetchContinuity:
@@ -50,8 +67,9 @@ class FetchContinuity:
 
     def deliverable(self, consumer: AIOKafkaConsumer, tp: KafkaPartition,
                     recs: list[Any]) -> list[Any]:
-        """The records of ``tp`` before any hole; a hole makes ``tp`` re-fetch from it."""
-        verdict = self.continuity.check(ours(tp), recs)
+        """The records of ``tp`` before any hole; a hole makes ``tp`` re-fetch from it,
+        unless the fetch explains it."""
+        verdict = self.continuity.check(ours(tp), recs, explained_by(consumer, tp))
         if verdict.deliver == len(recs) and verdict.accepted is None:
             return recs
         labels = tp.topic, str(tp.partition)

@@ -8,6 +8,7 @@ from onceflow.runtime.config_reader import KAFKA_TOPIC, KAFKA_TOPIC_HINT, Reader
 from onceflow.runtime.config_security import kafka_security
 from onceflow.runtime.settings import (
     ConnectionCheckerSettings,
+    IsolationLevel,
     KafkaSettings,
     OffsetReset,
     ProducerSettings,
@@ -46,6 +47,9 @@ def kafka_settings(read: Reader) -> KafkaSettings:
         join_timeout=read.duration(k + "join-timeout", 1, 3600),
         security=kafka_security(read),
         dead_letter_max_value=read.integer(k + "dead-letter-max-value", 0, 64 * 1_048_576),
+        isolation_level=cast(IsolationLevel, read.text(
+            k + "consumer.isolation-level", "read_committed|read_uncommitted",
+            "one of 'read_committed', 'read_uncommitted'")),
     )
     if kafka.heartbeat_interval >= kafka.session_timeout:
         raise read.error(

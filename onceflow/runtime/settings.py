@@ -16,6 +16,7 @@ from onceflow.runtime.kafka_security import KafkaSecurity
 from onceflow.stores.access import StoreAccess
 
 OffsetReset = Literal["earliest", "latest"]
+IsolationLevel = Literal["read_committed", "read_uncommitted"]
 ReplicationClass = Literal["SimpleStrategy", "NetworkTopologyStrategy"]
 
 
@@ -68,6 +69,7 @@ class KafkaSettings:
     join_timeout: float
     security: KafkaSecurity
     dead_letter_max_value: int = 524_288  # bytes of value a dead letter keeps
+    isolation_level: IsolationLevel = "read_committed"  # onceflow.kafka.consumer
 
 
 @dataclass(frozen=True)

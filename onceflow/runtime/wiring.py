@@ -273,6 +273,7 @@ def consumer_options(settings: Settings) -> dict[str, Any]:
         "request_timeout_ms": int(k.request_timeout * 1000),
         "max_poll_records": k.max_poll_records,
         "fetch_max_wait_ms": int(k.fetch_max_wait * 1000),
+        "isolation_level": k.isolation_level,
         **client_kwargs(k.security),
     }
 

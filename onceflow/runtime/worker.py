@@ -43,7 +43,7 @@ from onceflow.actors.supervisor import (
     RestartSettings,
     Supervisor,
 )
-from onceflow.kafka import tolerant_records
+from onceflow.kafka import skipped_batches
 from onceflow.kafka.continuity import PartitionRewound
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.runtime.consumer_stream import ConsumerStream
@@ -131,7 +131,9 @@ class Worker:
                                   f"expected a port free to listen on at {m.host}, "
                                   f"{m.port} is not: {error.strerror or error}") from None
         tune_gc()
-        tolerant_records.install()  # a header name that is not UTF-8 must not stop fetches
+        # a header name that is not UTF-8 must not stop fetches (tolerant_records), and
+        # a transaction's marker is no hole to re-fetch (skipped_batches)
+        skipped_batches.install()
         sv = self.settings.supervision
         restart = RestartSettings(Policy(sv.policy), sv.max_restarts, sv.within,
                                   sv.backoff_initial, sv.backoff_max, sv.backoff_jitter,

@@ -9,6 +9,7 @@ batch at or after that offset with a complete batch after it (so the client sees
 offsets without the earlier ones) loses that batch, and the batches after the next
 one: one hole per response, ending there (as a size limit could end a response). Every
 other byte is forwarded as is. ``removed`` lists what went: ``(base offset, records)``.
+``MarkerProxy`` instead serves chosen one-record batches as transaction commit markers.
 
 Kafka frames every request and response as an int32 size and a body. A request body
 starts with api_key int16, api_version int16, correlation_id int32, client_id string;
@@ -45,10 +46,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import time
 from collections.abc import Iterable
 from itertools import pairwise
 
 from aiokafka.protocol import metadata
+from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy as PyBuilder
 
 from onceflow.actors.loop import EventLoopThread
 
@@ -250,3 +253,45 @@ class HoleProxy:
             self._io.run(stop())
         finally:
             self._io.stop()
+
+
+class _ControlBuilder(PyBuilder):
+    """aiokafka's batch builder writing a control batch (the bit only a broker sets)."""
+
+    def _get_attributes(self, include_compression_type: bool = True) -> int:
+        return int(super()._get_attributes(include_compression_type)) | self.CONTROL_MASK
+
+
+def commit_marker(base: int, producer_id: int = 9) -> bytes:
+    """A transaction's commit marker at ``base``, as Apache Kafka writes one: a control
+    batch of one control record (key: version 0, type 1; value: version, epoch)."""
+    builder = _ControlBuilder(2, 0, True, producer_id, 0, -1, 1 << 20)
+    builder.append(0, int(time.time() * 1000), struct.pack(">hh", 0, 1),
+                   struct.pack(">hi", 0, 0), [])
+    data = builder.build()
+    struct.pack_into(">q", data, 0, base)
+    return bytes(data)
+
+
+class MarkerProxy(HoleProxy):
+    """Serves the one-record batch at each of ``offsets`` as a commit marker, in every
+    Fetch response that holds it (the log of a partition a transactional producer wrote
+    to; Tansu has no transactions). Every other byte is forwarded as is; ``replaced``
+    counts the batches served as markers."""
+
+    def __init__(self, port: int, target_port: int, topic: str, partition: int,
+                 offsets: Iterable[int], host: str = "127.0.0.1"):
+        super().__init__(port, target_port, topic, partition, offsets, None, host)
+        self._markers = frozenset(self.pending)
+        self.replaced = 0
+
+    def _cut(self, records: bytes) -> bytes:
+        parts, last, changed = [], 0, False
+        for start, end, base, count in _batches(records):
+            if base in self._markers:
+                if count != 1:
+                    raise ValueError(f"the batch at {base} holds {count} records, not 1")
+                parts += [records[last:start], commit_marker(base)]
+                last, changed = end, True
+                self.replaced += 1
+        return b"".join([*parts, records[last:]]) if changed else records

@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaProducer
 from helpers import create_topic, expected_counts, start_worker, stored_states, wait_for_log
-from hole_proxy import HoleProxy
+from hole_proxy import HoleProxy, MarkerProxy
 from prometheus_client.parser import text_string_to_metric_families
 
 from onceflow.devtools import services
@@ -373,3 +373,82 @@ def test_a_hole_in_a_fetch_response_is_refetched_and_every_record_counted(
         assert accepted == len(HOLES)
         assert states == kept_counts(stream.messages, proxy.removed)
         assert states != expected_counts(stream.truth)
+
+
+MARKED_BATCHES = 300  # BATCH-record batches of robot reports
+MARKERS_AFTER = (60, 150, 240)  # a commit marker after these many batches
+
+
+async def fill_with_markers(bootstrap: str, topic: str, messages: list[tuple[bytes, bytes]]
+                            ) -> list[int]:
+    """``messages`` in BATCH-record batches, with a one-record batch after each of
+    MARKERS_AFTER (served as a commit marker by the proxy); returns their offsets."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all",
+                                enable_idempotence=False, linger_ms=0)
+    await producer.start()
+    markers: list[int] = []
+    try:
+        for n, i in enumerate(range(0, len(messages), BATCH), start=1):
+            batch = producer.create_batch()
+            for key, value in messages[i:i + BATCH]:
+                batch.append(key=key, value=value, timestamp=None)
+            batch.close()
+            meta = await (await producer.send_batch(batch, topic, partition=0))
+            if n in MARKERS_AFTER:
+                placeholder = await producer.send_and_wait(topic, b"marker", partition=0)
+                assert placeholder.offset == meta.offset + BATCH  # dense, one producer
+                markers.append(placeholder.offset)
+    finally:
+        await producer.stop()
+    return markers
+
+
+def test_a_transaction_marker_is_no_hole_to_refetch(
+    redis_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
+) -> None:
+    """A commit marker takes an offset the consumer never returns: aiokafka skips the
+    control batch. The worker passes it without a re-fetch or an accepted hole, and
+    counts every record (each marker cost gap-refetches re-fetches and a WARNING)."""
+    topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
+    stream = generate(MARKED_BATCHES * BATCH, robots=ROBOTS, seed=11, fleet="m")
+    proxy_port = free_port()
+    kafka = services.start_tansu(tmp_path / "kafka", advertised_port=proxy_port)
+    proxy: MarkerProxy | None = None
+    bootstrap = f"127.0.0.1:{proxy_port}"
+    redis_url = f"redis://{redis_service.address}/0"
+    port = free_port()
+    log = tmp_path / "worker.log"
+    worker: subprocess.Popen[bytes] | None = None
+    try:
+        markers = [b * BATCH + k for k, b in enumerate(MARKERS_AFTER)]  # fill checks them
+        proxy = MarkerProxy(proxy_port, kafka.port, topic, 0, markers)
+        create_topic(bootstrap, topic, 1)
+        assert asyncio.run(fill_with_markers(bootstrap, topic, stream.messages)) == markers
+        worker = start_worker(bootstrap, redis_url, group, prefix, topic, log,
+                              ["--set", f"onceflow.metrics.port={port}"])
+        wait_for_log(worker, log, "partitions assigned", timeout=60)
+        processed = wait_processed(port, len(stream.messages), worker)
+        series = scrape(port)
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=30)
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.kill()
+        if proxy is not None:
+            proxy.close()
+        services.stop(kafka)
+    text = log.read_text()
+    refetched = series.get("onceflow_offset_refetches_total", 0.0)
+    accepted = series.get("onceflow_offset_gaps_accepted_total", 0.0)
+    print(f"markers at {markers}, served as markers {proxy.replaced} times, processed "
+          f"{processed}, re-fetches {refetched}, holes accepted {accepted}")
+    assert proxy.errors == [] and proxy.replaced >= len(markers)
+    assert code == 0, text[-3000:]
+    assert processed == len(stream.messages), text[-3000:]
+    assert (refetched, accepted) == (0, 0), text[-3000:]
+    assert "missing after every re-fetch" not in text
+    store = RedisStore(redis_url, prefix, "robots")
+    try:
+        assert stored_states(store, "per_robot") == expected_counts(stream.truth)
+    finally:
+        store.close()

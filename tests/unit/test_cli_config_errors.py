@@ -49,6 +49,12 @@ def run(tmp_path: Path, text: str, *extra: str) -> subprocess.CompletedProcess[s
             id="out-of-range",
         ),
         pytest.param(
+            GOOD_PIPELINE + "onceflow.kafka.consumer.isolation-level = committed\n",
+            "app.conf: onceflow.kafka.consumer.isolation-level: expected one of "
+            "'read_committed', 'read_uncommitted', got 'committed'",
+            id="isolation-level",
+        ),
+        pytest.param(
             "onceflow.kafka.group-id = g\n",
             "app.conf: onceflow.pipeline: missing",
             id="missing-pipeline",

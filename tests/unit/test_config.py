@@ -119,6 +119,7 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
             join_timeout=120.0,
             security=PLAINTEXT,
             dead_letter_max_value=524_288,
+            isolation_level="read_committed",
         ),
         consumer=ConsumerSettings(4, gap_refetches=5, gap_refetch_backoff=0.1, rewind_grace=30.0),
         persistence=PersistenceSettings(interval=1.0),
@@ -751,6 +752,11 @@ def test_scalar_where_a_section_belongs(app_file: AppFile) -> None:
             "expected 1 (without idempotent producers, which Tansu lacks, a second batch in "
             "flight can overtake a failed one, and downstream dedup would drop the re-sent "
             "records), got 5",
+        ),
+        (
+            "kafka.consumer.isolation-level = READ_COMMITTED",
+            "onceflow.kafka.consumer.isolation-level",
+            "expected one of 'read_committed', 'read_uncommitted', got 'READ_COMMITTED'",
         ),
         (
             "kafka.producer.outbox-store = mongo",
