@@ -27,11 +27,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaConnectionError
+from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from onceflow import faults
@@ -66,6 +66,11 @@ def key_hash(key: bytes) -> int:
     republisher's time); keys repeat, so the last 16,384 are remembered.
     """
     return int(murmur2(key)) & 0x7FFFFFFF
+
+
+class MetadataTimeout(KafkaTimeoutError):  # type: ignore[misc]  # aiokafka is untyped
+    """No metadata for an output topic within ``max-block``: its batch is not sent, and the
+    incarnation fails (the supervisor restarts it; the input replays from the last commit)."""
 
 
 def key_partition(key: bytes, partitions: Sequence[int]) -> int:
@@ -149,8 +154,25 @@ class ProducerActor(LoopActor):
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
         if self._output_fence is not None and not faults.NO_FENCING:
             self._gate(self._producer.client)
+        self._producer.client.cluster.add_listener(self._follow)
         await self._producer.start()
         self._opened.set()
+
+    def _follow(self, cluster: Any) -> None:
+        """(on the loop: aiokafka's cluster metadata listener) Adopt the partition list of
+        every cached topic the update names; the next send uses it. An update that leaves
+        a topic out (asked for other topics) changes nothing."""
+        for topic, known in list(self._partitions.items()):
+            found = cluster.partitions_for_topic(topic)
+            if not found or found == set(known):
+                continue
+            self._partitions[topic] = sorted(found)
+            log.warning("output topic %r has %d partitions now (was %d): sends follow "
+                    "from the next batch; keyed records go where Kafka's default "
+                    "partitioner puts them on %d partitions, so keys move (aggregates "
+                    "reading it see them on other partitions: docs/guide/republish-and-"
+                    "rekeying.md, \"When an output topic grows\")",
+                    topic, len(found), len(known), len(found))
 
     def check(self, message: Send) -> None:
         """(the pipeline thread, before it hands the batch over) Exclusive outputs are
@@ -265,9 +287,12 @@ class ProducerActor(LoopActor):
                                                       partitions[o.topic]))
                 elif o.partition in partitions[o.topic]:
                     partition = o.partition
-                else:
-                    raise ValueError(f"partition {o.partition} of {o.topic!r} does not exist "
-                                     f"(it has {len(partitions[o.topic])})")
+                else:  # not in the cache: the topic may have grown since its last metadata
+                    partitions[o.topic] = await self._refreshed(o.topic)
+                    if o.partition not in partitions[o.topic]:
+                        raise ValueError(f"partition {o.partition} of {o.topic!r} does not "
+                                         f"exist (it has {len(partitions[o.topic])})")
+                    partition = o.partition
                 by_lane.setdefault((o.topic, partition), []).append(o)
             settled = [self._lanes.lane(topic, partition).add(outs)
                        for (topic, partition), outs in by_lane.items()]
@@ -277,13 +302,35 @@ class ProducerActor(LoopActor):
             faults.die()
 
     async def _partitions_of(self, topic: str) -> list[int]:
-        """The topic's partitions, sorted; ``max-block`` bounds the first metadata wait."""
+        """The topic's partitions, sorted (cached; ``_follow`` keeps them current).
+
+        The topic joins the client's tracked topics, so every periodic refresh asks for
+        it (a topic learnt from an answer about all topics would drop out of the next
+        answer about the tracked ones)."""
         partitions = self._partitions.get(topic)
         if partitions is None:
             assert self._producer is not None
-            found = await asyncio.wait_for(self._producer.partitions_for(topic), self._max_block)
+            self._producer.client.add_topic(topic)
+            found = await self._bounded(self._producer.partitions_for(topic), topic)
             partitions = self._partitions[topic] = sorted(found)
         return partitions
+
+    async def _refreshed(self, topic: str) -> list[int]:
+        """The topic's partitions after asking the broker again (a send to a partition the
+        cache does not know); ``_follow`` adopts the answer."""
+        assert self._producer is not None
+        await self._bounded(self._producer.client.force_metadata_update(), topic)
+        return self._partitions[topic]
+
+    async def _bounded(self, wait: Awaitable[Any], topic: str) -> Any:
+        """``wait`` (for metadata), within ``max-block``, or ``MetadataTimeout``."""
+        try:
+            return await asyncio.wait_for(wait, self._max_block)
+        except TimeoutError:
+            raise MetadataTimeout(
+                f"no metadata for output topic {topic!r} within max-block "
+                f"({self._max_block:g}s): the broker did not answer; its records were not "
+                "sent, the pipeline restarts and replays them from the last commit") from None
 
     async def _send_batch(self, topic: str, partition: int, outputs: Sequence[Output]) -> int:
         """Send as many of ``outputs`` as fit one batch; wait for the broker's ack."""

@@ -90,6 +90,7 @@ def _producer(read: Reader) -> ProducerSettings:
     p = "onceflow.kafka.producer."
     settings = ProducerSettings(
         max_block=read.duration(p + "max-block", 0.1, 3600),
+        metadata_max_age=read.duration(p + "metadata-max-age", 0.1, 86400),
         delivery_timeout=read.duration(p + "delivery-timeout", 0.1, 7 * 86400),
         request_timeout=read.duration(p + "request-timeout", 0.1, 3600),
         retries=read.integer(p + "retries", 0, 2_147_483_647),

@@ -35,6 +35,7 @@ class ProducerSettings:
     """``onceflow.kafka.producer``: time-bounded delivery; Kafka's names and meaning."""
 
     max_block: float
+    metadata_max_age: float
     delivery_timeout: float
     request_timeout: float
     retries: int

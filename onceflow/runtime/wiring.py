@@ -297,6 +297,7 @@ def producer_options(settings: Settings) -> dict[str, Any]:
         "enable_idempotence": False,
         "request_timeout_ms": int(p.request_timeout * 1000),
         "retry_backoff_ms": int(p.retry_backoff * 1000),
+        "metadata_max_age_ms": int(p.metadata_max_age * 1000),
         "linger_ms": int(p.linger * 1000),
         "max_batch_size": p.batch_size,
         "max_request_size": max(p.batch_size, 1_048_576),

@@ -26,6 +26,19 @@ last one may be cut short by the fetch's size limit (the client drops it).
 ``max_wait_ms`` limits the holes to fetches with that max wait: the worker's own
 group-less readers (the lag reader, the log-mark check) fetch with 100 ms and must not
 use up a hole meant for its consumer.
+
+``freeze_metadata(topic)`` makes the broker stop answering metadata about ``topic``: a
+link that sends a Metadata (key 3) request naming it from then on holds it, and
+everything after it on that link (Kafka answers a connection's requests in order), until
+``thaw()``; ``held`` counts the requests held so. Other links, and Metadata requests for
+other topics or for all (a worker's other clients: its consumer, its tail and log-mark
+readers), keep flowing. A Metadata request body (v0 to v5, as aiokafka sends them) starts
+with the topics array: int32 count (-1: all topics), then int16-sized names.
+
+``show_partitions(topic, count)`` makes Metadata responses describe ``topic`` with its
+first ``count`` partitions only (None: as the broker does): a topic re-described to its
+clients without a broker that can add partitions. The responses are decoded and encoded
+again with aiokafka's own classes (Metadata v0 to v5, none "flexible").
 """
 
 from __future__ import annotations
@@ -37,11 +50,13 @@ import time
 from collections.abc import Iterable
 from itertools import pairwise
 
+from aiokafka.protocol import metadata
 from aiokafka.record.default_records import _DefaultRecordBatchBuilderPy as PyBuilder
 
 from onceflow.actors.loop import EventLoopThread
 
 FETCH = 1
+METADATA = 3
 VERSIONS = range(4, 12)  # the Fetch versions parsed here: aiokafka 0.14's
 
 
@@ -66,7 +81,7 @@ class HoleProxy:
                  offsets: Iterable[int], max_wait_ms: int | None = None,
                  host: str = "127.0.0.1"):
         self._io = EventLoopThread("hole-proxy")
-        self._host, self._target = host, target_port
+        self._host, self._target, self.port = host, target_port, port
         self._topic, self._partition = topic.encode(), partition
         self._max_wait = max_wait_ms
         self.pending = sorted(offsets)  # offsets still to punch a hole at
@@ -74,7 +89,63 @@ class HoleProxy:
         self.versions: set[int] = set()  # Fetch versions seen
         self.errors: list[str] = []  # responses that could not be parsed (forwarded as is)
         self._writers: set[asyncio.StreamWriter] = set()
+        self.held = 0  # Metadata requests held while frozen
+        self._frozen: bytes | None = None  # the topic whose Metadata requests are held
+        self._shown: dict[bytes, int] = {}  # topic -> partitions Metadata answers show
+        self._thawed = self._io.run(self._event())
         self._server = self._io.run(asyncio.start_server(self._link, host, port))
+
+    @staticmethod
+    async def _event() -> asyncio.Event:
+        thawed = asyncio.Event()  # made on the proxy's loop
+        thawed.set()
+        return thawed
+
+    def freeze_metadata(self, topic: str) -> None:
+        """From now on, hold every Metadata request naming ``topic`` (and its link) until
+        ``thaw``."""
+        self._frozen = topic.encode()
+        self._io.loop.call_soon_threadsafe(self._thawed.clear)
+
+    @staticmethod
+    def _named(body: bytes) -> set[bytes]:
+        """The topics a Metadata request names (none for "all topics")."""
+        (client,) = struct.unpack_from(">h", body, 8)
+        at = 10 + max(client, 0)
+        (count,), at = struct.unpack_from(">i", body, at), at + 4
+        names = set()
+        for _ in range(max(count, 0)):
+            (size,) = struct.unpack_from(">h", body, at)
+            names.add(body[at + 2:at + 2 + size])
+            at += 2 + size
+        return names
+
+    def thaw(self) -> None:
+        self._io.loop.call_soon_threadsafe(self._thawed.set)
+
+    def show_partitions(self, topic: str, count: int | None) -> None:
+        """Metadata answers show ``topic``'s first ``count`` partitions (None: all)."""
+        def apply() -> None:
+            if count is None:
+                self._shown.pop(topic.encode(), None)
+            else:
+                self._shown[topic.encode()] = count
+        self._io.loop.call_soon_threadsafe(apply)
+
+    def _described(self, body: bytes, version: int) -> bytes:
+        """``body`` (a Metadata response) with the shown topics' other partitions left out."""
+        kind = getattr(metadata, f"MetadataResponse_v{version}", None)
+        if kind is None:
+            raise ValueError(f"Metadata v{version} is not parsed here")
+        answer = kind.decode(body[4:])
+        topics = []
+        for topic in answer.topics:  # error_code, topic, [is_internal], partitions
+            shown = self._shown.get(topic[1].encode())
+            if shown is not None:
+                topic = (*topic[:-1], [p for p in topic[-1] if p[1] < shown])
+            topics.append(topic)
+        answer.topics = topics
+        return body[:4] + answer.encode()
 
     async def _link(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -84,16 +155,23 @@ class HoleProxy:
             return
         self._writers |= {writer, up_writer}
         fetches: dict[int, int] = {}  # correlation id -> Fetch version, on this link
-        await asyncio.gather(self._requests(reader, up_writer, fetches),
-                             self._responses(up_reader, writer, fetches))
+        metas: dict[int, int] = {}  # correlation id -> Metadata version, on this link
+        await asyncio.gather(self._requests(reader, up_writer, fetches, metas),
+                             self._responses(up_reader, writer, fetches, metas))
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                        fetches: dict[int, int]) -> None:
+                        fetches: dict[int, int], metas: dict[int, int]) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 size = await reader.readexactly(4)
                 body = await reader.readexactly(struct.unpack(">i", size)[0])
                 key, version, correlation = struct.unpack_from(">hhi", body)
+                if (key == METADATA and not self._thawed.is_set()
+                        and self._frozen in self._named(body)):
+                    self.held += 1
+                    await self._thawed.wait()
+                if key == METADATA:
+                    metas[correlation] = version
                 if key == FETCH:
                     client = struct.unpack_from(">h", body, 8)[0]
                     max_wait = struct.unpack_from(">i", body, 10 + max(client, 0) + 4)[0]
@@ -104,12 +182,19 @@ class HoleProxy:
         writer.close()
 
     async def _responses(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         fetches: dict[int, int]) -> None:
+                         fetches: dict[int, int], metas: dict[int, int]) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while True:
                 size = await reader.readexactly(4)
                 body = await reader.readexactly(struct.unpack(">i", size)[0])
-                version = fetches.pop(struct.unpack_from(">i", body)[0], None)
+                correlation = struct.unpack_from(">i", body)[0]
+                described = metas.pop(correlation, None)
+                if described is not None and self._shown:
+                    try:
+                        body = self._described(body, described)
+                    except (ValueError, struct.error) as error:
+                        self.errors.append(f"Metadata v{described}: {error!r}")
+                version = fetches.pop(correlation, None)
                 if version is not None and self.pending:
                     self.versions.add(version)
                     try:

@@ -111,7 +111,8 @@ def test_only_the_pipeline_is_required(app_file: AppFile) -> None:
             connection_checker=ConnectionCheckerSettings(
                 enable=True, max_retries=3, check_interval=15.0, backoff_factor=2.0),
             producer=ProducerSettings(
-                max_block=60.0, delivery_timeout=120.0, request_timeout=30.0,
+                max_block=60.0, metadata_max_age=300.0, delivery_timeout=120.0,
+                request_timeout=30.0,
                 retries=2_147_483_647, retry_backoff=0.1, reconnect_backoff=0.05,
                 reconnect_backoff_max=1.0, max_in_flight=1, linger=0.005, batch_size=1_048_576,
                 outbox_store="auto"),

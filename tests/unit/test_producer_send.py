@@ -1,16 +1,25 @@
-"""The producer's send path: partitions as Kafka's partitioner, waits for every record."""
+"""The producer's send path: partitions as Kafka's partitioner, waits for every record,
+follows its topics' metadata, bounds metadata waits."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given
 from hypothesis import strategies as st
 
+from onceflow.kafka.delivery import DeliverySettings, OutboxTally
 from onceflow.kafka.outbox_rows import SeqClock
-from onceflow.kafka.producer import all_settled, key_hash, key_partition
+from onceflow.kafka.producer import (
+    MetadataTimeout,
+    ProducerActor,
+    all_settled,
+    key_hash,
+    key_partition,
+)
 
 KAFKA = DefaultPartitioner()
 
@@ -73,5 +82,46 @@ def test_a_failed_lane_fails_the_send_at_once() -> None:
             future.set_exception(RuntimeError("lane failed"))
         with pytest.raises(RuntimeError, match="lane failed"):
             await asyncio.wait_for(all_settled(lanes), 1)  # the other lane still open
+
+    asyncio.run(scenario())
+
+
+def unopened(max_block: float = 5.0) -> ProducerActor:
+    """A producer actor whose client is never opened (its own methods tried alone)."""
+    return ProducerActor(
+        options={}, delivery=DeliverySettings(60, 30, 0, 0.1, 0.05, 1), max_block=max_block,
+        outbox=None, tally=OutboxTally(), io=None,  # type: ignore[arg-type]
+        start_timeout=5.0, on_fatal=lambda name, error: None)
+
+
+class Cluster:
+    """What aiokafka's cluster metadata tells its listeners: topic -> partition ids."""
+
+    def __init__(self, **topics: set[int]):
+        self.topics = topics
+
+    def partitions_for_topic(self, topic: str) -> set[int] | None:
+        return self.topics.get(topic)
+
+
+def test_a_metadata_update_with_more_partitions_is_followed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    actor = unopened()
+    actor._partitions = {"out": [0, 1], "dead": [0]}
+    with caplog.at_level(logging.WARNING):
+        actor._follow(Cluster(out={0, 1}))  # unchanged; "dead" left out of the update
+        assert actor._partitions == {"out": [0, 1], "dead": [0]} and not caplog.records
+        actor._follow(Cluster(out={3, 0, 2, 1}, dead={0}))
+    assert actor._partitions == {"out": [0, 1, 2, 3], "dead": [0]}
+    assert "output topic 'out' has 4 partitions now (was 2)" in caplog.text
+    assert key_partition(b"k", actor._partitions["out"]) == KAFKA(b"k", [0, 1, 2, 3], [])
+
+
+def test_a_metadata_wait_past_max_block_names_the_topic() -> None:
+    async def scenario() -> None:
+        with pytest.raises(MetadataTimeout, match=r"no metadata for output topic 'out' within "
+                           r"max-block \(0.05s\)"):
+            await unopened(max_block=0.05)._bounded(asyncio.Event().wait(), "out")
 
     asyncio.run(scenario())
