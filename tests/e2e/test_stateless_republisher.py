@@ -50,6 +50,9 @@ def test_a_republisher_without_any_store_killed_at_random_keeps_every_window_exa
                                                      unique_name("nostore")),
                        workdir=tmp_path, worker_settings={"republisher": republisher})
     context = f"seed={seed}, logs in {tmp_path}: {report}"
+    print(f"kills {report.kills}, events {report.events}, normalized {report.normalized}, "
+          f"duplicates {report.duplicates}, windows {report.windows}, lost {report.lost}, "
+          f"double {report.double}, {report.elapsed:.0f} s")
     assert report.caught_up, context
     assert report.kills == {"republisher": 5, "aggregator": 5}, context
     assert report.windows["per_robot_minute"] > 1_000, context
