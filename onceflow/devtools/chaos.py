@@ -79,6 +79,9 @@ class ChaosOptions:
     #: A report's events cross the hop as one record (``republish(unit=True)``); False:
     #: one record each (``robot_chain.normalize_per_value``).
     units: bool = True
+    #: The republisher drops re-sent reports by ``(serial, seq)`` (a producer dedup table,
+    #: in the store); False: a stateless republisher that needs no store (``resend`` 0).
+    republisher_dedup: bool = True
     #: Strike a process only while every process of its consumer group is settled (holds
     #: an assignment, no rebalance under way): no kill lands in a rebalance, so a
     #: partition's outage is bounded (a kill, the session timeout, one rejoin).
@@ -131,7 +134,8 @@ class _Chaos:
                "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": self.normalized,
                "ONCEFLOW_ROBOTS_STORE": o.store}
         self.late_topic, self.dead_topic = f"chaos-late-{run_id}", f"chaos-dlq-{run_id}"
-        normalize = "normalize" if o.units else "normalize_per_value"
+        normalize = ("normalize" if o.units else "normalize_per_value") + (
+            "" if o.republisher_dedup else "_without_dedup")
         pipelines = {"republisher": f"onceflow.examples.robot_chain:{normalize}",
                      "aggregator": "onceflow.examples.robot_chain:windows"}
         names = {"aggregator": "aggregator", "republisher": "republisher",
@@ -226,12 +230,13 @@ class _Chaos:
         self.report.late_events = late  # for a caller's own ground truth
         self.report.late = {stage: sum(late.get(stage, Counter()).values()) for stage in STAGES}
         self.report.late_twice = twice + sum(self.report.late.values()) - sum(matched.values())
-        republisher = self.open_store("robots-normalize")
-        try:
-            self.report.producer_duplicates = dropped_duplicates(
-                row for _, row in republisher.scan(SEQUENCE_STAGE))
-        finally:
-            republisher.close()
+        if self.o.republisher_dedup:  # else it has no store
+            republisher = self.open_store("robots-normalize")
+            try:
+                self.report.producer_duplicates = dropped_duplicates(
+                    row for _, row in republisher.scan(SEQUENCE_STAGE))
+            finally:
+                republisher.close()
         store = self.open_store("robots-windows")
         try:
             stats = store.read_stats()

@@ -8,7 +8,8 @@ robot's events stay in order); a report's events travel as one record
 aggregates the normalized events in two stages: per-robot-per-minute
 counts (tumbling, 30 s allowed lateness) feeding per-robot daily counts;
 only what the minute stage folds reaches the daily stage.
-``counting_normalize`` also counts per robot before republishing. Topics
+``normalize_without_dedup`` is the same without the ``(serial, seq)`` table:
+it uses no store. ``counting_normalize`` also counts per robot before republishing. Topics
 and store come from the environment (``ONCEFLOW_CHAIN_RAW_TOPIC``,
 ``ONCEFLOW_CHAIN_NORMALIZED_TOPIC``, ``ONCEFLOW_ROBOTS_STORE``).
 """
@@ -43,12 +44,14 @@ def fastening_of(payload: bytes) -> Fastening:
     return Fastening(robot, ok, ts)
 
 
-def build_normalize(raw: str, normalized: str, store: str = "redis", unit: bool = True
-                    ) -> Pipeline:
+def build_normalize(raw: str, normalized: str, store: str = "redis", unit: bool = True,
+                    dedup: bool = True) -> Pipeline:
     """A report's fastenings (one robot: one key) cross the hop as one record (``unit``),
-    or one record each with ``unit=False``."""
+    or one record each with ``unit=False``. ``dedup=False``: re-sent reports are not
+    dropped, and the pipeline needs no store at all."""
     return (
-        Pipeline("robots-normalize", topics=(raw,), format="json", dedup=report_dedup(store))
+        Pipeline("robots-normalize", topics=(raw,), format="json",
+                 dedup=report_dedup(store) if dedup else None)
         .flat_map("fastenings", fastenings)
         .republish("normalized", normalized, encode=encode_fastening, key=attrgetter("robot"),
                    event_time_ms=attrgetter("ts"), payload_type="application/json",
@@ -91,5 +94,8 @@ _NORMALIZED = os.environ.get("ONCEFLOW_CHAIN_NORMALIZED_TOPIC", "robot-fastening
 _STORE = os.environ.get("ONCEFLOW_ROBOTS_STORE", "redis")
 normalize = build_normalize(_RAW, _NORMALIZED, _STORE)
 normalize_per_value = build_normalize(_RAW, _NORMALIZED, _STORE, unit=False)
+#: Stateless republishers (no producer dedup table): for robots that never re-send.
+normalize_without_dedup = build_normalize(_RAW, _NORMALIZED, dedup=False)
+normalize_per_value_without_dedup = build_normalize(_RAW, _NORMALIZED, unit=False, dedup=False)
 counting_normalize = build_counting_normalize(_RAW, _NORMALIZED, _STORE)
 windows = build_windows(_NORMALIZED, _STORE)

@@ -164,10 +164,16 @@ def unfenced_stores(settings: Settings, pipeline: Pipeline) -> list[str]:
 
     Every state store is fenced; a stateless republisher takes no epochs.
     """
-    names = _store_names(pipeline)
-    source = "redis" if "redis" in names else next(iter(names), None)
+    source = epoch_store(pipeline)
     outbox = outbox_store(settings, pipeline)
     return [f"the {outbox} outbox"] if source and outbox and outbox != source else []
+
+
+def epoch_store(pipeline: Pipeline) -> str | None:
+    """The store kind that keeps the fencing epochs (``held_epochs.epoch_source``): Redis if
+    the pipeline's stages use it, else their other store; None for a pipeline without one."""
+    names = _store_names(pipeline)
+    return "redis" if "redis" in names else next(iter(names), None)
 
 
 def open_stores(settings: Settings, pipeline: Pipeline) -> dict[str, StateStore]:
@@ -306,11 +312,53 @@ def producer_options(settings: Settings) -> dict[str, Any]:
 
 
 def outbox_store(settings: Settings, pipeline: Pipeline) -> str | None:
-    """The store kind that keeps the producer's outbox, None for no outbox."""
+    """The store kind that keeps the producer's outbox, None for no outbox.
+
+    ``auto``: the pipeline's first store (its first aggregate's, else its producer
+    dedup table's), and none for a pipeline that uses no store: a stateless
+    republisher runs on Kafka alone. There a delivery that fails past its bounds
+    fails the core, which replays from the last commit (downstream drops the
+    copies by the source chain, as after a crash). An outbox stays a choice
+    (``redis``, ``cassandra``) for outages absorbed without a replay.
+    """
     kind = settings.kafka.producer.outbox_store
     if kind == "auto":
-        return next((spec.store for spec in pipeline.aggregates), "redis")
+        return next(iter(_store_names(pipeline)), None)
     return None if kind == "none" else kind
+
+
+def store_uses(settings: Settings, pipeline: Pipeline) -> dict[str, str | None]:
+    """Which store each part of the worker uses, None for none (logged at start).
+
+    States and history rows are the aggregates'; log marks and stats go to the
+    pipeline's first store (``persistence.StoreWriter``), epochs to one store
+    (``epoch_store``). A pipeline without a store has none of them: no epochs
+    (its exclusive outputs are not fenced) and no log marks (a re-created input
+    topic is not detected by it: only its downstream aggregates hold watermarks).
+    """
+    first = next(iter(_store_names(pipeline)), None)
+    return {
+        "states": ", ".join(dict.fromkeys(spec.store for spec in pipeline.aggregates)) or None,
+        "producer dedup": pipeline.dedup_store,
+        "fencing epochs": epoch_store(pipeline),
+        "log marks": first,
+        "stats": first,
+        "outbox": outbox_store(settings, pipeline),
+    }
+
+
+def describe_store_uses(settings: Settings, pipeline: Pipeline) -> str:
+    """The start-up line that says which store each part uses, or why none."""
+    uses = store_uses(settings, pipeline)
+    parts = "; ".join(f"{part} {store or 'none'}" for part, store in uses.items())
+    if any(uses.values()):
+        return f"stores: {parts}"
+    return (f"stores: none ({parts}): a pipeline without aggregates or producer dedup "
+            "tables needs no store. A delivery that fails past its bounds restarts the "
+            "pipeline, which replays from the last commit; without log marks a re-created "
+            "input topic is not detected here; without epochs its dead letters and exclusive "
+            "outputs are not fenced against a paused worker (docs/guide/"
+            "republish-and-rekeying.md, \"Which steps need a store\")")
 
 
 def delivery_settings(settings: Settings) -> DeliverySettings:

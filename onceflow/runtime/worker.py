@@ -50,7 +50,12 @@ from onceflow.runtime.consumer_stream import ConsumerStream
 from onceflow.runtime.health import HealthServer, health_report
 from onceflow.runtime.lag import LagWatch
 from onceflow.runtime.pipeline_core import PipelineCore
-from onceflow.runtime.wiring import access_error, consumer_options, unfenced_stores
+from onceflow.runtime.wiring import (
+    access_error,
+    consumer_options,
+    describe_store_uses,
+    unfenced_stores,
+)
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stores.access import access_denied
 from onceflow.stores.base import UndecodableState
@@ -139,6 +144,7 @@ class Worker:
                                   sv.backoff_initial, sv.backoff_max, sv.backoff_jitter,
                                   sv.max_repeats)
         unfenced = unfenced_stores(self.settings, self.pipeline)
+        log.info("%s", describe_store_uses(self.settings, self.pipeline))
         children = [ChildSpec("core", self._start_core),
                     ChildSpec("consumer", self._start_stream, depends_on=("core",))]
         for child in children:  # exported at 0 from the start (for increase() and alerts)

@@ -121,10 +121,12 @@ def test_outputs_parked_in_the_outbox_count_as_written_and_are_sent_once(
     group, prefix = unique_name("g"), unique_name("p")
     output = topics["ONCEFLOW_MIRROR_OUTPUT"]
     # Every send to the output fails: after the delivery timeout all outputs go to the
-    # outbox (Redis), the inputs stay uncommitted, and the worker is SIGKILLed.
+    # outbox (Redis, chosen: a stateless pipeline has none by default), the inputs stay
+    # uncommitted, and the worker is SIGKILLed.
+    outbox = {"onceflow.kafka.producer.outbox-store": "redis"}
     parking = worker(kafka_service, redis_service, tmp_path, "parking", group, prefix, topics,
                      env={"ONCEFLOW_FAULT_PRODUCE_FAILS": output},
-                     extra={"onceflow.kafka.producer.delivery-timeout": "1s"})
+                     extra={**outbox, "onceflow.kafka.producer.delivery-timeout": "1s"})
     log = parking.logs[-1]
     deadline = time.monotonic() + 60
     while "to the outbox" not in log.read_text() and time.monotonic() < deadline:
@@ -135,7 +137,7 @@ def test_outputs_parked_in_the_outbox_count_as_written_and_are_sent_once(
     # The successor adopts the rows (re-sent first), counts them as written, and
     # replays every input from offset 0 without writing any output again.
     successor = worker(kafka_service, redis_service, tmp_path, "successor", group, prefix,
-                       topics)
+                       topics, extra=outbox)
     asyncio.run(drained(kafka_service, group, topics["ONCEFLOW_MIRROR_TOPIC"], ends, successor))
     assert successor.terminate(10) == 0
     text = successor.logs[-1].read_text()
