@@ -99,6 +99,7 @@ class PipelineActor(ReportingActor):
         max_future: float = MAX_FUTURE,
         max_state_bytes: int = MAX_STATE_BYTES,
         persist_interval: float = 1.0,
+        expire_after: float = 0.0,
     ):
         super().__init__(on_fatal)
         self._stores = stores
@@ -108,7 +109,8 @@ class PipelineActor(ReportingActor):
                                       dead_letter_max_value=dead_letter_max_value,
                                       load_rows=self._load_rows, idle_timeout=idle_timeout,
                                       hold_new=True, max_future=max_future,
-                                      max_state_bytes=max_state_bytes)
+                                      max_state_bytes=max_state_bytes,
+                                      expire_after=expire_after)
         self._sequence_store = pipeline.dedup_store
         self._republish_topics = frozenset(step.topic for step in pipeline.steps
                                            if isinstance(step, Republish | Repartition))
@@ -269,6 +271,9 @@ class PipelineActor(ReportingActor):
             if evicted:
                 metrics.STATE_EVICTIONS.labels(stage).inc(evicted)
                 self._cache_totals[f"{stage}.evicted"] += evicted
+            expired = table.expire()  # as the store drops their rows (StateTable)
+            if expired:
+                self._cache_totals[f"{stage}.expired"] += expired
             metrics.CACHED_STATES.labels(stage).set(len(table.states))
             metrics.CACHED_STATE_BYTES.labels(stage).set(table.encoded_bytes)
 
@@ -370,6 +375,8 @@ def snapshot_rows(runner: PipelineRunner, sequence_store: str | None,
                 table.spec.store,
                 dirty,
                 {slot: compact_json(value) for slot, value in closed.items()},
+                table.expire_after,
+                table.lasting(dirty),
             ))
     for clock in runner.clocks.values():  # the open-window index first, watermarks last
         store = clock.table.spec.store

@@ -141,10 +141,27 @@ class StoreWriter:
             landed |= retrying(f"landing {rows.stage_id}", lambda: landing.write_states(
                 rows.stage_id, rows.states, offsets)) is not None
         with metrics.STORE_SECONDS.labels(type(store).__name__).time():
-            retrying(f"save {rows.stage_id}",
-                     lambda: store.save(rows.stage_id, rows.states, guard=guard))
+            save_states(store, rows, guard)
         metrics.PERSISTED.labels(rows.stage_id).inc(len(rows.states))
         return landed
+
+
+def save_states(store: StateStore, rows: StageRows, guard: Guard | None) -> None:
+    """A stage's states, each row expiring ``expire_after`` after this write (the store's
+    own TTL, set in the guarded write) unless the stage never expires or it is ``lasting``
+    (a window still open): a state its key no longer feeds leaves the store by itself."""
+    stage, states, ttl = rows.stage_id, rows.states, rows.expire_after
+    if not ttl:
+        retrying(f"save {stage}", lambda: store.save(stage, states, guard=guard))
+        return
+    lasting = {key: states[key] for key in rows.lasting if key in states}
+    expiring = {key: row for key, row in states.items() if key not in lasting} \
+        if lasting else states
+    if lasting:  # a plain write: it also clears an expiry the row had
+        retrying(f"save {stage}", lambda: store.save(stage, lasting, guard=guard))
+    if expiring:
+        retrying(f"save {stage}", lambda: store.save_expiring(stage, expiring, ttl,
+                                                              guard=guard))
 
 
 def write_order(rows: Sequence[StageRows]) -> Iterable[StageRows]:
