@@ -174,6 +174,7 @@ class PipelineActor(ReportingActor):
                 if time.monotonic() >= self._due:
                     self._persist(self._snapshot(force=False))
                 self._bound_cache()  # an idle worker too drops what its last write freed
+                self._expire()
             case LogStats():
                 log.info("stats %s", dict(sorted(self._totals.items())))
                 log.info("state cache %s", self._cache_stats())
@@ -261,6 +262,17 @@ class PipelineActor(ReportingActor):
         for table in self._runner.tables:
             table.written(number)
 
+    def _expire(self) -> None:
+        """Drop the cached states whose store rows have expired (``StateTable.expire``):
+        before each batch, so a key's next record loads what the store holds, and on each
+        persistence tick. Per batch, not per record: one clock read per expiring stage."""
+        self._reap()  # snapshots written since: their states are no longer pinned
+        for table in self._runner.tables:
+            if table.expire_after:
+                expired = table.expire()
+                if expired:
+                    self._cache_totals[f"{table.spec.id}.expired"] += expired
+
     def _bound_cache(self) -> None:
         """Evict written states beyond the limit (after each batch and persistence tick) and
         update the gauges."""
@@ -271,9 +283,6 @@ class PipelineActor(ReportingActor):
             if evicted:
                 metrics.STATE_EVICTIONS.labels(stage).inc(evicted)
                 self._cache_totals[f"{stage}.evicted"] += evicted
-            expired = table.expire()  # as the store drops their rows (StateTable)
-            if expired:
-                self._cache_totals[f"{stage}.expired"] += expired
             metrics.CACHED_STATES.labels(stage).set(len(table.states))
             metrics.CACHED_STATE_BYTES.labels(stage).set(table.encoded_bytes)
 
@@ -291,6 +300,7 @@ class PipelineActor(ReportingActor):
         poison = faults.STAGE_RAISES_ON
         if poison and any(poison in (record.value or b"") for record in records):
             raise faults.InjectedFailure("injected stage failure")
+        self._expire()
         outcome = self._runner.process(records)
         if outcome.outputs:  # exclusive outputs: their epochs first (fenced: it raises)
             self._producer.check(Send(outcome.outputs, 0, frozenset(outcome.next_offsets)))

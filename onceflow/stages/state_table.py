@@ -32,9 +32,12 @@ class StateTable:
     State expiry (``expire_after`` seconds, 0: never): the store drops a state's row that
     long after its last write (``lasting`` names the rows that must not expire: a
     windowed state with an open window). The table drops its cached copy once as long has
-    passed since the state was taken into a snapshot, or loaded (``expire``): never later
-    than the store could, so the next record of the key loads what the store holds, or
-    nothing, and starts fresh. Stamped per snapshot and load, not per record.
+    passed since the state was taken into a snapshot, or loaded (``expire``), no later
+    than its row expires (written after it was taken), so the next record of the key loads
+    what the store holds, or nothing, and starts fresh. A state loaded keeps its cached
+    copy up to ``expire_after`` after the load: met again in between, it goes on (its
+    row written again), as if it had expired that much later. Stamped per snapshot and
+    load, not per record.
     """
 
     def __init__(self, spec: Aggregate, max_states: int | None = None,
@@ -104,10 +107,12 @@ class StateTable:
     def expire(self) -> int:
         """Drop the cached states not taken or loaded for ``expire_after``; answers how many.
 
-        Oldest first (a snapshot moves the keys it takes to the recent end); stops at the
-        first one still fresh, or pinned (dirty or unwritten: it is taken again soon, and
-        its store row is not expiring). A state with an open window never expires: it
-        moves to the recent end, stamped now.
+        Oldest first (a snapshot moves the keys it takes to the recent end, stamped);
+        stops at the first one still fresh. A pinned one (dirty or unwritten: folded since,
+        so not expiring, and stamped again when taken) moves to the recent end, as in
+        ``evict``; so does a state with an open window, stamped now: it never expires.
+        The actor calls it before each batch, so a key whose store row has expired is
+        not found cached by its next record.
         """
         ttl = self.expire_after
         states = self.states
@@ -124,8 +129,11 @@ class StateTable:
                 stamps[key] = now
                 states.move_to_end(key)
                 continue
-            if stamp > deadline or key in dirty or key in unwritten:
+            if stamp > deadline:
                 break
+            if key in dirty or key in unwritten:
+                states.move_to_end(key)
+                continue
             state = states.pop(key)
             if self.windowed and _open(state.value):
                 states[key] = state
