@@ -111,6 +111,7 @@ class PipelineActor(ReportingActor):
                                       hold_new=True, max_future=max_future,
                                       max_state_bytes=max_state_bytes,
                                       expire_after=expire_after)
+        self._expiring = [table for table in self._runner.tables if table.expire_after]
         self._sequence_store = pipeline.dedup_store
         self._republish_topics = frozenset(step.topic for step in pipeline.steps
                                            if isinstance(step, Republish | Repartition))
@@ -266,12 +267,13 @@ class PipelineActor(ReportingActor):
         """Drop the cached states whose store rows have expired (``StateTable.expire``):
         before each batch, so a key's next record loads what the store holds, and on each
         persistence tick. Per batch, not per record: one clock read per expiring stage."""
+        if not self._expiring:
+            return
         self._reap()  # snapshots written since: their states are no longer pinned
-        for table in self._runner.tables:
-            if table.expire_after:
-                expired = table.expire()
-                if expired:
-                    self._cache_totals[f"{table.spec.id}.expired"] += expired
+        for table in self._expiring:
+            expired = table.expire()
+            if expired:
+                self._cache_totals[f"{table.spec.id}.expired"] += expired
 
     def _bound_cache(self) -> None:
         """Evict written states beyond the limit (after each batch and persistence tick) and

@@ -102,7 +102,7 @@ class StateTable:
         if not self.expire_after or not self.windowed:
             return frozenset()
         states = self.states
-        return frozenset(key for key in keys if _open(states[key].value))
+        return frozenset(key for key in keys if has_open_window(states[key].value))
 
     def expire(self) -> int:
         """Drop the cached states not taken or loaded for ``expire_after``; answers how many.
@@ -135,7 +135,7 @@ class StateTable:
                 states.move_to_end(key)
                 continue
             state = states.pop(key)
-            if self.windowed and _open(state.value):
+            if self.windowed and has_open_window(state.value):
                 states[key] = state
                 stamps[key] = now
                 continue
@@ -189,7 +189,7 @@ class StateTable:
         return taken
 
 
-def _open(value: Any) -> bool:
+def has_open_window(value: Any) -> bool:
     """Whether a windowed state has an open window (a state no onceflow step wrote counts
     as open: it is kept, never dropped on a guess)."""
     if type(value) is not dict:

@@ -21,9 +21,10 @@ from onceflow.actors.pipeline_actor import snapshot_rows
 from onceflow.checkpoint.persistence import save_states
 from onceflow.runtime.config import ConfigError, load_settings
 from onceflow.runtime.expiry_check import expiries, too_short
+from onceflow.runtime.forget import forget_topic
 from onceflow.stages import Aggregate, Pipeline, Tumbling
 from onceflow.stages.runner import PipelineRunner
-from onceflow.stages.state import AggregateState, decode_state
+from onceflow.stages.state import AggregateState, decode_state, encode_state
 from onceflow.stages.state_table import StateTable
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stores.fencing import Guard
@@ -332,3 +333,26 @@ def test_a_topic_kept_longer_than_a_stage_s_expiry_is_named() -> None:
     assert too_short(expiring, retentions) == [
         ("count", "forever", -1), ("daily", "forever", -1), ("count", "in", 7 * 86400 * 1000)]
     assert too_short({}, retentions) == []
+
+
+def test_onceflow_forget_rewrites_states_that_keep_expiring() -> None:
+    """A rewrite without the expiry would keep a retired key's state for ever."""
+    store = ExpiringStore()
+    pipeline = (Pipeline("p", topics=("orders",), format="json")
+                .aggregate("totals", key=str, init=int, fold=lambda c, _: c + 1)
+                .aggregate("never", key=str, init=int, fold=lambda c, _: c + 1,
+                           expire_after=0)
+                .aggregate("per_second", key=str, init=int, fold=lambda c, _: c + 1,
+                           window=Tumbling(SECOND, lambda r: 0)))
+    marks = {("orders", 0): (4,), ("refunds", 0): (5,)}
+    for stage in ("totals", "never"):
+        store.rows[(stage, "k")] = encode_state(AggregateState(7, dict(marks)))
+    for key, opened in (("open", {"0": 1}), ("closed", {})):
+        store.rows[("per_second", key)] = encode_state(AggregateState(
+            {"open": opened, "max_ts": 10}, dict(marks)))
+
+    forget_topic({"redis": store}, pipeline, "orders", expire_after=3600)
+
+    assert store.ttls == {("totals", "k"): 3600.0, ("per_second", "closed"): 3600.0}
+    assert decode_state(store.rows[("totals", "k")]).watermarks == {("refunds", 0): (5,)}
+    assert decode_state(store.rows[("never", "k")]).watermarks == {("refunds", 0): (5,)}
