@@ -15,6 +15,10 @@ from typing import Any
 from onceflow.stages.pipeline import Aggregate
 from onceflow.stages.state import MAX_STATE_BYTES, AggregateState, encode_state
 
+#: Seconds the cache lets a state go before its row's expiry: Cassandra counts a TTL from
+#: the whole second its write landed in, so a row lapses up to a second early.
+STORE_SLACK = 1.0
+
 
 class StateTable:
     """The cached states of one aggregate: which changed, which wait for the store, and
@@ -29,15 +33,15 @@ class StateTable:
     snapshot is written. Recency is kept per snapshot, not per record (the hot path stays
     untouched): a snapshot moves the keys it takes to the recent end.
 
-    State expiry (``expire_after`` seconds, 0: never): the store drops a state's row that
-    long after its last write (``lasting`` names the rows that must not expire: a
-    windowed state with an open window). The table drops its cached copy once as long has
-    passed since the state was taken into a snapshot, or loaded (``expire``), no later
-    than its row expires (written after it was taken), so the next record of the key loads
-    what the store holds, or nothing, and starts fresh. A state loaded keeps its cached
-    copy up to ``expire_after`` after the load: met again in between, it goes on (its
-    row written again), as if it had expired that much later. Stamped per snapshot and
-    load, not per record.
+    State expiry (``expire_after`` seconds, 0: never): the store drops a state's row
+    that long after its last write (``lasting`` names the rows that must not expire: a
+    windowed state with an open window). The table drops its cached copy once as long
+    (less ``STORE_SLACK``) has passed since the state was taken into a snapshot, or
+    loaded (``expire``), no later than its row expires (written after it was taken), so
+    the next record of the key loads what the store holds, or nothing, and starts fresh.
+    A state loaded keeps its cached copy up to ``expire_after`` after the load: met
+    again in between, it goes on (its row written again), as if it had expired that much
+    later. Stamped per snapshot and load, not per record.
     """
 
     def __init__(self, spec: Aggregate, max_states: int | None = None,
@@ -119,7 +123,7 @@ class StateTable:
         if not ttl or not states:
             return 0
         now = self.clock()
-        deadline = now - ttl
+        deadline = now - ttl + STORE_SLACK
         stamps, dirty, unwritten = self.stamps, self.dirty, self.unwritten
         expired = 0
         for _ in range(len(states)):

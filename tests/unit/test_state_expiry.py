@@ -9,6 +9,7 @@ hand-set clock for the worker's.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -19,13 +20,14 @@ from persistence_doubles import DictStore
 from onceflow.actors.messages import StageRows
 from onceflow.actors.pipeline_actor import snapshot_rows
 from onceflow.checkpoint.persistence import save_states
+from onceflow.runtime import expiry_check
 from onceflow.runtime.config import ConfigError, load_settings
-from onceflow.runtime.expiry_check import expiries, too_short
+from onceflow.runtime.expiry_check import check_retention, expiries, too_short
 from onceflow.runtime.forget import forget_topic
 from onceflow.stages import Aggregate, Pipeline, Tumbling
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, decode_state, encode_state
-from onceflow.stages.state_table import StateTable
+from onceflow.stages.state_table import STORE_SLACK, StateTable
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stores.fencing import Guard
 from onceflow.testing_records import Consumed as Rec
@@ -157,6 +159,11 @@ def table_of(expire_after: float = 60.0, windowed: bool = False) -> tuple[StateT
     return table, clock
 
 
+#: When the cache lets a state of a 60 s expiry go: a little before its row does, as
+#: Cassandra's TTL counts from the whole second of the write (``STORE_SLACK``).
+DUE = 60 - STORE_SLACK
+
+
 def test_a_written_state_expires_from_the_cache_as_long_after_it_was_taken() -> None:
     table, clock = table_of(60)
     for key in ("a", "b"):
@@ -169,7 +176,7 @@ def test_a_written_state_expires_from_the_cache_as_long_after_it_was_taken() -> 
     table.take_dirty(2)
     table.written(2)
 
-    clock.now += 29
+    clock.now += DUE - 30 - 1
     assert table.expire() == 0 and list(table.states) == ["a", "b"]
     clock.now += 1
     assert table.expire() == 1 and list(table.states) == ["b"]
@@ -200,7 +207,7 @@ def test_a_state_folded_since_or_not_written_yet_stays() -> None:
 def test_a_loaded_state_expires_as_long_after_its_load() -> None:
     table, clock = table_of(60)
     table.install("a", AggregateState(3, {("in", 0): (7,)}))
-    clock.now += 59
+    clock.now += DUE - 1
     assert table.expire() == 0
     clock.now += 1
     assert table.expire() == 1 and not table.states
@@ -221,7 +228,7 @@ def test_a_windowed_state_expires_only_once_its_last_window_closed() -> None:
     table.dirty = {"open"}
     assert table.lasting(table.take_dirty(2)) == frozenset()
     table.written(2)
-    clock.now += 59
+    clock.now += DUE - 1
     assert table.expire() == 0
     clock.now += 1
     assert table.expire() == 1 and not table.states
@@ -356,3 +363,36 @@ def test_onceflow_forget_rewrites_states_that_keep_expiring() -> None:
     assert store.ttls == {("totals", "k"): 3600.0, ("per_second", "closed"): 3600.0}
     assert decode_state(store.rows[("totals", "k")]).watermarks == {("refunds", 0): (5,)}
     assert decode_state(store.rows[("never", "k")]).watermarks == {("refunds", 0): (5,)}
+
+
+def test_the_start_up_check_warns_per_stage_and_topic_and_names_what_it_could_not_check(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the broker answers is stood in for (the embedded broker cannot serve
+    DescribeConfigs to aiokafka: tests/integration/test_state_expiry.py)."""
+    app = tmp_path / "app.conf"
+    app.write_text(PIPELINE + "onceflow.state.expire-after = 1h\n")
+    settings = load_settings(app)
+    pipeline = (Pipeline("p", topics=("in", "other"))
+                .aggregate("count", key=str, init=int, fold=lambda c, _: c + 1))
+
+    async def retentions(*_: object) -> dict[str, int | None]:
+        return {"in": 7 * 86400 * 1000, "other": None}
+
+    monkeypatch.setattr(expiry_check, "_retentions", retentions)
+    with caplog.at_level(logging.INFO, "onceflow.runtime.expiry_check"):
+        check_retention(settings, pipeline)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "stage 'count': states expire after 3600s, but topic 'in' keeps records 604800s "
+        "(retention.ms 604800000): a replay of records older than the expiry would fold them "
+        "again; raise expire_after above the retention, or never replay that far "
+        "(docs/guide/pipelines-and-steps.md, State expiry)"]
+    assert "state expiry not checked against other: the broker did not report their " \
+        "retention.ms" in caplog.text
+
+    caplog.clear()
+    never = (Pipeline("p", topics=("in",))
+             .aggregate("count", key=str, init=int, fold=lambda c, _: c + 1, expire_after=0))
+    check_retention(settings, never)  # nothing expires: no request, nothing said
+    assert not caplog.records
