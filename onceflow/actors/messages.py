@@ -90,12 +90,15 @@ class ResumeOutputs:
 
 @dataclass(frozen=True)
 class StageRows:
-    """One aggregate's share of a snapshot."""
+    """One aggregate's share of a snapshot; with ``expire_after`` (seconds), its states'
+    rows expire that long after this write, but for ``lasting`` (open windows)."""
 
     stage_id: str
     store: str
     states: dict[str, bytes]
     closed_windows: dict[tuple[str, int], bytes]
+    expire_after: float = 0.0
+    lasting: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,7 @@ class PipelineActor(ReportingActor):
         max_future: float = MAX_FUTURE,
         max_state_bytes: int = MAX_STATE_BYTES,
         persist_interval: float = 1.0,
+        expire_after: float = 0.0,
     ):
         super().__init__(on_fatal)
         self._stores = stores
@@ -108,7 +109,9 @@ class PipelineActor(ReportingActor):
                                       dead_letter_max_value=dead_letter_max_value,
                                       load_rows=self._load_rows, idle_timeout=idle_timeout,
                                       hold_new=True, max_future=max_future,
-                                      max_state_bytes=max_state_bytes)
+                                      max_state_bytes=max_state_bytes,
+                                      expire_after=expire_after)
+        self._expiring = [table for table in self._runner.tables if table.expire_after]
         self._sequence_store = pipeline.dedup_store
         self._republish_topics = frozenset(step.topic for step in pipeline.steps
                                            if isinstance(step, Republish | Repartition))
@@ -172,6 +175,7 @@ class PipelineActor(ReportingActor):
                 if time.monotonic() >= self._due:
                     self._persist(self._snapshot(force=False))
                 self._bound_cache()  # an idle worker too drops what its last write freed
+                self._expire()
             case LogStats():
                 log.info("stats %s", dict(sorted(self._totals.items())))
                 log.info("state cache %s", self._cache_stats())
@@ -259,6 +263,18 @@ class PipelineActor(ReportingActor):
         for table in self._runner.tables:
             table.written(number)
 
+    def _expire(self) -> None:
+        """Drop the cached states whose store rows have expired (``StateTable.expire``):
+        before each batch, so a key's next record loads what the store holds, and on each
+        persistence tick. Per batch, not per record: one clock read per expiring stage."""
+        if not self._expiring:
+            return
+        self._reap()  # snapshots written since: their states are no longer pinned
+        for table in self._expiring:
+            expired = table.expire()
+            if expired:
+                self._cache_totals[f"{table.spec.id}.expired"] += expired
+
     def _bound_cache(self) -> None:
         """Evict written states beyond the limit (after each batch and persistence tick) and
         update the gauges."""
@@ -286,6 +302,7 @@ class PipelineActor(ReportingActor):
         poison = faults.STAGE_RAISES_ON
         if poison and any(poison in (record.value or b"") for record in records):
             raise faults.InjectedFailure("injected stage failure")
+        self._expire()
         outcome = self._runner.process(records)
         if outcome.outputs:  # exclusive outputs: their epochs first (fenced: it raises)
             self._producer.check(Send(outcome.outputs, 0, frozenset(outcome.next_offsets)))
@@ -370,6 +387,8 @@ def snapshot_rows(runner: PipelineRunner, sequence_store: str | None,
                 table.spec.store,
                 dirty,
                 {slot: compact_json(value) for slot, value in closed.items()},
+                table.expire_after,
+                table.lasting(dirty),
             ))
     for clock in runner.clocks.values():  # the open-window index first, watermarks last
         store = clock.table.spec.store

@@ -141,10 +141,35 @@ class StoreWriter:
             landed |= retrying(f"landing {rows.stage_id}", lambda: landing.write_states(
                 rows.stage_id, rows.states, offsets)) is not None
         with metrics.STORE_SECONDS.labels(type(store).__name__).time():
-            retrying(f"save {rows.stage_id}",
-                     lambda: store.save(rows.stage_id, rows.states, guard=guard))
+            save_states(store, rows, guard)
         metrics.PERSISTED.labels(rows.stage_id).inc(len(rows.states))
         return landed
+
+
+def save_states(store: StateStore, rows: StageRows, guard: Guard | None) -> None:
+    """A stage's states, retried; those that expire with the store's own TTL, set in the
+    guarded write (``split_states``)."""
+    plain, expiring = split_states(rows)
+    stage = rows.stage_id
+    if plain or not expiring:
+        retrying(f"save {stage}", lambda: store.save(stage, plain, guard=guard))
+    if expiring:
+        retrying(f"save {stage}", lambda: store.save_expiring(
+            stage, expiring, rows.expire_after, guard=guard))
+
+
+def split_states(rows: StageRows) -> tuple[dict[str, bytes], dict[str, bytes]]:
+    """(rows written plainly, rows written to expire ``expire_after`` after this write): a
+    state its key no longer feeds leaves the store by itself, unless the stage never
+    expires or it is ``lasting`` (a window still open; a plain write also clears an
+    expiry the row had)."""
+    states = rows.states
+    if not rows.expire_after:
+        return states, {}
+    if not rows.lasting:
+        return {}, states
+    plain = {key: row for key, row in states.items() if key in rows.lasting}
+    return plain, {key: row for key, row in states.items() if key not in rows.lasting}
 
 
 def write_order(rows: Sequence[StageRows]) -> Iterable[StageRows]:

@@ -130,6 +130,7 @@ def _run(config: str, assignments: list[str]) -> int:
               "only (python -m onceflow.devtools.fault_worker); unset it to run the worker",
               file=sys.stderr)
         return EXIT_CONFIG
+    from onceflow.runtime.expiry_check import check_retention
     from onceflow.runtime.preflight import check_side_topics
     from onceflow.runtime.wiring import (
         check_exclusive,
@@ -154,6 +155,7 @@ def _run(config: str, assignments: list[str]) -> int:
         check_exclusive(settings, pipeline)
         check_store_access(settings, pipeline)
         check_side_topics(settings, pipeline)  # before any actor: no group join
+        check_retention(settings, pipeline)  # warns only
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_CONFIG

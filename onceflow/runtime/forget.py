@@ -29,13 +29,16 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from onceflow.actors.messages import StageRows
 from onceflow.checkpoint.log_marks import NO_MARK
+from onceflow.checkpoint.persistence import split_states
 from onceflow.runtime.config import ConfigError, Settings, load_settings, split_assignment
 from onceflow.stages.declarations import LOGS_STAGE
 from onceflow.stages.lineage import Route
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.state import decode_state, encode_state
+from onceflow.stages.state_table import has_open_window
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stores.base import StateRows, StateStore
 from onceflow.stores.fencing.held_epochs import epoch_source, share_epochs
@@ -122,9 +125,10 @@ def _windows_row(data: bytes, topic: str, out: Forgotten) -> bytes | None:
 
 
 def forget_topic(stores: Mapping[str, StateStore], pipeline: Pipeline,
-                 topic: str) -> Forgotten:
+                 topic: str, expire_after: float = 0.0) -> Forgotten:
     """Drop ``topic``'s watermarks, dedup tables and log marks from every store (see the
-    module doc); answers what was changed."""
+    module doc); answers what was changed. A state rewritten keeps expiring
+    (``expire_after``: the worker's default), its clock started again."""
     out = plan(stores, pipeline, topic)
     if not out.rows:
         log.warning("forget %s: pipeline %r holds nothing of that topic", topic, pipeline.id)
@@ -137,8 +141,19 @@ def forget_topic(stores: Mapping[str, StateStore], pipeline: Pipeline,
         guard = taken.guard
         log.warning("forget %s: took epoch %d for partitions %s (a worker still holding "
                     "them is fenced)", topic, taken.epoch, sorted(out.partitions))
+    specs = {spec.id: spec for spec in pipeline.aggregates}
     for (store, stage), rows in sorted(out.rows.items()):
-        stores[store].save(stage, rows, guard=guard)
+        spec = specs.get(stage)
+        ttl = 0.0 if spec is None else \
+            expire_after if spec.expire_after is None else spec.expire_after
+        lasting = frozenset(key for key, row in rows.items() if spec is not None
+                            and spec.window is not None
+                            and has_open_window(decode_state(row).value))
+        plain, expiring_rows = split_states(StageRows(stage, store, rows, {}, ttl, lasting))
+        if plain:
+            stores[store].save(stage, plain, guard=guard)
+        if expiring_rows:
+            stores[store].save_expiring(stage, expiring_rows, ttl, guard=guard)
         log.warning("forget %s: pipeline %r, %s store, stage %s: %d rows rewritten", topic,
                     pipeline.id, store, stage, len(rows))
     log.warning("forget %s: %d watermarks dropped; the topic's events from now on are "
@@ -152,7 +167,7 @@ def forget(settings: Settings, pipeline: Pipeline, topic: str) -> Forgotten:
 
     stores = open_stores(settings, pipeline)
     try:
-        return forget_topic(stores, pipeline, topic)
+        return forget_topic(stores, pipeline, topic, settings.state.expire_after)
     finally:
         for store in stores.values():
             store.close()

@@ -129,6 +129,7 @@ class PipelineCore:
             dead_letter_max_value=s.kafka.dead_letter_max_value,
             max_state_bytes=s.state.max_state_bytes,
             persist_interval=s.persistence.interval,
+            expire_after=s.state.expire_after,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
         self._actors: list[pykka.ActorRef[PipelineActor]] = [self.pipeline_actor]

@@ -84,12 +84,14 @@ class ConsumerSettings:
 
 @dataclass(frozen=True)
 class StateSettings:
-    """``onceflow.state``: the in-memory state cache of each aggregate, and how long
-    closed windows' history rows are kept (seconds; 0 keeps them forever)."""
+    """``onceflow.state``: the in-memory state cache of each aggregate, how long
+    closed windows' history rows are kept, and after how long without a fold a state
+    expires (an aggregate's ``expire_after`` wins); seconds, 0: never."""
 
     max_cached_states: int
     history_retention: float = 0.0
     max_state_bytes: int = 1_048_576  # one aggregate value, encoded (stages.guards)
+    expire_after: float = 0.0
 
 
 @dataclass(frozen=True)

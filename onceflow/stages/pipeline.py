@@ -14,9 +14,11 @@ without one). The engine reads the steps as ``Map[Any, Any]`` and so on.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, overload
 
 from typing_extensions import TypeVar
@@ -87,6 +89,10 @@ class Aggregate(Generic[T, S]):
 
     With ``window``, the state is kept per tumbling event-time window; closed
     windows are persisted as history rows (see ``onceflow.stages.windows``).
+
+    ``expire_after`` (seconds): a state not folded for that long is removed by the store
+    (and from the cache), its watermarks with it; None takes ``onceflow.state.expire-after``,
+    0 never expires (``Pipeline.aggregate`` also takes a ``timedelta``).
     """
 
     id: str
@@ -96,6 +102,12 @@ class Aggregate(Generic[T, S]):
     store: str = "redis"
     window: Tumbling[T] | None = None
     schema: Any = None  # the value's type for analytics (onceflow.analytics.schemas)
+    expire_after: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.expire_after is not None:
+            object.__setattr__(self, "expire_after",
+                               expiry_seconds(f"aggregate {self.id!r}", self.expire_after))
 
 
 @dataclass(frozen=True)
@@ -231,6 +243,7 @@ class Pipeline(Generic[T]):
         store: str = "redis",
         window: Tumbling[T] | None = None,
         schema: Any = None,
+        expire_after: timedelta | float | None = None,
     ) -> Pipeline[T]:
         """Fold values into a state per ``key(value)``, exactly once per input event.
 
@@ -243,8 +256,16 @@ class Pipeline(Generic[T]):
         several workers run the pipeline (see ``repartition``). ``schema`` (a
         dataclass, TypedDict, Spark type or int/float/str/bool) types the value
         (per window, if windowed) in analytics instead of inferring it.
+
+        ``expire_after`` (a ``timedelta`` or seconds, 1s..7300d; 0: never; None: the
+        worker's ``onceflow.state.expire-after``): a key not folded for that long loses
+        its state, watermarks included, and starts again from ``init()`` (a windowed key
+        only once its last window closed). It must exceed the input topics' retention,
+        or the longest replay you allow: a replay of older events would count them again.
         """
-        return self._then(Aggregate(id, key, init, fold, store, window, schema))
+        seconds = None if expire_after is None else expiry_seconds(f"aggregate {id!r}",
+                                                                   expire_after)
+        return self._then(Aggregate(id, key, init, fold, store, window, schema, seconds))
 
     def deduplicate(self, id: str, *, key: Callable[[T], str], store: str = "redis"
                     ) -> Pipeline[T]:
@@ -373,6 +394,21 @@ class Pipeline(Generic[T]):
 
     def _then(self, step: Step) -> Pipeline[Any]:
         return replace(self, steps=(*self.steps, step))
+
+
+#: The longest state expiry: Cassandra's largest TTL (20 years), in seconds.
+MAX_EXPIRY = 7300 * 86400
+
+
+def expiry_seconds(what: str, value: object) -> float:
+    """``expire_after`` as seconds: 0 (never) or 1s..7300d, from a ``timedelta`` or a
+    number (Redis expires by the millisecond, Cassandra by the whole second, rounded up)."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) \
+            or not math.isfinite(seconds) or not (seconds == 0 or 1 <= seconds <= MAX_EXPIRY):
+        raise ValueError(f"{what}: expire_after: expected 0 (never), or a timedelta or "
+                         f"seconds in 1s..7300d, got {value!r}")
+    return float(seconds)
 
 
 def _zero() -> int:

@@ -80,9 +80,10 @@ class PipelineRunner:
         hold_new: bool = False,  # a first start waits idle_timeout for unmet roots (watermark)
         max_future: float = MAX_FUTURE,  # seconds an event time may lead its record's timestamp
         max_state_bytes: int = MAX_STATE_BYTES,  # per aggregate value encoded (guards)
+        expire_after: float = 0.0,  # s; an aggregate's own expire_after wins (StateTable)
     ):
         self.pipeline = pipeline
-        self.tables = [StateTable(spec, max_states, max_state_bytes)
+        self.tables = [StateTable(spec, max_states, max_state_bytes, expire_after)
                        for spec in pipeline.aggregates]
         self._segments = segments(pipeline, self.tables)
         self._first = self._segments[pipeline.topics[0]]

@@ -1,4 +1,4 @@
-"""The cached states of one aggregate (``StateTable``): dirty, unwritten, evictable.
+"""The cached states of one aggregate (``StateTable``): dirty, unwritten, evictable, expiring.
 
 Kept apart from ``state`` (one state and its encoding), which everything on
 the record path imports, down to the formats: the table names its
@@ -7,11 +7,17 @@ the record path imports, down to the formats: the table names its
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from onceflow.stages.pipeline import Aggregate
 from onceflow.stages.state import MAX_STATE_BYTES, AggregateState, encode_state
+
+#: Seconds the cache lets a state go before its row's expiry: Cassandra counts a TTL from
+#: the whole second its write landed in, so a row lapses up to a second early.
+STORE_SLACK = 1.0
 
 
 class StateTable:
@@ -26,13 +32,31 @@ class StateTable:
     are discarded as before. A cache full of such states exceeds the limit until a
     snapshot is written. Recency is kept per snapshot, not per record (the hot path stays
     untouched): a snapshot moves the keys it takes to the recent end.
+
+    State expiry (``expire_after`` seconds, 0: never): the store drops a state's row
+    that long after its last write (``lasting`` names the rows that must not expire: a
+    windowed state with an open window). The table drops its cached copy once as long
+    (less ``STORE_SLACK``) has passed since the state was taken into a snapshot, or
+    loaded (``expire``), no later than its row expires (written after it was taken), so
+    the next record of the key loads what the store holds, or nothing, and starts fresh.
+    A state loaded keeps its cached copy up to ``expire_after`` after the load: met
+    again in between, it goes on (its row written again), as if it had expired that much
+    later. Stamped per snapshot and load, not per record.
     """
 
     def __init__(self, spec: Aggregate, max_states: int | None = None,
-                 max_bytes: int = MAX_STATE_BYTES):
+                 max_bytes: int = MAX_STATE_BYTES, expire_after: float = 0.0):
         self.spec = spec
         self.max_states = max_states
         self.max_bytes = max_bytes  # the most bytes a value of it may encode to (guards)
+        # the aggregate's own expiry wins over the worker's default
+        self.expire_after: float = expire_after if spec.expire_after is None \
+            else spec.expire_after
+        self.windowed = spec.window is not None
+        # key -> when its state was last taken or loaded (``clock``), when it expires
+        self.stamps: dict[str, float] = {}
+        self.clock: Callable[[], float] = time.monotonic
+        self.expired = 0
         self.states: OrderedDict[str, AggregateState] = OrderedDict()  # least recent first
         self.dirty: set[str] = set()
         self.unwritten: dict[str, int] = {}  # key -> the snapshot holding its last change
@@ -53,6 +77,8 @@ class StateTable:
             self.encoded_bytes -= old.size
         self.states[key] = state
         self.encoded_bytes += state.size
+        if self.expire_after:
+            self.stamps[key] = self.clock()
 
     def take_dirty(self, snapshot: int) -> dict[str, bytes]:
         """Encode the changed states for ``snapshot``: later folds cannot change what gets
@@ -67,7 +93,61 @@ class StateTable:
             states.move_to_end(key)
             unwritten[key] = snapshot
         self.dirty = set()
+        if self.expire_after and taken:
+            now, stamps = self.clock(), self.stamps
+            for key in taken:
+                stamps[key] = now
         return taken
+
+    def lasting(self, keys: Iterable[str]) -> frozenset[str]:
+        """Of ``keys`` (just taken), those whose rows must not expire: a windowed state
+        with an open window (its expiry starts when its last window closed). Empty without
+        expiry."""
+        if not self.expire_after or not self.windowed:
+            return frozenset()
+        states = self.states
+        return frozenset(key for key in keys if has_open_window(states[key].value))
+
+    def expire(self) -> int:
+        """Drop the cached states not taken or loaded for ``expire_after``; answers how many.
+
+        Oldest first (a snapshot moves the keys it takes to the recent end, stamped);
+        stops at the first one still fresh. A pinned one (dirty or unwritten: folded since,
+        so not expiring, and stamped again when taken) moves to the recent end, as in
+        ``evict``; so does a state with an open window, stamped now: it never expires.
+        The actor calls it before each batch, so a key whose store row has expired is
+        not found cached by its next record.
+        """
+        ttl = self.expire_after
+        states = self.states
+        if not ttl or not states:
+            return 0
+        now = self.clock()
+        deadline = now - ttl + STORE_SLACK
+        stamps, dirty, unwritten = self.stamps, self.dirty, self.unwritten
+        expired = 0
+        for _ in range(len(states)):
+            key = next(iter(states))
+            stamp = stamps.get(key)
+            if stamp is None:  # cached by hand (a test, a tool): its time starts now
+                stamps[key] = now
+                states.move_to_end(key)
+                continue
+            if stamp > deadline:
+                break
+            if key in dirty or key in unwritten:
+                states.move_to_end(key)
+                continue
+            state = states.pop(key)
+            if self.windowed and has_open_window(state.value):
+                states[key] = state
+                stamps[key] = now
+                continue
+            del stamps[key]
+            self.encoded_bytes -= state.size
+            expired += 1
+        self.expired += expired
+        return expired
 
     def written(self, snapshot: int) -> None:
         """Every snapshot up to ``snapshot`` is in the store: its states may be evicted."""
@@ -94,6 +174,7 @@ class StateTable:
                 states[key] = state
                 continue
             self.encoded_bytes -= state.size
+            self.stamps.pop(key, None)
             evicted += 1
         self.evictions += evicted
         return evicted
@@ -103,9 +184,19 @@ class StateTable:
         if self.dirty or self.unwritten:
             raise RuntimeError(f"forget() with unpersisted states in {self.spec.id!r}")
         self.states.clear()
+        self.stamps.clear()
         self.encoded_bytes = 0
 
     def take_closed(self) -> dict[tuple[str, int], Any]:
         """Closed windows (key, start) -> final value, to be written before the states."""
         taken, self.closed = self.closed, {}
         return taken
+
+
+def has_open_window(value: Any) -> bool:
+    """Whether a windowed state has an open window (a state no onceflow step wrote counts
+    as open: it is kept, never dropped on a guess)."""
+    if type(value) is not dict:
+        return True
+    opened = value.get("open")
+    return type(opened) is not dict or bool(opened)

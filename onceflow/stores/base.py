@@ -80,7 +80,8 @@ class HistoryRows(Protocol):
     ``history_retention`` (seconds, 0 keeps forever) makes history rows, and only
     them, expire that long after their last write. What keeps a closed window from
     being folded or closed again is its key's state (watermarks and ``max_ts``),
-    which never expires.
+    which expires only under ``expire_after``, once its last window closed (the
+    stage's watermark then still makes an older value late).
     """
 
     history_retention: float

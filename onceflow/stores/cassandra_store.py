@@ -26,7 +26,10 @@ atomicity no caller needs). Only CQL that Cassandra 2.1 and 4/5 share is used::
         pipeline text, name text, value bigint,
         PRIMARY KEY ((pipeline), name));
 
-Rows are written ``USING TTL``: 0 (never) but for history rows under a retention.
+Rows are written ``USING TTL``: 0 (never) but for history rows under a retention and
+states under an expiry (``expire_after``); an expired row keeps its write timestamp, so a
+late row a fenced-out writer stamped lower does not bring it back (until compaction
+purges it, gc_grace_seconds after).
 
 Fenced: epochs live in the ``epochs`` table, and state rows are written
 ``USING TIMESTAMP`` of their epoch, after a check of the guard's epochs

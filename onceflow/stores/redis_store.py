@@ -7,8 +7,10 @@ invariant 4).
 Layout: ``<prefix>:<pipeline>:s:<stage>:<key>``, ``<prefix>:<pipeline>:stats``,
 key homes in one hash per stage ``<prefix>:<pipeline>:home:<stage>`` (HSETNX),
 history rows (``<stage>#history``) with a PX expiry when a retention is set,
-and the outbox, one hash ``<prefix>:<pipeline>:outbox`` of field ``<lane>|<seq>``
-(split from the right: a lane is ``<topic>|<partition>``) -> record.
+states with one on each write when they expire (``save_expiring``: SET PX; a state
+written by MSET loses any expiry it had), and the outbox, one hash
+``<prefix>:<pipeline>:outbox`` of field ``<lane>|<seq>`` (split from the right: a lane
+is ``<topic>|<partition>``) -> record.
 
 A write given a guard (the epochs of the input partitions it depends on) is
 one Lua script that checks them and writes, or refuses with ``Fenced``

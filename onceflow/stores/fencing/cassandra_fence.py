@@ -24,10 +24,10 @@ Every state, history and producer-sequence row is written ``USING TIMESTAMP``
 writes (``WriteClock``). A write without a guard takes the highest epoch this
 client has seen, never the driver's clock (which would lose against every
 fenced row). State rows are never deleted: a tombstone would need the same
-timestamps. When the pipeline's epochs are kept in Redis (the store's
-``epochs_elsewhere``), the timestamps alone order the writes, with no check
-here. Outbox rows are checked, not timestamped: their deletes use the
-driver's clock, and must win.
+timestamps (a state that expires, ``USING TTL``, lapses under its own timestamp). When
+the pipeline's epochs are kept in Redis (the store's ``epochs_elsewhere``), the
+timestamps alone order the writes, with no check here. Outbox rows are checked, not
+timestamped: their deletes use the driver's clock, and must win.
 """
 
 from __future__ import annotations
