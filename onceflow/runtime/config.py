@@ -189,9 +189,9 @@ def _build(read: Reader, source: str) -> Settings:
         ),
         persistence=PersistenceSettings(read.duration("onceflow.persistence.interval", 0.01, 3600)),
         state=StateSettings(read.integer("onceflow.state.cache.max-states", 1, 1_000_000_000),
-                            _history_retention(read),
+                            _ttl_seconds(read, "onceflow.state.history.retention", "keep forever"),
                             read.integer("onceflow.state.max-bytes", 1024, 16_777_216),
-                            _expire_after(read)),
+                            _ttl_seconds(read, "onceflow.state.expire-after", "never expire")),
         commit=CommitSettings(read.duration("onceflow.commit.interval", 0.01, 3600)),
         stores=StoresSettings(
             redis,
@@ -217,22 +217,12 @@ def _build(read: Reader, source: str) -> Settings:
     )
 
 
-def _history_retention(read: Reader) -> float:
-    """0s (keep forever) or 1s..20 years: Cassandra's TTLs are whole seconds, at most that."""
-    key = "onceflow.state.history.retention"
+def _ttl_seconds(read: Reader, key: str, zero: str) -> float:
+    """0s (``zero``: what it means there) or 1s..20 years: the stores' TTLs, Cassandra's
+    whole seconds at most that long."""
     seconds = read.duration(key, 0, math.inf)
     if seconds and not 1 <= seconds <= 7300 * 86400:
-        raise read.error(key, "expected 0s (keep forever) or a duration in 1s..7300d, "
-                         f"got {show(read.raw(key))}")
-    return seconds
-
-
-def _expire_after(read: Reader) -> float:
-    """0s (never) or 1s..20 years, as an aggregate's ``expire_after`` (Cassandra's TTLs)."""
-    key = "onceflow.state.expire-after"
-    seconds = read.duration(key, 0, math.inf)
-    if seconds and not 1 <= seconds <= 7300 * 86400:
-        raise read.error(key, "expected 0s (never expire) or a duration in 1s..7300d, "
+        raise read.error(key, f"expected 0s ({zero}) or a duration in 1s..7300d, "
                          f"got {show(read.raw(key))}")
     return seconds
 
