@@ -32,9 +32,9 @@ from onceflow.actors.messages import (
     PipelineMessage,
     ResumeOutputs,
     Send,
-    StageRows,
     unexpected,
 )
+from onceflow.actors.snapshot_rows import snapshot_rows
 from onceflow.checkpoint.coordinator import Checkpoints, Taking
 from onceflow.checkpoint.ledger import LedgerError
 from onceflow.checkpoint.log_marks import LogMark
@@ -47,7 +47,6 @@ from onceflow.stages.state import (
     MAX_STATE_BYTES,
     AggregateState,
     TopicPartition,
-    compact_json,
     decode_state,
 )
 from onceflow.stages.watermark import WINDOWS_STAGE
@@ -369,38 +368,6 @@ class PipelineActor(ReportingActor):
         stats = dict(self._stats)
         self._stats.clear()
         return Taking(rows, stats, force)
-
-
-def snapshot_rows(runner: PipelineRunner, sequence_store: str | None,
-                  snapshot: int) -> list[StageRows]:
-    """Each table's dirty states and closed windows, in pipeline order, and the changed
-    producer sequences FIRST: persistence writes the list reversed (downstream first),
-    so they are written after every state of the snapshot, never claiming more than
-    the states hold (docs/architecture.md, "Producer sequences")."""
-    rows = []
-    for table in runner.tables:
-        dirty = table.take_dirty(snapshot)
-        closed = table.take_closed()
-        if dirty or closed:
-            rows.append(StageRows(
-                table.spec.id,
-                table.spec.store,
-                dirty,
-                {slot: compact_json(value) for slot, value in closed.items()},
-                table.expire_after,
-                table.lasting(dirty),
-            ))
-    for clock in runner.clocks.values():  # the open-window index first, watermarks last
-        store = clock.table.spec.store
-        if before := clock.rows_before_states():
-            rows.append(StageRows(WINDOWS_STAGE, store, before, {}))
-        if after := clock.rows_after_states():
-            rows.insert(0, StageRows(WINDOWS_STAGE, store, after, {}))
-    sequences = runner.sequences
-    if sequences is not None and sequences.dirty:
-        assert sequence_store is not None
-        rows.insert(0, StageRows(SEQUENCE_STAGE, sequence_store, sequences.take_dirty(), {}))
-    return rows
 
 
 def _partition_of(home: str) -> TopicPartition:

@@ -1,7 +1,7 @@
 """State expiry on the real stores: a state not folded for ``expire_after`` leaves the
 store by the store's own TTL, its watermarks with it, and its key starts fresh.
 
-The runner folds, the pipeline actor's ``snapshot_rows`` takes the rows and persistence's
+The runner folds, ``actors.snapshot_rows`` takes the rows and persistence's
 ``save_states`` writes them under a guard (on Redis: the fencing script, with SET PX), as
 a worker does; each test waits for the row to be gone (polled, bounded), never a fixed
 sleep. The expiry each row carries is read from the server (Redis PTTL, Cassandra
@@ -25,7 +25,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from cassandra.cluster import Cluster
 from helpers import expected_counts, produce, start_worker, stored_states, wait_for_log
 
-from onceflow.actors.pipeline_actor import snapshot_rows
+from onceflow.actors.snapshot_rows import snapshot_rows
 from onceflow.checkpoint.persistence import save_states
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo

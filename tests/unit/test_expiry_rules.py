@@ -18,7 +18,7 @@ import pytest
 from persistence_doubles import DictStore
 
 from onceflow.actors.messages import StageRows
-from onceflow.actors.pipeline_actor import snapshot_rows
+from onceflow.actors.snapshot_rows import snapshot_rows
 from onceflow.checkpoint.persistence import save_states
 from onceflow.runtime import expiry_check
 from onceflow.runtime.config import ConfigError, load_settings

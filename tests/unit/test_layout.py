@@ -171,6 +171,7 @@ USER_API = (
     "onceflow.stages.pipeline",
     "onceflow.stages.record_meta",
     "onceflow.stages.republish_step",
+    "onceflow.stages.steps",
     "onceflow.testing",
     "onceflow.testing_records",
 )
