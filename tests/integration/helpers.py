@@ -179,3 +179,22 @@ def assert_history_and_outbox_fenced(old: StateStore, held: Mapping[tuple[str, i
     with pytest.raises(Fenced):
         old.outbox_append({("out|0", 7): b"r"}, guard=held)
     assert old.outbox_load() == {}
+
+
+def redis_state_ttl(raw: Any, namespace: str, pipeline: str, stage: str, key: str
+                    ) -> float | None:
+    """Seconds left of a stored state's Redis expiry, None if it has none; asserts it is there."""
+    ms = raw.pttl(f"{namespace}:{pipeline}:s:{stage}:{key}")
+    assert ms != -2, f"{stage}:{key} is absent"
+    return None if ms == -1 else ms / 1000
+
+
+def cassandra_state_ttl(session: Any, namespace: str, pipeline: str, stage: str, key: str
+                        ) -> float | None:
+    """Seconds left of a stored state's Cassandra TTL, None if it has none; asserts it is there."""
+    row = session.execute(
+        f'SELECT TTL(value) FROM "{namespace}".states '
+        "WHERE pipeline = %s AND stage = %s AND key = %s", (pipeline, stage, key)
+    ).one()
+    assert row is not None, f"{stage}:{key} is absent"
+    return None if row[0] is None else float(row[0])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 from cassandra.cluster import Cluster
+from helpers import cassandra_state_ttl, redis_state_ttl
 
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.base import HISTORY_SUFFIX, StateStore
@@ -58,9 +59,7 @@ def open_store(service: ServiceInfo, unique_name: Callable[..., str]
             store: StateStore = RedisStore(url, namespace, pipeline, history_retention=retention)
 
             def expiry(stage: str, key: str) -> float | None:
-                ms = raw.pttl(f"{namespace}:{pipeline}:s:{stage}:{key}")
-                assert ms != -2, f"{stage}:{key} is absent"
-                return None if ms == -1 else ms / 1000
+                return redis_state_ttl(raw, namespace, pipeline, stage, key)
 
             def outbox_expiry() -> float | None:
                 ms = raw.pttl(f"{namespace}:{pipeline}:outbox")
@@ -75,12 +74,7 @@ def open_store(service: ServiceInfo, unique_name: Callable[..., str]
             closers.append(cluster.shutdown)
 
             def expiry(stage: str, key: str) -> float | None:
-                row = session.execute(
-                    f'SELECT TTL(value) FROM "{namespace}".states '
-                    "WHERE pipeline = %s AND stage = %s AND key = %s", (pipeline, stage, key)
-                ).one()
-                assert row is not None, f"{stage}:{key} is absent"
-                return None if row[0] is None else float(row[0])
+                return cassandra_state_ttl(session, namespace, pipeline, stage, key)
 
             def outbox_expiry() -> float | None:
                 rows = list(session.execute(

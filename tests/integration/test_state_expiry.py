@@ -23,7 +23,15 @@ import pytest
 import redis
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from cassandra.cluster import Cluster
-from helpers import expected_counts, produce, start_worker, stored_states, wait_for_log
+from helpers import (
+    cassandra_state_ttl,
+    expected_counts,
+    produce,
+    redis_state_ttl,
+    start_worker,
+    stored_states,
+    wait_for_log,
+)
 
 from onceflow.actors.snapshot_rows import snapshot_rows
 from onceflow.checkpoint.persistence import save_states
@@ -63,9 +71,7 @@ def opened(request: pytest.FixtureRequest, unique_name: Callable[..., str]
         store: StateStore = RedisStore(url, namespace, pipeline)
 
         def expiry(stage: str, key: str) -> float | None:
-            ms = raw.pttl(f"{namespace}:{pipeline}:s:{stage}:{key}")
-            assert ms != -2, f"{stage}:{key} is absent"
-            return None if ms == -1 else ms / 1000
+            return redis_state_ttl(raw, namespace, pipeline, stage, key)
     else:
         store = CassandraStore([service.host], pipeline, port=service.port,
                                keyspace=namespace, protocol_version=3)
@@ -74,12 +80,7 @@ def opened(request: pytest.FixtureRequest, unique_name: Callable[..., str]
         closers.append(cluster.shutdown)
 
         def expiry(stage: str, key: str) -> float | None:
-            row = session.execute(
-                f'SELECT TTL(value) FROM "{namespace}".states '
-                "WHERE pipeline = %s AND stage = %s AND key = %s", (pipeline, stage, key)
-            ).one()
-            assert row is not None, f"{stage}:{key} is absent"
-            return None if row[0] is None else float(row[0])
+            return cassandra_state_ttl(session, namespace, pipeline, stage, key)
     closers.append(store.close)
     yield Opened(store, service.name, expiry)
     for close in reversed(closers):
