@@ -57,7 +57,8 @@ def test_chaos_on_cassandra(kafka_service: ServiceInfo, cassandra_service: Servi
     settings = {"onceflow.stores.cassandra.contact-points": cassandra_service.host,
                 "onceflow.stores.cassandra.port": str(cassandra_service.port),
                 "onceflow.stores.cassandra.keyspace": unique_name("chaos")}
-    report = run_chaos(ChaosOptions(kills=10, seed=seed, store="cassandra", units=False),
+    report = run_chaos(ChaosOptions(kills=10, seed=seed, store="cassandra", units=False,
+                                    duration=20.0),
                        bootstrap=kafka_service.address, store_settings=settings,
                        workdir=tmp_path)
     check(report, f"seed={seed}, logs in {tmp_path}: {report}", units=False)

@@ -51,7 +51,7 @@ from onceflow.stores.redis_store import RedisStore
 PARTITIONS = 4
 ROBOTS = 200
 FIRST, SECOND = 1500, 6000  # reports in each part
-ROUNDS = 5
+ROUNDS = 3
 CASSANDRA_ROUNDS = 2
 STATS = re.compile(r"stats (\{.*\})")
 FENCED = "write fenced"
