@@ -101,26 +101,32 @@ def install_unit(unit: list[Share], route: Any, fed_from: Any) -> None:
 
 def install(table: StateTable, clock: WindowClock | None, staged_keys: Iterable[Staged],
             route: Any, fed_from: Any) -> None:
-    """Install one aggregate's part of a unit: each admitted key's new state, its route
-    mark, the windows it closed (history rows) and its open-window index entry. Only once
-    the whole record has folded and been checked (``install_unit``)."""
-    dirty, history = table.dirty, table.closed
+    """Install one aggregate's part of a unit (``install_key`` for each of its keys). Only
+    once the whole record has folded and been checked (``install_unit``)."""
     for staged in staged_keys:
-        if not staged.admitted:
-            continue
-        key, state, mark = staged.key, staged.state, staged.mark
-        assert mark is not None  # admitted
-        if staged.opened is not UNREAD:
-            staged.value = {"open": staged.opened, "max_ts": staged.closed_to}
-        state.value = staged.value
-        state.watermarks[route] = mark
-        dirty.add(key)
-        if clock is not None:
-            clock.note(key, fed_from, staged.value, staged.reopened)
-        closing = staged.closing
-        if closing:
-            for start, final in closing:
-                history[(key, start)] = final
+        install_key(table, clock, staged, route, fed_from)
+
+
+def install_key(table: StateTable, clock: WindowClock | None, staged: Staged, route: Any,
+                fed_from: Any) -> None:
+    """Install one key's new state if a value of it was admitted: the state, its route
+    mark, the windows it closed (history rows) and its open-window index entry."""
+    if not staged.admitted:
+        return
+    key, state, mark = staged.key, staged.state, staged.mark
+    assert mark is not None  # admitted
+    if staged.opened is not UNREAD:
+        staged.value = {"open": staged.opened, "max_ts": staged.closed_to}
+    state.value = staged.value
+    state.watermarks[route] = mark
+    table.dirty.add(key)
+    if clock is not None:
+        clock.note(key, fed_from, staged.value, staged.reopened)
+    closing = staged.closing
+    if closing:
+        history = table.closed
+        for start, final in closing:
+            history[(key, start)] = final
 
 
 #: Values an aggregate did not fold: (their positions' length, the positions).

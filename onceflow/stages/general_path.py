@@ -74,7 +74,7 @@ class GeneralPath:
                 continue
             assert type(step) is Fold
             table = step.table
-            stage_id, fold = table.spec.id, table.spec.fold
+            stage_id, fold = table.stage_id, table.spec.fold
             stage = self.windows.get(table)
             mark = stage.begin(fed_from, plan.record.timestamp) if stage is not None else None
             new: dict[str, Staged] = {}

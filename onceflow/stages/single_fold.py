@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from onceflow.stages.fold_rules import Staged, admit, install, touch
+from onceflow.stages.fold_rules import Staged, admit, install_key, touch
 from onceflow.stages.guards import check_state
 from onceflow.stages.lineage import Position, Route
 from onceflow.stages.outcome import BatchOutcome, ConsumedRecord, StageFailure
@@ -108,7 +108,7 @@ def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[A
     hold, or a key is homed on another partition."""
     if not keys:
         return 0, 0
-    stage_id = table.spec.id
+    stage_id = table.stage_id
     replayed = folded = 0
     first: str = keys[0]
     if keys.count(first) == len(keys):  # one key: a record's values usually share it
@@ -124,7 +124,7 @@ def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[A
             folded += 1
         if folded:
             check_state(stage_id, first, one.value, table.max_bytes)
-            install(table, None, (one,), route, fed_from)
+            install_key(table, None, one, route, fed_from)
         return folded, replayed
     new: dict[str, Staged] = {}
     for key, pos, value in zip(keys, positions, values):  # noqa: B905
@@ -142,5 +142,6 @@ def fold_values(table: StateTable, fold: Callable[[Any, Any], Any], keys: list[A
     for staged in new.values():
         if staged.admitted:
             check_state(stage_id, staged.key, staged.value, table.max_bytes)
-    install(table, None, new.values(), route, fed_from)
+    for staged in new.values():
+        install_key(table, None, staged, route, fed_from)
     return folded, replayed

@@ -47,6 +47,7 @@ class StateTable:
     def __init__(self, spec: Aggregate, max_states: int | None = None,
                  max_bytes: int = MAX_STATE_BYTES, expire_after: float = 0.0):
         self.spec = spec
+        self.stage_id: str = spec.id  # read on every fold (a native field)
         self.max_states = max_states
         self.max_bytes = max_bytes  # the most bytes a value of it may encode to (guards)
         # the aggregate's own expiry wins over the worker's default
