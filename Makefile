@@ -23,7 +23,8 @@ demo: setup
 # fewer than two queued: by default xdist sent each process a quarter of its share up front
 # in collection order, so one process got every SIGKILL test and ran them one after another.
 # The Spark tests (marked `spark`) run beside them in one pytest of their own: one Spark
-# JVM, one job at a time (their output follows the others').
+# JVM, one job at a time (their output follows the others'); in that process too, the
+# tests that mostly wait (marked `waits`: outages, backoffs), which that lane has time for.
 # Tests marked `alone` (their outcome depends on wall-clock pacing) run after, alone.
 TEST_WORKERS ?= 3
 # Two jobs: the lint runs beside the record path's compile (each uses one core).
@@ -37,10 +38,10 @@ TEST_JAVA_OPTIONS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 test: export JAVA_TOOL_OPTIONS = $(TEST_JAVA_OPTIONS)
 
 test: setup lint
-	@$(BIN)/pytest -q --durations=10 -m "spark and not alone" tests > $(SPARK_LOG) 2>&1 & spark=$$!; \
+	@$(BIN)/pytest -q --durations=10 -m "(spark or waits) and not alone" tests > $(SPARK_LOG) 2>&1 & spark=$$!; \
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 \
-	  -m "not spark and not alone" tests; rest=$$?; \
-	wait $$spark; spark_rc=$$?; echo "--- the Spark tests:"; cat $(SPARK_LOG); \
+	  -m "not spark and not waits and not alone" tests; rest=$$?; \
+	wait $$spark; spark_rc=$$?; echo "--- the Spark tests and the waiting ones:"; cat $(SPARK_LOG); \
 	[ $$rest -eq 0 ] && [ $$spark_rc -eq 0 ]
 	$(BIN)/pytest -q --durations=5 -m alone tests
 

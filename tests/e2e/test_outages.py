@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from helpers import committed, create_topic, expected_counts, stored_states
 from proxy import CuttableProxy
 from recovery import drained, metric, quick_recovery
@@ -19,6 +20,8 @@ from onceflow.devtools.chaos import expected_windows, read_late, stored_windows
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
+
+pytestmark = pytest.mark.waits  # make test runs it beside the Spark tests (Makefile)
 
 
 def test_redis_down_for_20s_commits_nothing_meanwhile_then_catches_up_exactly(

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiokafka import AIOKafkaConsumer
 from helpers import committed, create_topic, expected_counts, produce, stored_states
 from proxy import CuttableProxy
@@ -31,6 +32,8 @@ from onceflow.devtools import harness, services
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stores.redis_store import RedisStore
+
+pytestmark = pytest.mark.waits  # make test runs it beside the Spark tests (Makefile)
 
 JOIN_GROUP = 11  # Kafka API key
 JOIN_TIMEOUT = 8.0

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from helpers import (
     committed,
     create_topic,
@@ -28,6 +29,8 @@ from recovery import series
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo, free_port
 from onceflow.stores.redis_store import RedisStore
+
+pytestmark = pytest.mark.waits  # make test runs it beside the Spark tests (Makefile)
 
 RESTART = re.compile(r"restarting \['core', 'consumer'\] in ([\d.]+)s")
 
