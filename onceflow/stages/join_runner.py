@@ -23,10 +23,16 @@ from onceflow.stages.join_table import JoinTable, Loader
 from onceflow.stages.merge_log import CoPartition, MergeLog, Run
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.republish import WrittenOutputs
 from onceflow.stages.runner import PipelineRunner
+from onceflow.stages.side_outputs import SideOutputs
 from onceflow.stages.state import MAX_STATE_BYTES
 from onceflow.stages.state_table import StateTable
 from onceflow.stages.steps import Filter, Map, Step
+
+
+class NotCoAssigned(RuntimeError):
+    """Partition ``p`` of a join's stream and of its table are not on one worker."""
 
 
 class JoinRunner:
@@ -97,8 +103,43 @@ class JoinRunner:
                 self._apply(partition, run, batch, outcome)
         return outcome
 
+    @property
+    def written(self) -> WrittenOutputs:
+        return self.inner.written
+
+    @property
+    def side(self) -> SideOutputs:
+        return self.inner.side
+
     def assigned(self, partitions: Iterable[TopicPartition]) -> None:
         self.inner.assigned(partitions)
+
+    def start(self, positions: Mapping[TopicPartition, int]) -> None:
+        """An assignment (the worker's): where each input partition resumes. Partition ``p``
+        of every input must be here together (``NotCoAssigned`` otherwise); their
+        co-partitions read their merge logs again at their next record."""
+        inputs = {*self._streams, *self._tables}
+        mine = {tp: offset for tp, offset in positions.items() if tp[0] in inputs}
+        numbers: dict[int, set[str]] = {}
+        for topic, partition in mine:
+            numbers.setdefault(partition, set()).add(topic)
+        for partition, topics in sorted(numbers.items()):
+            if topics != inputs:
+                raise NotCoAssigned(
+                    f"partition {partition} of {sorted(inputs - topics)} is not assigned "
+                    f"with partition {partition} of {sorted(topics)}: a join needs partition "
+                    "p of its stream and table on one worker (every member must use the "
+                    "range assignor, runtime/join_setup.JOIN_ASSIGNOR)")
+        for (topic, partition), offset in mine.items():
+            if offset < 0:
+                raise NotCoAssigned(f"{topic}[{partition}] has no known position: the merge "
+                                    "log cannot be replayed from it")
+            self._positions[(topic, partition)] = offset
+            table = self._tables.get(topic)
+            if table is not None:
+                table.committed(partition, offset)
+                table.cursor[partition] = offset
+            self._groups.pop(partition, None)
 
     def advance(self) -> None:
         self.inner.advance()

@@ -202,3 +202,28 @@ def _partition(out: Any) -> int:
     envelope = Envelope()
     envelope.ParseFromString(out.value)
     return int(envelope.source_chain[0].partition)
+
+
+def test_an_append_of_a_zombie_after_its_successors_is_dropped_when_read() -> None:
+    from onceflow.kafka.merge_log_topic import decode_all, encode
+
+    values = [encode(3, [Run("merchants", 0, 4)]), encode(5, [Run("payments", 0, 9)]),
+              encode(3, [Run("payments", 0, 12)]), b"garbage", encode(5, [Run("merchants", 5, 5)])]
+    assert decode_all(values) == [Run("merchants", 0, 4), Run("payments", 0, 9),
+                                  Run("merchants", 5, 5)]
+
+
+def test_the_start_refuses_topics_of_other_counts_and_a_split_assignment() -> None:
+    from onceflow.runtime.join_setup import mismatches
+    from onceflow.stages.join_runner import JoinRunner, NotCoAssigned
+    from onceflow.stages.merge_log import MemoryMergeLog
+
+    assert mismatches(payments(), {"payments": 4, "merchants": 4}) == []
+    assert mismatches(payments(), {"payments": 4, "merchants": 3}) == [
+        "join 'merchant': stream topic 'payments' has 4 partitions, table topic 'merchants' "
+        "has 3: a join needs the same count on both (docs/guide/joins.md)"]
+    runner = JoinRunner(payments(), lambda spec, keys: {}, "dead", merge_log=MemoryMergeLog())
+    runner.start({("payments", 0): 0, ("merchants", 0): 0, ("payments", 1): 3,
+                  ("merchants", 1): 2})
+    with pytest.raises(NotCoAssigned, match=r"partition 1 of \['merchants'\] is not assigned"):
+        runner.start({("payments", 0): 0, ("merchants", 0): 0, ("payments", 1): 3})

@@ -1,0 +1,117 @@
+"""The merge log of a worker: a Kafka topic, partition ``p`` for co-partition ``p``.
+
+``stages.merge_log`` decides what is logged and replayed; this writes and reads it.
+Each record is one append: ``{"e": epoch, "r": [[topic, first, last], ...]}``, produced
+and acknowledged (acks=all) before the runs it lists are applied. One writer per
+partition: the member that owns co-partition ``p`` (the co-assignment), and like an
+exclusive output (docs/architecture.md, "Fencing") each append is checked against the
+epochs in the store first (``check``; fenced, it raises and the core fails). A zombie's
+append that lands after its successor took the partition carries an older epoch than
+the successor's: the reader drops every record whose epoch is below one it read before.
+The whole partition is read at each assignment (its cost grows with the log: give the
+topic a retention; runs below the committed offsets are never needed again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from onceflow.actors.loop import EventLoopThread
+from onceflow.stages.merge_log import Run
+
+log = logging.getLogger(__name__)
+
+#: Answers the epoch this worker holds for co-partition ``p``, checked against the store
+#: (raises ``Fenced`` when another member took it over); 0 without fencing.
+EpochCheck = Callable[[int], int]
+
+
+def merge_log_topic(pipeline_id: str) -> str:
+    """The merge log's topic of a pipeline."""
+    return f"{pipeline_id}-merge-log"
+
+
+def encode(epoch: int, runs: list[Run]) -> bytes:
+    return json.dumps({"e": epoch, "r": [list(run) for run in runs]},
+                      separators=(",", ":")).encode()
+
+
+def decode_all(values: list[bytes]) -> list[Run]:
+    """The runs of a partition's records in order, without a zombie's late appends (an
+    epoch below one already read); a record that is no append is skipped with a warning."""
+    runs: list[Run] = []
+    highest = 0
+    for value in values:
+        try:
+            doc = json.loads(value)
+            epoch = int(doc["e"])
+            found = [Run(str(t), int(a), int(b)) for t, a, b in doc["r"]]
+        except (ValueError, TypeError, KeyError) as error:
+            log.warning("merge log: a record that is no append skipped: %r", error)
+            continue
+        if epoch < highest:
+            continue
+        highest = epoch
+        runs.extend(found)
+    return runs
+
+
+class KafkaMergeLog:
+    """``MergeLog`` over the topic ``topic``, on the core's loop ``io``."""
+
+    def __init__(self, io: EventLoopThread, topic: str, producer_options: Mapping[str, Any],
+                 consumer_options: Mapping[str, Any], check: EpochCheck, timeout: float):
+        self._io, self._topic, self._check, self._timeout = io, topic, check, timeout
+        self._consumer_options = {k: v for k, v in consumer_options.items()
+                                  if k not in ("group_id", "partition_assignment_strategy")}
+        self._producer = io.run(self._open({**producer_options, "acks": "all"}),
+                                timeout=timeout)
+
+    def append(self, partition: int, runs: list[Run]) -> None:
+        """Produce one append and wait for its acknowledgement (from the pipeline thread)."""
+        epoch = self._check(partition)
+        self._io.run(self._producer.send_and_wait(self._topic, encode(epoch, runs),
+                                                  partition=partition), timeout=self._timeout)
+
+    def read(self, partition: int) -> list[Run]:
+        """Every run logged for ``partition`` (from the pipeline thread)."""
+        return decode_all(self._io.run(self._read(partition), timeout=self._timeout * 3))
+
+    def close(self) -> None:
+        self._io.run(self._producer.stop(), timeout=self._timeout)
+
+    @staticmethod
+    async def _open(options: Mapping[str, Any]) -> AIOKafkaProducer:
+        """A producer made on the loop (aiokafka binds it to the running loop)."""
+        producer = AIOKafkaProducer(**options)
+        await producer.start()
+        return producer
+
+    async def _read(self, partition: int) -> list[bytes]:
+        """The partition from its start to the high watermark of a fetch (never
+        ListOffsets: the local broker's end offsets are not to be trusted)."""
+        tp = TopicPartition(self._topic, partition)
+        consumer = AIOKafkaConsumer(**{**self._consumer_options, "enable_auto_commit": False})
+        await consumer.start()
+        values: list[bytes] = []
+        try:
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            deadline = asyncio.get_running_loop().time() + self._timeout * 2
+            while True:
+                fetched = await consumer.getmany(tp, timeout_ms=300)
+                values += [r.value for r in fetched.get(tp, ()) if r.value is not None]
+                highwater = consumer.highwater(tp)
+                if highwater is not None and await consumer.position(tp) >= highwater:
+                    return values
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"merge log {self._topic}[{partition}]: not read to "
+                                       f"its end in {self._timeout * 2:.0f}s")
+        finally:
+            await consumer.stop()
