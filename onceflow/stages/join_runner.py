@@ -163,7 +163,9 @@ class JoinRunner:
             inputs = {*self._streams, *self._tables}
             positions = {topic: offset for (topic, p), offset in self._positions.items()
                          if p == partition and topic in inputs}
-            logged = [] if self.naive else self._log.read(partition)
+            # a run of a topic the joins no longer read (a pipeline changed) orders nothing
+            logged = [] if self.naive else [run for run in self._log.read(partition)
+                                             if run.topic in inputs]
             group = self._groups[partition] = CoPartition(logged, positions)
         return group
 

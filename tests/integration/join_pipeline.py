@@ -19,8 +19,8 @@ def add(total: int, payment: dict[str, Any]) -> int:
 
 
 pipeline = (
-    Pipeline("join-it", topics=(os.environ.get("ONCEFLOW_JOIN_PAYMENTS", "payments"),),
-             format="json")
+    Pipeline(os.environ.get("ONCEFLOW_JOIN_ID", "join-it"),
+             topics=(os.environ.get("ONCEFLOW_JOIN_PAYMENTS", "payments"),), format="json")
     .join("merchant", table=Table(os.environ.get("ONCEFLOW_JOIN_MERCHANTS", "merchants")),
           on=lambda p: str(p["merchant"]), merge=enrich)
     .republish("enriched", os.environ.get("ONCEFLOW_JOIN_OUTPUT", "enriched"),

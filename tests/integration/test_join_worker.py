@@ -53,11 +53,12 @@ class Setup:
         self.kafka, self.redis, self.tmp_path = kafka, redis, tmp_path
         self.pay, self.merch, self.out = (unique_name("pay"), unique_name("merch"),
                                           unique_name("out"))
-        self.group, self.prefix = unique_name("g"), unique_name("p")
+        self.group, self.prefix, self.id = unique_name("g"), unique_name("p"), unique_name("j")
         for topic, n in ((self.pay, PARTITIONS), (self.merch, table_partitions),
                          (self.out, PARTITIONS)):
             asyncio.run(harness.create_topic(kafka.address, topic, n))
-        self.store = RedisStore(f"redis://{redis.address}/0", self.prefix, "join-it")
+        self.store = RedisStore(f"redis://{redis.address}/0", self.prefix, self.id)
+        self.workers: list[harness.WorkerProcess] = []
 
     def settings(self, commit: str) -> dict[str, str]:
         return {"onceflow.pipeline": "join_pipeline:pipeline",
@@ -66,11 +67,13 @@ class Setup:
                 "onceflow.stores.redis.url": f"redis://{self.redis.address}/0",
                 "onceflow.stores.redis.key-prefix": self.prefix,
                 "onceflow.commit.interval": commit,
+                "onceflow.single-worker": "true",  # totals per category: fed from both
                 "onceflow.persistence.interval": "200ms"}
 
     def env(self, naive: bool) -> dict[str, str]:
         path = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "PYTHONPATH": path, "ONCEFLOW_JOIN_PAYMENTS": self.pay,
+        env = {**os.environ, "PYTHONPATH": path, "ONCEFLOW_JOIN_ID": self.id,
+               "ONCEFLOW_JOIN_PAYMENTS": self.pay,
                "ONCEFLOW_JOIN_MERCHANTS": self.merch, "ONCEFLOW_JOIN_OUTPUT": self.out}
         return {**env, "ONCEFLOW_FAULT_NO_MERGE_LOG": "1"} if naive else env
 
@@ -79,7 +82,14 @@ class Setup:
                                       self.settings(commit))
         process = harness.WorkerProcess(argv, self.env(naive), self.tmp_path, name)
         process.start()
+        self.workers.append(process)
         return process
+
+    def stop(self) -> None:
+        """Kill what a failed test left running."""
+        for process in self.workers:
+            if process.exited() is None:
+                process.kill()
 
     def states(self, stage: str) -> dict[str, object]:
         return {key: decode_state(value).value for key, value in self.store.scan(stage)}
@@ -109,10 +119,19 @@ def test_a_replay_after_sigkill_meets_the_table_version_of_its_first_run(
     unique_name: Callable[..., str],
 ) -> None:
     setup = Setup(kafka_service, redis_service, tmp_path, unique_name)
+    try:
+        run_and_replay(setup, naive)
+    finally:
+        setup.stop()
+
+
+def run_and_replay(setup: Setup, naive: bool) -> None:
+    kafka_service = setup.kafka
     asyncio.run(harness.produce(kafka_service.address, setup.merch, rows("A")))
+    dying = setup.worker("dying", "1h", naive)  # never commits: everything replays
+    setup.wait("the table at A", table_at(setup, "A"), dying)
     first = payments(0, 200)
     asyncio.run(harness.produce(kafka_service.address, setup.pay, first))
-    dying = setup.worker("dying", "1h", naive)  # never commits: everything replays
     setup.wait("payments folded under A",
                lambda: setup.states("totals") == {"A": total(first)}, dying)
     asyncio.run(harness.produce(kafka_service.address, setup.merch, rows("B")))
