@@ -27,9 +27,9 @@ from onceflow.stages.merge_log import Run
 
 log = logging.getLogger(__name__)
 
-#: Answers the epoch this worker holds for co-partition ``p``, checked against the store
-#: (raises ``Fenced`` when another member took it over); 0 without fencing.
-EpochCheck = Callable[[int], int]
+#: Answers the epoch this worker holds for co-partitions ``ps``, checked against the store
+#: (raises ``Fenced`` when another member took one over); 0 without fencing.
+EpochCheck = Callable[[list[int]], int]
 
 
 def merge_log_topic(pipeline_id: str) -> str:
@@ -73,11 +73,16 @@ class KafkaMergeLog:
         self._producer = io.run(self._open({**producer_options, "acks": "all"}),
                                 timeout=timeout)
 
-    def append(self, partition: int, runs: list[Run]) -> None:
-        """Produce one append and wait for its acknowledgement (from the pipeline thread)."""
-        epoch = self._check(partition)
-        self._io.run(self._producer.send_and_wait(self._topic, encode(epoch, runs),
-                                                  partition=partition), timeout=self._timeout)
+    def append(self, runs: Mapping[int, list[Run]]) -> None:
+        """Produce one append per co-partition and wait for every acknowledgement (from the
+        pipeline thread): one epoch check and one round trip for the batch."""
+        epoch = self._check(sorted(runs))
+        self._io.run(self._send(runs, epoch), timeout=self._timeout)
+
+    async def _send(self, runs: Mapping[int, list[Run]], epoch: int) -> None:
+        sent = [await self._producer.send(self._topic, encode(epoch, logged), partition=p)
+                for p, logged in runs.items()]
+        await asyncio.gather(*sent)
 
     def read(self, partition: int) -> list[Run]:
         """Every run logged for ``partition`` (from the pipeline thread)."""

@@ -124,10 +124,10 @@ def open_merge_log(settings: Settings, pipeline: Pipeline, io: EventLoopThread,
     inputs = sorted({*(t for _, ts in pipeline.joins for t in ts),
                      *(j.table.topic for j, _ in pipeline.joins)})
 
-    def check(partition: int) -> int:
+    def check(partitions: list[int]) -> int:
         if fence is None or faults.NO_FENCING:
             return 0
-        guard = fence.check([(topic, partition) for topic in inputs])
+        guard = fence.check([(topic, p) for topic in inputs for p in partitions])
         return max(guard.values(), default=0)
 
     return KafkaMergeLog(io, topic, producer_options(settings),

@@ -92,13 +92,18 @@ class JoinRunner:
                 self.replays += 1
         if others:
             _add(outcome, self.inner.process(others))
+        ordered: dict[int, list[tuple[Run, list[ConsumedRecord]]]] = {}
+        fresh: dict[int, list[Run]] = {}  # logged at once, before any of them applies
         for partition, group in sorted(touched.items()):
-            runs = group.replayed()
+            runs = ordered[partition] = group.replayed()
             if not group.replaying:
-                fresh = group.fresh()
-                if fresh and not self.naive:
-                    self._log.append(partition, [run for run, _ in fresh])  # before applying
-                runs += fresh
+                new = group.fresh()
+                if new and not self.naive:
+                    fresh[partition] = [run for run, _ in new]
+                runs += new
+        if fresh:
+            self._log.append(fresh)
+        for partition, runs in ordered.items():
             for run, batch in runs:
                 self._apply(partition, run, batch, outcome)
         return outcome

@@ -42,8 +42,9 @@ class MergeLog(Protocol):
         """The runs logged for co-partition ``partition``, oldest first (all retained)."""
         ...
 
-    def append(self, partition: int, runs: list[Run]) -> None:
-        """Log ``runs`` after the others; returns once they are durable."""
+    def append(self, runs: Mapping[int, list[Run]]) -> None:
+        """Log each co-partition's ``runs`` after its others; returns once all are
+        durable (one round trip for a batch's co-partitions)."""
         ...
 
 
@@ -56,8 +57,9 @@ class MemoryMergeLog:
     def read(self, partition: int) -> list[Run]:
         return list(self.runs.get(partition, ()))
 
-    def append(self, partition: int, runs: list[Run]) -> None:
-        self.runs.setdefault(partition, []).extend(runs)
+    def append(self, runs: Mapping[int, list[Run]]) -> None:
+        for partition, logged in runs.items():
+            self.runs.setdefault(partition, []).extend(logged)
 
 
 class CoPartition:
