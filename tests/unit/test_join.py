@@ -227,3 +227,18 @@ def test_the_start_refuses_topics_of_other_counts_and_a_split_assignment() -> No
                   ("merchants", 1): 2})
     with pytest.raises(NotCoAssigned, match=r"partition 1 of \['merchants'\] is not assigned"):
         runner.start({("payments", 0): 0, ("merchants", 0): 0, ("payments", 1): 3})
+
+
+def test_what_a_join_may_not_combine_is_refused_when_built() -> None:
+    from onceflow import ProducerDedup
+
+    with pytest.raises(ValueError, match="its table topic 'payments' must be no source topic"):
+        Pipeline("p", topics=("payments",)).join(
+            "j", table=Table("payments"), on=str, merge=lambda v, row: v)
+    with pytest.raises(ValueError, match="a join with dedup= is not supported yet"):
+        Pipeline("p", topics=("payments",), dedup=ProducerDedup(str, len, store="redis")).join(
+            "j", table=MERCHANTS, on=str, merge=lambda v, row: v)
+    with pytest.raises(ValueError, match="missing='keep': expected one of merge, drop"):
+        Pipeline("p", topics=("payments",)).join(
+            "j", table=MERCHANTS, on=str, merge=lambda v, row: v, missing="keep")  # type: ignore[arg-type]
+    assert payments().consumed_topics == ("payments", "merchants")
