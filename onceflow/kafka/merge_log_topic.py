@@ -7,7 +7,9 @@ partition: the member that owns co-partition ``p`` (the co-assignment), and like
 exclusive output (docs/architecture.md, "Fencing") each append is checked against the
 epochs in the store first (``check``; fenced, it raises and the core fails). A zombie's
 append that lands after its successor took the partition carries an older epoch than
-the successor's: the reader drops every record whose epoch is below one it read before.
+the successor's: the reader drops every record whose epoch is below one it read before,
+and every one of a lower epoch at or past the mark a successor writes right after it
+read the log (``decode_all``).
 The whole partition is read at each assignment (its cost grows with the log: give the
 topic a retention; runs below the committed offsets are never needed again).
 """
@@ -37,29 +39,39 @@ def merge_log_topic(pipeline_id: str) -> str:
     return f"{pipeline_id}-merge-log"
 
 
-def encode(epoch: int, runs: list[Run]) -> bytes:
-    return json.dumps({"e": epoch, "r": [list(run) for run in runs]},
-                      separators=(",", ":")).encode()
+def encode(epoch: int, runs: list[Run], after: int | None = None) -> bytes:
+    """An append; with ``after``, a reader's mark: the log as read ended before offset
+    ``after``, and nothing of a lower epoch from there on counts."""
+    doc: dict[str, Any] = {"e": epoch, "r": [list(run) for run in runs]}
+    if after is not None:
+        doc["a"] = after
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def decode_all(values: list[bytes]) -> list[Run]:
-    """The runs of a partition's records in order, without a zombie's late appends (an
-    epoch below one already read); a record that is no append is skipped with a warning."""
-    runs: list[Run] = []
+def decode_all(records: list[tuple[int, bytes]]) -> list[Run]:
+    """The runs of a partition's (offset, value) records in order, without a zombie's late
+    appends: a record of an epoch below one before it, or at or past a reader's mark of a
+    higher epoch (written by the successor right after it read the log, so an append
+    that landed between its read and its mark is dropped too). A record that is no
+    append is skipped with a warning."""
+    kept: list[tuple[int, int, list[Run]]] = []  # (offset, epoch, runs)
     highest = 0
-    for value in values:
+    for offset, value in records:
         try:
             doc = json.loads(value)
             epoch = int(doc["e"])
             found = [Run(str(t), int(a), int(b)) for t, a, b in doc["r"]]
+            after = doc.get("a")
         except (ValueError, TypeError, KeyError) as error:
             log.warning("merge log: a record that is no append skipped: %r", error)
             continue
         if epoch < highest:
             continue
         highest = epoch
-        runs.extend(found)
-    return runs
+        if after is not None:
+            kept = [k for k in kept if k[0] < int(after) or k[1] >= epoch]
+        kept.append((offset, epoch, found))
+    return [run for *_, runs in kept for run in runs]
 
 
 class KafkaMergeLog:
@@ -85,8 +97,14 @@ class KafkaMergeLog:
         await asyncio.gather(*sent)
 
     def read(self, partition: int) -> list[Run]:
-        """Every run logged for ``partition`` (from the pipeline thread)."""
-        return decode_all(self._io.run(self._read(partition), timeout=self._timeout * 3))
+        """Every run logged for ``partition`` (from the pipeline thread), then this reader's
+        mark at the end it read (``encode``'s ``after``): a zombie's append landing later
+        no longer counts."""
+        records, end = self._io.run(self._read(partition), timeout=self._timeout * 3)
+        epoch = self._check([partition])
+        self._io.run(self._producer.send_and_wait(self._topic, encode(epoch, [], end),
+                                                  partition=partition), timeout=self._timeout)
+        return decode_all(records)
 
     def close(self) -> None:
         self._io.run(self._producer.stop(), timeout=self._timeout)
@@ -98,23 +116,25 @@ class KafkaMergeLog:
         await producer.start()
         return producer
 
-    async def _read(self, partition: int) -> list[bytes]:
+    async def _read(self, partition: int) -> tuple[list[tuple[int, bytes]], int]:
         """The partition from its start to the high watermark of a fetch (never
-        ListOffsets: the local broker's end offsets are not to be trusted)."""
+        ListOffsets: the local broker's end offsets are not to be trusted), and that
+        high watermark."""
         tp = TopicPartition(self._topic, partition)
         consumer = AIOKafkaConsumer(**{**self._consumer_options, "enable_auto_commit": False})
         await consumer.start()
-        values: list[bytes] = []
+        values: list[tuple[int, bytes]] = []
         try:
             consumer.assign([tp])
             await consumer.seek_to_beginning(tp)
             deadline = asyncio.get_running_loop().time() + self._timeout * 2
             while True:
                 fetched = await consumer.getmany(tp, timeout_ms=300)
-                values += [r.value for r in fetched.get(tp, ()) if r.value is not None]
+                values += [(r.offset, r.value) for r in fetched.get(tp, ())
+                           if r.value is not None]
                 highwater = consumer.highwater(tp)
                 if highwater is not None and await consumer.position(tp) >= highwater:
-                    return values
+                    return values, highwater
                 if asyncio.get_running_loop().time() > deadline:
                     raise TimeoutError(f"merge log {self._topic}[{partition}]: not read to "
                                        f"its end in {self._timeout * 2:.0f}s")

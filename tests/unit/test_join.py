@@ -209,8 +209,15 @@ def test_an_append_of_a_zombie_after_its_successors_is_dropped_when_read() -> No
 
     values = [encode(3, [Run("merchants", 0, 4)]), encode(5, [Run("payments", 0, 9)]),
               encode(3, [Run("payments", 0, 12)]), b"garbage", encode(5, [Run("merchants", 5, 5)])]
-    assert decode_all(values) == [Run("merchants", 0, 4), Run("payments", 0, 9),
-                                  Run("merchants", 5, 5)]
+    assert decode_all(list(enumerate(values))) == [
+        Run("merchants", 0, 4), Run("payments", 0, 9), Run("merchants", 5, 5)]
+    # The successor (epoch 7) read up to offset 2 and marked it at 4; the zombie's append
+    # at 3 (epoch 6) landed in between: it does not count.
+    raced = [encode(6, [Run("payments", 0, 9)]), encode(6, [Run("merchants", 0, 4)]),
+             encode(6, []), encode(6, [Run("payments", 10, 12)]), encode(7, [], after=2),
+             encode(7, [Run("merchants", 5, 6)])]
+    assert decode_all(list(enumerate(raced))) == [
+        Run("payments", 0, 9), Run("merchants", 0, 4), Run("merchants", 5, 6)]
 
 
 def test_the_start_refuses_topics_of_other_counts_and_a_split_assignment() -> None:
