@@ -28,6 +28,9 @@ they cost one attribute check.
 - ``ONCEFLOW_FAULT_FETCH_FAILS_AFTER=<n>``: the process's first consumer stream fails
   (its fetch loop raises) right after handing its ``n``-th batch to the pipeline, once:
   the stream the supervisor re-creates runs on.
+- ``ONCEFLOW_FAULT_NO_MERGE_LOG=1``: joins apply their inputs in arrival order, unlogged,
+  each value meeting the newest row (wrong on purpose, to show what the merge log fixes:
+  a replay meets another version of the table than the first run).
 - ``ONCEFLOW_FAULT_STAGE_RAISES_ON=<text>``: the pipeline actor raises on every
   batch holding a record whose bytes contain ``text``, as a bug in the
   runtime would: the supervisor restarts it until the budget is gone.
@@ -42,7 +45,7 @@ from typing import NoReturn
 
 PREFIX = "ONCEFLOW_FAULT_"
 SWITCHES = ("KILL_AFTER_SAVE", "UPSTREAM_FIRST", "KILL_AFTER_LANDING", "KILL_AFTER_SENDS",
-            "NO_FENCING", "PRODUCE_FAILS", "STAGE_RAISES_ON", "FETCH_FAILS_AFTER")
+            "NO_FENCING", "PRODUCE_FAILS", "STAGE_RAISES_ON", "FETCH_FAILS_AFTER", "NO_MERGE_LOG")
 
 KILL_AFTER_SAVE: str | None = None
 UPSTREAM_FIRST = False
@@ -52,6 +55,7 @@ NO_FENCING = False
 PRODUCE_FAILS: str | None = None
 STAGE_RAISES_ON = b""
 FETCH_FAILS_AFTER = 0
+NO_MERGE_LOG = False
 _fetched = 0  # batches handed over while FETCH_FAILS_AFTER is armed
 
 
@@ -74,7 +78,7 @@ def configure(environ: Mapping[str, str]) -> dict[str, str]:
     Test-only (``onceflow.devtools.fault_worker``); an empty value is off.
     """
     global KILL_AFTER_SAVE, UPSTREAM_FIRST, KILL_AFTER_LANDING, KILL_AFTER_SENDS
-    global NO_FENCING, PRODUCE_FAILS, STAGE_RAISES_ON, FETCH_FAILS_AFTER
+    global NO_FENCING, PRODUCE_FAILS, STAGE_RAISES_ON, FETCH_FAILS_AFTER, NO_MERGE_LOG
     unknown = [name for name in set_in(environ) if name[len(PREFIX):] not in SWITCHES]
     if unknown:
         raise UnknownSwitch(f"unknown fault switch {', '.join(unknown)} (known: "
@@ -91,6 +95,7 @@ def configure(environ: Mapping[str, str]) -> dict[str, str]:
     PRODUCE_FAILS = get("PRODUCE_FAILS") or None
     STAGE_RAISES_ON = get("STAGE_RAISES_ON").encode()
     FETCH_FAILS_AFTER = int(get("FETCH_FAILS_AFTER") or 0)
+    NO_MERGE_LOG = get("NO_MERGE_LOG") == "1"
     return {PREFIX + s: get(s) for s in SWITCHES if get(s)}
 
 

@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter, deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from aiokafka.partitioner import murmur2
 
+from onceflow.stages.join_runner import JoinRunner
+from onceflow.stages.merge_log import MemoryMergeLog
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
@@ -124,6 +126,7 @@ class TestRun:
         self.counters: Counter[str] = Counter()
         self.crashes = 0
         self._snapshots = 0
+        self.merge_log = MemoryMergeLog()  # joins: the order their inputs were applied in
         self.runner = self._new_runner()  # the worker's runner; crash() replaces it
 
     def feed(self, records: Iterable[Record]) -> list[Consumed]:
@@ -152,23 +155,30 @@ class TestRun:
         self._pending.extend(records)
         self._drain()
 
-    def replay(self, from_offsets: Mapping[TopicPartition, int] | None = None) -> None:
+    def replay(self, from_offsets: Mapping[TopicPartition, int] | None = None,
+               order: Callable[[list[Consumed]], Iterable[Consumed]] | None = None) -> None:
         """Deliver the log again from ``from_offsets`` (default: the committed ones).
 
         A partition not named is replayed from its start; the run keeps its
-        in-memory states (a consumer seeking back, not a crash).
+        in-memory states (a consumer seeking back, not a crash). ``order`` interleaves
+        the partitions otherwise than they were fed (each partition's own order kept, as
+        a Kafka consumer keeps it).
         """
         start = self._committed if from_offsets is None else from_offsets
-        self._pending.extend(r for r in self._log if r.offset >= start.get(
-            (r.topic, r.partition), 0))
+        again = [r for r in self._log if r.offset >= start.get((r.topic, r.partition), 0)]
+        if order is not None:
+            again = _reordered(again, order)
+        self._pending.extend(again)
         self._drain()
 
-    def crash(self, *, mid_persist: bool = False) -> None:
+    def crash(self, *, mid_persist: bool = False,
+              order: Callable[[list[Consumed]], Iterable[Consumed]] | None = None) -> None:
         """Kill and restart the worker: unpersisted states are lost, the log replays from
         the committed offsets (states persisted since are reloaded and discard the replay).
 
         ``mid_persist``: the kill lands inside a persist, after the states are written
         and before the producer sequences (``dedup=``), which a worker writes last.
+        ``order``: the replay's interleaving of the partitions (see ``replay``).
         """
         if mid_persist:
             self._persist_states()
@@ -176,7 +186,7 @@ class TestRun:
         self._processed = {}
         self.runner = self._new_runner()
         self.runner.assigned(self._ends)  # the worker's assignment: every partition
-        self.replay()
+        self.replay(order=order)
 
     def persist(self) -> None:
         """Write changed states and closed windows, then the producer sequences (``dedup=``),
@@ -207,6 +217,8 @@ class TestRun:
         """Persist, then commit every offset processed so far."""
         self.persist()
         self._committed.update(self._processed)
+        if isinstance(self.runner, JoinRunner):
+            self.runner.committed(self._committed)
 
     @property
     def producer_duplicates(self) -> int:
@@ -272,12 +284,17 @@ class TestRun:
         names = [table.spec.id for table in self.runner.tables]
         raise KeyError(f"no aggregate {stage_id!r} in pipeline {self.pipeline.id!r}: {names}")
 
-    def _new_runner(self) -> PipelineRunner:
-        return PipelineRunner(self.pipeline, self._load, self.dead_letter_topic,
-                              self.late_events_topic,
-                              claim=None if self.single_worker else self._claim,
-                              load_sequences=self._load_sequences, load_rows=self._load_rows,
-                              idle_timeout=self.idle_timeout, max_future=self.max_future)
+    def _new_runner(self) -> PipelineRunner | JoinRunner:
+        kind: Any = PipelineRunner
+        joins: dict[str, Any] = {}
+        if self.pipeline.joins:  # started at the committed offsets, with the merge log
+            kind, joins = JoinRunner, {"merge_log": self.merge_log, "positions": self._committed}
+        runner: PipelineRunner | JoinRunner = kind(
+            self.pipeline, self._load, self.dead_letter_topic, self.late_events_topic,
+            claim=None if self.single_worker else self._claim,
+            load_sequences=self._load_sequences, load_rows=self._load_rows,
+            idle_timeout=self.idle_timeout, max_future=self.max_future, **joins)
+        return runner
 
     def _load_rows(self, store: str, keys: Iterable[str]) -> dict[str, bytes]:
         found = ((key, self._stored.get((WINDOWS_STAGE, key))) for key in keys)
@@ -342,3 +359,17 @@ class TestRun:
     def _source(self, headers: Mapping[str, str]) -> Consumed:
         topic, partition, offset = headers["onceflow.source"].rsplit("/", 2)
         return self._at[(topic, int(partition), int(offset))]
+
+
+def _reordered(records: list[Consumed], order: Callable[[list[Consumed]], Iterable[Consumed]]
+               ) -> list[Consumed]:
+    """``order(records)``, refused unless it keeps the records and each partition's order."""
+    again = list(order(list(records)))
+    def per_partition(found: list[Consumed]) -> dict[TopicPartition, list[int]]:
+        split: dict[TopicPartition, list[int]] = {}
+        for r in found:
+            split.setdefault((r.topic, r.partition), []).append(r.offset)
+        return split
+    if per_partition(again) != per_partition(records):
+        raise ValueError("order must keep every record and each partition's order")
+    return again

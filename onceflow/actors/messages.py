@@ -53,6 +53,7 @@ class Assigned:
     watermarks and open-window index before any record of them (``stages.window_clock``)."""
 
     partitions: frozenset[TopicPartition]
+    positions: Mapping[TopicPartition, int] | None = None  # where each resumes (joins)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ from onceflow.checkpoint.coordinator import Checkpoints, Taking
 from onceflow.checkpoint.ledger import LedgerError
 from onceflow.checkpoint.log_marks import LogMark
 from onceflow.checkpoint.stored_rows import checked_sequence_rows, checked_window_rows
+from onceflow.stages.join_runner import JoinRunner
+from onceflow.stages.merge_log import MergeLog
 from onceflow.stages.outcome import DEAD_LETTER_MAX_VALUE, Output
 from onceflow.stages.pipeline import Aggregate, Pipeline, Repartition, Republish
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
@@ -99,17 +101,22 @@ class PipelineActor(ReportingActor):
         max_state_bytes: int = MAX_STATE_BYTES,
         persist_interval: float = 1.0,
         expire_after: float = 0.0,
+        merge_log: MergeLog | None = None,  # a pipeline with joins: where their order goes
     ):
         super().__init__(on_fatal)
         self._stores = stores
-        self._runner = PipelineRunner(pipeline, self._load, dead_letter_topic, late_events_topic,
-                                      claim=None if single_worker else self._claim_homes,
-                                      load_sequences=self._load_sequences, max_states=max_states,
-                                      dead_letter_max_value=dead_letter_max_value,
-                                      load_rows=self._load_rows, idle_timeout=idle_timeout,
-                                      hold_new=True, max_future=max_future,
-                                      max_state_bytes=max_state_bytes,
-                                      expire_after=expire_after)
+        kind: Any = PipelineRunner
+        joins: dict[str, Any] = {}
+        if pipeline.joins:  # the join's inputs ordered by the merge log (stages.join_runner)
+            assert merge_log is not None
+            kind, joins = JoinRunner, {"merge_log": merge_log}
+        self._runner: PipelineRunner | JoinRunner = kind(
+            pipeline, self._load, dead_letter_topic, late_events_topic,
+            claim=None if single_worker else self._claim_homes,
+            load_sequences=self._load_sequences, max_states=max_states,
+            dead_letter_max_value=dead_letter_max_value, load_rows=self._load_rows,
+            idle_timeout=idle_timeout, hold_new=True, max_future=max_future,
+            max_state_bytes=max_state_bytes, expire_after=expire_after, **joins)
         self._expiring = [table for table in self._runner.tables if table.expire_after]
         self._sequence_store = pipeline.dedup_store
         self._republish_topics = frozenset(step.topic for step in pipeline.steps
@@ -189,6 +196,8 @@ class PipelineActor(ReportingActor):
                     raise
             case Assigned():
                 self._runner.assigned(message.partitions)
+                if isinstance(self._runner, JoinRunner) and message.positions is not None:
+                    self._runner.start(message.positions)
             case ResumeOutputs():
                 self._runner.written.resume(message.topic, message.written, message.scanned)
                 if message.partitions is not None:
@@ -364,6 +373,8 @@ class PipelineActor(ReportingActor):
         coordinator numbers it (``Ledger.take``) after every batch handed over before."""
         self._snapshots += 1
         self._due = time.monotonic() + self._interval
+        if isinstance(self._runner, JoinRunner):  # row versions no replay can need go
+            self._runner.committed(self._checkpoints.last_committed)
         rows = snapshot_rows(self._runner, self._sequence_store, self._snapshots)
         stats = dict(self._stats)
         self._stats.clear()

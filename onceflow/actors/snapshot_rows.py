@@ -4,13 +4,14 @@ window clocks' rows and the changed producer sequences, in the order they must b
 from __future__ import annotations
 
 from onceflow.actors.messages import StageRows
+from onceflow.stages.join_runner import JoinRunner
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import compact_json
 from onceflow.stages.watermark import WINDOWS_STAGE
 
 
-def snapshot_rows(runner: PipelineRunner, sequence_store: str | None,
+def snapshot_rows(runner: PipelineRunner | JoinRunner, sequence_store: str | None,
                   snapshot: int) -> list[StageRows]:
     """Each table's dirty states and closed windows, in pipeline order, and the changed
     producer sequences FIRST: persistence writes the list reversed (downstream first),

@@ -92,6 +92,9 @@ class Checkpoints:
         self._ticking: asyncio.Task[dict[TopicPartition, int]] | None = None
         #: The partitions of the current assignment, for /health (read from any thread).
         self.owned: frozenset[TopicPartition] = frozenset()
+        # Every offset committed so far, a new dict per commit (read by other threads:
+        # a join's table drops the row versions no replay can need any more).
+        self.last_committed: dict[TopicPartition, int] = {}
 
     def use_producer(self, send: SendFn) -> None:
         self._send = send
@@ -259,6 +262,7 @@ class Checkpoints:
                 return {}
             metrics.COMMIT_SECONDS.observe(time.monotonic() - started)
             self.ledger.committed(owned)
+            self.last_committed = {**self.last_committed, **owned}
         for (topic, partition), offset in owned.items():
             metrics.COMMITTED.labels(topic, str(partition)).set(offset)
         metrics.committed()

@@ -268,7 +268,7 @@ class ConsumerActor(LoopActor):
             lost = frozenset(stale)
             await asyncio.get_running_loop().run_in_executor(
                 None, lambda: self._pipeline.ask(Forget(lost)))
-        self._pipeline.tell(Assigned(frozenset(positions)))  # before any record of them
+        self._pipeline.tell(Assigned(frozenset(positions), positions))  # before any record
 
     async def adopt(self) -> None:
         """Queue the outbox rows of lanes that left other workers, before anything new."""

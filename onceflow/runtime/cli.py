@@ -131,6 +131,7 @@ def _run(config: str, assignments: list[str]) -> int:
               file=sys.stderr)
         return EXIT_CONFIG
     from onceflow.runtime.expiry_check import check_retention
+    from onceflow.runtime.join_setup import check_join_topics
     from onceflow.runtime.preflight import check_side_topics
     from onceflow.runtime.wiring import (
         check_exclusive,
@@ -155,6 +156,7 @@ def _run(config: str, assignments: list[str]) -> int:
         check_exclusive(settings, pipeline)
         check_store_access(settings, pipeline)
         check_side_topics(settings, pipeline)  # before any actor: no group join
+        check_join_topics(settings, pipeline)  # co-partitioned, or exit 2
         check_retention(settings, pipeline)  # warns only
     except ConfigError as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)

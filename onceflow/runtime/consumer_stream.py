@@ -22,6 +22,7 @@ from onceflow.kafka.tail_reader import (
     resumed_outputs,
     tail_options,
 )
+from onceflow.runtime.join_setup import join_options
 from onceflow.runtime.pipeline_core import PipelineCore
 from onceflow.runtime.wiring import connection_check, consumer_options
 
@@ -42,7 +43,7 @@ class ConsumerStream:
         self._core = core
         self._timeout = s.shutdown.timeout
         self.actor = ConsumerActor(
-            options=consumer_options(s),
+            options=join_options(consumer_options(s), core.pipeline),
             topics=core.pipeline.consumed_topics,
             max_in_flight=s.consumer.max_in_flight_batches,
             max_records=s.kafka.max_poll_records,

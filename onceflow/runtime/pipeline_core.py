@@ -26,6 +26,7 @@ from onceflow.kafka.delivery import OutboxTally
 from onceflow.kafka.producer import ProducerActor
 from onceflow.kafka.tail_reader import resumed_outputs
 from onceflow.runtime.config import Settings
+from onceflow.runtime.join_setup import open_merge_log
 from onceflow.runtime.topics import ensure_repartition_topics
 from onceflow.runtime.wiring import (
     delivery_settings,
@@ -111,6 +112,8 @@ class PipelineCore:
         self.checkpoints.use_producer(self.producer.send)
         try:  # no thread of its own: opened here, on the loop
             self.producer.start()
+            self._merge_log = open_merge_log(s, pipeline, self.io, output_fence,
+                                             self.start_timeout)  # joins only
         except BaseException:
             self._close_io()
             raise
@@ -130,6 +133,7 @@ class PipelineCore:
             max_state_bytes=s.state.max_state_bytes,
             persist_interval=s.persistence.interval,
             expire_after=s.state.expire_after,
+            merge_log=self._merge_log,
         )
         # Stop order: pipeline actor first (no new snapshots), producer last (flushes sends).
         self._actors: list[pykka.ActorRef[PipelineActor]] = [self.pipeline_actor]
@@ -167,6 +171,8 @@ class PipelineCore:
             except Exception as error:  # a failed actor is already stopped
                 log.debug("stopping %s: %r", ref, error)
         try:
+            if self._merge_log is not None:
+                self._merge_log.close()
             self.producer.stop()
         except Exception as error:  # a loop already gone, a close that failed
             log.warning("stopping the producer: %r", error)

@@ -190,6 +190,7 @@ def _store_names(pipeline: Pipeline) -> dict[str, None]:
     names = dict.fromkeys(spec.store for spec in pipeline.aggregates)
     if pipeline.dedup_store is not None:  # the producer sequences' store
         names[pipeline.dedup_store] = None
+    names.update(dict.fromkeys(join.table.store for join, _ in pipeline.joins))  # their tables
     return names
 
 

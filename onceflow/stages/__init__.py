@@ -2,7 +2,7 @@
 
 This package never imports actor or Kafka client code (a ruff rule holds
 that line); the runtime interprets what is declared here. The user's modules
-are ``pipeline``, ``steps``, ``republish_step``, ``declarations``, ``formats`` (its
+are ``pipeline``, ``steps``, ``republish_step``, ``join_step``, ``declarations``, ``formats`` (its
 ``__all__``), ``record_meta`` and ``cleanup``; the others are the engine (the
 record path, fold kernels, wire, segments), private to onceflow, and the user's
 modules import none of them (``tests/unit/test_layout.py``).
@@ -18,11 +18,13 @@ from onceflow.stages.pipeline import (  # noqa: E402
     Aggregate,
     Filter,
     FlatMap,
+    Join,
     Map,
     Pipeline,
     Repartition,
     Republish,
     Step,
+    Table,
 )
 
 __all__ = [
@@ -30,11 +32,13 @@ __all__ = [
     "Envelope",
     "Filter",
     "FlatMap",
+    "Join",
     "Map",
     "Pipeline",
     "Repartition",
     "Republish",
     "SourceRef",
     "Step",
+    "Table",
     "Tumbling",
 ]

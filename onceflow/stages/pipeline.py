@@ -24,6 +24,9 @@ from onceflow.stages.declarations import RESERVED_STAGES, ProducerDedup, Tumblin
 from onceflow.stages.formats import Format, check_format
 from onceflow.stages.formats import json_bytes as json_bytes  # the default encode, kept here
 from onceflow.stages.formats import payload_bytes as payload_bytes  # the default decode, kept here
+from onceflow.stages.join_step import Join as Join
+from onceflow.stages.join_step import R
+from onceflow.stages.join_step import Table as Table
 from onceflow.stages.record_meta import RecordMeta
 from onceflow.stages.republish_step import OUTPUT_FORMATS as OUTPUT_FORMATS
 from onceflow.stages.republish_step import PartitionMap as PartitionMap
@@ -37,8 +40,9 @@ from onceflow.stages.steps import Repartition as Repartition
 from onceflow.stages.steps import S, T, U, expiry_seconds
 from onceflow.stages.steps import Step as Step
 
-__all__ = ["OUTPUT_FORMATS", "Aggregate", "Filter", "FlatMap", "Map", "PartitionMap", "Pipeline",
-           "Repartition", "Republish", "Step", "json_bytes", "payload_bytes", "same_partition"]
+__all__ = ["OUTPUT_FORMATS", "Aggregate", "Filter", "FlatMap", "Join", "Map", "PartitionMap",
+           "Pipeline", "Repartition", "Republish", "Step", "Table", "json_bytes", "payload_bytes",
+           "same_partition"]
 
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,100}$")
 
@@ -122,6 +126,7 @@ class Pipeline(Generic[T]):
                                  f"topic {step.topic!r} must be written by no other step and "
                                  "read by none of this pipeline")
         _check_units(self.id, self.steps)
+        _check_joins(self)
 
     def map(self, id: str, fn: Callable[[T], U]) -> Pipeline[U]:
         """Turn each value into one new value; ``fn`` must be deterministic."""
@@ -262,10 +267,27 @@ class Pipeline(Generic[T]):
         name = topic if topic is not None else f"{self.id}-{id}-repartition"
         return self._then(Repartition(id, key, name, partitions, encode, decode))
 
+    def join(self, id: str, *, table: Table[R], on: Callable[[T], str],
+             merge: Callable[[T, R | None], U], missing: Literal["merge", "drop"] = "merge"
+             ) -> Pipeline[U]:
+        """Enrich each value with its key's row of ``table``: ``merge(value, row)``.
+
+        ``on(value)`` is the key; a key without a row gets ``merge(value, None)``, or is
+        dropped with ``missing="drop"``. The table is kept as onceflow state (the latest
+        row per key, with the watermarks that discard a replayed table record), and a
+        merge log fixes the order in which stream and table records were applied, so a
+        replay after a crash meets the same row as the first run (docs/guide/joins.md).
+        The table topic must have as many partitions as the topics feeding the join and
+        be keyed by the join key (``repartition`` first if the stream is not).
+        """
+        return self._then(Join(id, table, on, merge, missing))
+
     def format_of(self, topic: str) -> Format:
-        """The declared format of source topic ``topic`` (repartition topics hold envelopes)."""
+        """The declared format of source or table topic ``topic`` (repartition topics hold
+        envelopes)."""
         if topic not in self.topics:
-            return "envelope"
+            tables = {join.table.topic: join.table.format for join, _ in self.joins}
+            return tables.get(topic, "envelope")
         return self.formats.get(topic, self.format)
 
     @property
@@ -296,9 +318,23 @@ class Pipeline(Generic[T]):
         return tuple(found)
 
     @property
+    def joins(self) -> tuple[tuple[Join, tuple[str, ...]], ...]:
+        """Each join step with the topics its values come from (its stream side)."""
+        found = []
+        inputs = self.topics
+        for step in self.steps:
+            if isinstance(step, Repartition):
+                inputs = (step.topic,)
+            elif isinstance(step, Join):
+                found.append((step, inputs))
+        return tuple(found)
+
+    @property
     def consumed_topics(self) -> tuple[str, ...]:
-        """The source topics, then every repartition topic: what a worker subscribes to."""
-        return (*self.topics, *(step.topic for step in self.repartitions))
+        """The source topics, every repartition topic, then every join's table topic: what a
+        worker subscribes to."""
+        return (*self.topics, *(step.topic for step in self.repartitions),
+                *(join.table.topic for join, _ in self.joins))
 
     def _then(self, step: Step) -> Pipeline[Any]:
         return replace(self, steps=(*self.steps, step))
@@ -322,6 +358,22 @@ def _check_units(pipeline_id: str, steps: tuple[Step, ...]) -> None:
             raise ValueError(f"pipeline {pipeline_id!r}: republish {step.id!r}: unit=True "
                              "after an aggregate is not supported (the aggregate may stop "
                              "some of a record's values): use unit=False")
+
+
+def _check_joins(pipeline: Pipeline[Any]) -> None:
+    """A table topic is read by its join only; dedup would read a batch ahead of the merge
+    order (``producer_dedup``), which the join cannot keep."""
+    tables = [join.table.topic for join, _ in pipeline.joins]
+    for join, _ in pipeline.joins:
+        topic = join.table.topic
+        if tables.count(topic) > 1 or topic in pipeline.topics or \
+                topic in (step.topic for step in pipeline.steps
+                          if isinstance(step, Republish | Repartition)):
+            raise ValueError(f"pipeline {pipeline.id!r}: join {join.id!r}: its table topic "
+                             f"{topic!r} must be no source topic, no output and no other "
+                             "join's table")
+    if tables and pipeline.dedup is not None:
+        raise ValueError(f"pipeline {pipeline.id!r}: a join with dedup= is not supported yet")
 
 
 def _check_id(kind: str, value: str) -> None:

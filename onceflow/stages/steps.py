@@ -18,6 +18,7 @@ from typing_extensions import TypeVar
 
 from onceflow.stages.declarations import Tumbling
 from onceflow.stages.formats import json_bytes
+from onceflow.stages.join_step import Join
 from onceflow.stages.republish_step import Republish
 
 __all__ = ["MAX_EXPIRY", "Aggregate", "Filter", "FlatMap", "Map", "Repartition", "Step",
@@ -116,7 +117,7 @@ class Repartition(Generic[T, U]):
     decode: Callable[[bytes], U] = json.loads
 
 
-Step = Map | Filter | FlatMap | Aggregate | Republish | Repartition
+Step = Map | Filter | FlatMap | Aggregate | Republish | Repartition | Join
 
 
 

@@ -168,6 +168,7 @@ USER_API = (
     "onceflow.stages.cleanup",
     "onceflow.stages.declarations",
     "onceflow.stages.formats",
+    "onceflow.stages.join_step",
     "onceflow.stages.pipeline",
     "onceflow.stages.record_meta",
     "onceflow.stages.republish_step",
@@ -193,7 +194,8 @@ ENGINE_NEEDED: dict[str, dict[str, str]] = {
     "onceflow.testing": dict.fromkeys((
         "onceflow.stages.outcome", "onceflow.stages.producer_dedup", "onceflow.stages.runner",
         "onceflow.stages.state", "onceflow.stages.state_table", "onceflow.stages.watermark",
-        "onceflow.stages.window_clock"), "TestRun"),
+        "onceflow.stages.window_clock", "onceflow.stages.join_runner",
+        "onceflow.stages.merge_log"), "TestRun"),
 }
 
 

@@ -1,0 +1,142 @@
+"""The merge log of a worker: a Kafka topic, partition ``p`` for co-partition ``p``.
+
+``stages.merge_log`` decides what is logged and replayed; this writes and reads it.
+Each record is one append: ``{"e": epoch, "r": [[topic, first, last], ...]}``, produced
+and acknowledged (acks=all) before the runs it lists are applied. One writer per
+partition: the member that owns co-partition ``p`` (the co-assignment), and like an
+exclusive output (docs/architecture.md, "Fencing") each append is checked against the
+epochs in the store first (``check``; fenced, it raises and the core fails). A zombie's
+append that lands after its successor took the partition carries an older epoch than
+the successor's: the reader drops every record whose epoch is below one it read before,
+and every one of a lower epoch at or past the mark a successor writes right after it
+read the log (``decode_all``).
+The whole partition is read at each assignment (its cost grows with the log: give the
+topic a retention; runs below the committed offsets are never needed again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from onceflow.actors.loop import EventLoopThread
+from onceflow.stages.merge_log import Run
+
+log = logging.getLogger(__name__)
+
+#: Answers the epoch this worker holds for co-partitions ``ps``, checked against the store
+#: (raises ``Fenced`` when another member took one over); 0 without fencing.
+EpochCheck = Callable[[list[int]], int]
+
+
+def merge_log_topic(pipeline_id: str) -> str:
+    """The merge log's topic of a pipeline."""
+    return f"{pipeline_id}-merge-log"
+
+
+def encode(epoch: int, runs: list[Run], after: int | None = None) -> bytes:
+    """An append; with ``after``, a reader's mark: the log as read ended before offset
+    ``after``, and nothing of a lower epoch from there on counts."""
+    doc: dict[str, Any] = {"e": epoch, "r": [list(run) for run in runs]}
+    if after is not None:
+        doc["a"] = after
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def decode_all(records: list[tuple[int, bytes]]) -> list[Run]:
+    """The runs of a partition's (offset, value) records in order, without a zombie's late
+    appends: a record of an epoch below one before it, or at or past a reader's mark of a
+    higher epoch (written by the successor right after it read the log, so an append
+    that landed between its read and its mark is dropped too). A record that is no
+    append is skipped with a warning."""
+    kept: list[tuple[int, int, list[Run]]] = []  # (offset, epoch, runs)
+    highest = 0
+    for offset, value in records:
+        try:
+            doc = json.loads(value)
+            epoch = int(doc["e"])
+            found = [Run(str(t), int(a), int(b)) for t, a, b in doc["r"]]
+            after = doc.get("a")
+        except (ValueError, TypeError, KeyError) as error:
+            log.warning("merge log: a record that is no append skipped: %r", error)
+            continue
+        if epoch < highest:
+            continue
+        highest = epoch
+        if after is not None:
+            kept = [k for k in kept if k[0] < int(after) or k[1] >= epoch]
+        kept.append((offset, epoch, found))
+    return [run for *_, runs in kept for run in runs]
+
+
+class KafkaMergeLog:
+    """``MergeLog`` over the topic ``topic``, on the core's loop ``io``."""
+
+    def __init__(self, io: EventLoopThread, topic: str, producer_options: Mapping[str, Any],
+                 consumer_options: Mapping[str, Any], check: EpochCheck, timeout: float):
+        self._io, self._topic, self._check, self._timeout = io, topic, check, timeout
+        self._consumer_options = {k: v for k, v in consumer_options.items()
+                                  if k not in ("group_id", "partition_assignment_strategy")}
+        self._producer = io.run(self._open({**producer_options, "acks": "all"}),
+                                timeout=timeout)
+
+    def append(self, runs: Mapping[int, list[Run]]) -> None:
+        """Produce one append per co-partition and wait for every acknowledgement (from the
+        pipeline thread): one epoch check and one round trip for the batch."""
+        epoch = self._check(sorted(runs))
+        self._io.run(self._send(runs, epoch), timeout=self._timeout)
+
+    async def _send(self, runs: Mapping[int, list[Run]], epoch: int) -> None:
+        sent = [await self._producer.send(self._topic, encode(epoch, logged), partition=p)
+                for p, logged in runs.items()]
+        await asyncio.gather(*sent)
+
+    def read(self, partition: int) -> list[Run]:
+        """Every run logged for ``partition`` (from the pipeline thread), then this reader's
+        mark at the end it read (``encode``'s ``after``): a zombie's append landing later
+        no longer counts."""
+        records, end = self._io.run(self._read(partition), timeout=self._timeout * 3)
+        epoch = self._check([partition])
+        self._io.run(self._producer.send_and_wait(self._topic, encode(epoch, [], end),
+                                                  partition=partition), timeout=self._timeout)
+        return decode_all(records)
+
+    def close(self) -> None:
+        self._io.run(self._producer.stop(), timeout=self._timeout)
+
+    @staticmethod
+    async def _open(options: Mapping[str, Any]) -> AIOKafkaProducer:
+        """A producer made on the loop (aiokafka binds it to the running loop)."""
+        producer = AIOKafkaProducer(**options)
+        await producer.start()
+        return producer
+
+    async def _read(self, partition: int) -> tuple[list[tuple[int, bytes]], int]:
+        """The partition from its start to the high watermark of a fetch (never
+        ListOffsets: the local broker's end offsets are not to be trusted), and that
+        high watermark."""
+        tp = TopicPartition(self._topic, partition)
+        consumer = AIOKafkaConsumer(**{**self._consumer_options, "enable_auto_commit": False})
+        await consumer.start()
+        values: list[tuple[int, bytes]] = []
+        try:
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            deadline = asyncio.get_running_loop().time() + self._timeout * 2
+            while True:
+                fetched = await consumer.getmany(tp, timeout_ms=300)
+                values += [(r.offset, r.value) for r in fetched.get(tp, ())
+                           if r.value is not None]
+                highwater = consumer.highwater(tp)
+                if highwater is not None and await consumer.position(tp) >= highwater:
+                    return values, highwater
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"merge log {self._topic}[{partition}]: not read to "
+                                       f"its end in {self._timeout * 2:.0f}s")
+        finally:
+            await consumer.stop()
