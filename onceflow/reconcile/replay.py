@@ -1,0 +1,77 @@
+"""The pipeline replayed in memory with the worker's own rules, forgetting each record.
+
+``Replay`` is a ``onceflow.testing.TestRun`` (the worker's ``PipelineRunner``
+over a dict for a store) built with the worker's settings (``hold_new`` window
+watermarks, state size bound, dead-letter value bound), that keeps no log of
+the records it consumed: after each fed chunk the changed states move to its
+store dict, so its memory grows with the keys (and closed windows), not with
+the records. Its outputs are counted per topic, not kept; repartition outputs
+are fed back to it, as ``TestRun`` does.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from onceflow.runtime.settings import Settings
+from onceflow.stages.outcome import BatchOutcome
+from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.runner import PipelineRunner
+from onceflow.stages.state import AggregateState, decode_state
+from onceflow.testing import Consumed, TestRun, partition_for
+
+__all__ = ["Replay"]
+
+
+class Replay(TestRun):
+    """One worker's folding of the input, in memory, with no record kept after its chunk."""
+
+    def __init__(self, pipeline: Pipeline, settings: Settings, partitions: int):
+        self._settings = settings  # read by _new_runner, which TestRun.__init__ calls
+        super().__init__(pipeline, single_worker=settings.single_worker, partitions=partitions,
+                         dead_letter_topic=settings.kafka.dead_letter_topic,
+                         late_events_topic=settings.kafka.late_events_topic,
+                         idle_timeout=settings.windows.idle_timeout,
+                         max_future=settings.windows.max_future)
+        #: Records produced per topic (dead letters and late events included).
+        self.sent: Counter[str] = Counter()
+
+    def _new_runner(self) -> PipelineRunner:
+        s = self._settings
+        return PipelineRunner(self.pipeline, self._load, s.kafka.dead_letter_topic,
+                              s.kafka.late_events_topic,
+                              claim=None if s.single_worker else self._claim,
+                              load_sequences=self._load_sequences, load_rows=self._load_rows,
+                              idle_timeout=s.windows.idle_timeout, hold_new=True,
+                              max_future=s.windows.max_future,
+                              dead_letter_max_value=s.kafka.dead_letter_max_value,
+                              max_state_bytes=s.state.max_state_bytes)
+
+    def _append(self, record: Consumed) -> Consumed:
+        """Only the partition's next offset is kept, not the record."""
+        self._ends[(record.topic, record.partition)] = record.offset + 1
+        return record
+
+    def _absorb(self, outcome: BatchOutcome, records: int) -> None:
+        for tp, offset in outcome.next_offsets.items():
+            self._processed[tp] = max(offset, self._processed.get(tp, 0))
+        self.counters += outcome.stats(records)
+        for out in outcome.outputs:
+            self.sent[out.topic] += 1
+            if out.topic in self._hops:  # a repartition hop: fed back, as TestRun does
+                partition = partition_for(out.key, self._hops[out.topic])
+                hop = Consumed(out.topic, partition, self._ends.get((out.topic, partition), 0),
+                               out.value, out.key, out.headers)
+                self._pending.append(self._append(hop))
+
+    def recomputed(self, stage_id: str) -> dict[str, AggregateState]:
+        """Each key's recomputed state (after ``persist``), as the store would hold it."""
+        return {key: decode_state(data) for (stage, key), data in self._stored.items()
+                if stage == stage_id}
+
+    def history(self, stage_id: str) -> Iterator[tuple[str, int, bytes]]:
+        """The recomputed closed windows: (key, window start, final value)."""
+        for (stage, key, start), value in self._history.items():
+            if stage == stage_id:
+                yield key, start, value
