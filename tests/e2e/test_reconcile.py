@@ -43,13 +43,14 @@ def reconcile(report: ChaosReport, bootstrap: str, settings: dict[str, str], out
     argv = [sys.executable, "-m", "onceflow", "reconcile", "-c",
             str(packaged_config("demo.conf")), "--report", str(out)]
     for key, value in overrides.items():
-        argv += ["--set", f'{key}="{value}"']
+        argv += ["--set", f"{key}={value}" if value.isdigit() else f'{key}="{value}"']
     env = {**os.environ, "ONCEFLOW_CHAIN_RAW_TOPIC": report.topics["raw"],
            "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": report.topics["normalized"],
            "ONCEFLOW_ROBOTS_STORE": "redis", "COLUMNS": "200"}
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    found = json.loads((out / "reconcile.json").read_text())
-    return done, found
+    report = out / "reconcile.json"
+    assert report.exists(), f"exit {done.returncode}: {done.stdout}\n{done.stderr}"
+    return done, json.loads(report.read_text())
 
 
 def test_reconcile_after_sigkills_then_three_broken_rows(
