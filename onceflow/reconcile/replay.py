@@ -5,8 +5,11 @@ over a dict for a store) built with the worker's settings (``hold_new`` window
 watermarks, state size bound, dead-letter value bound), that keeps no log of
 the records it consumed: after each fed chunk the changed states move to its
 store dict, so its memory grows with the keys (and closed windows), not with
-the records. Its outputs are counted per topic, not kept; repartition outputs
-are fed back to it, as ``TestRun`` does.
+the records. Its outputs are counted per topic, not kept. Repartition outputs
+are not fed back (``TestRun`` feeds them back at once): the records the worker
+consumed from a repartition topic are read from it, in its order, and fed
+like the source's, so every segment folds what the worker's did, in the same
+order, replays of a killed upstream included.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import AggregateState, decode_state
-from onceflow.testing import Consumed, TestRun, partition_for
+from onceflow.testing import Consumed, TestRun
 
 __all__ = ["Replay"]
 
@@ -27,9 +30,9 @@ __all__ = ["Replay"]
 class Replay(TestRun):
     """One worker's folding of the input, in memory, with no record kept after its chunk."""
 
-    def __init__(self, pipeline: Pipeline, settings: Settings, partitions: int):
+    def __init__(self, pipeline: Pipeline, settings: Settings):
         self._settings = settings  # read by _new_runner, which TestRun.__init__ calls
-        super().__init__(pipeline, single_worker=settings.single_worker, partitions=partitions,
+        super().__init__(pipeline, single_worker=settings.single_worker,
                          dead_letter_topic=settings.kafka.dead_letter_topic,
                          late_events_topic=settings.kafka.late_events_topic,
                          idle_timeout=settings.windows.idle_timeout,
@@ -57,13 +60,8 @@ class Replay(TestRun):
         for tp, offset in outcome.next_offsets.items():
             self._processed[tp] = max(offset, self._processed.get(tp, 0))
         self.counters += outcome.stats(records)
-        for out in outcome.outputs:
+        for out in outcome.outputs:  # a repartition hop's records are read from its topic
             self.sent[out.topic] += 1
-            if out.topic in self._hops:  # a repartition hop: fed back, as TestRun does
-                partition = partition_for(out.key, self._hops[out.topic])
-                hop = Consumed(out.topic, partition, self._ends.get((out.topic, partition), 0),
-                               out.value, out.key, out.headers)
-                self._pending.append(self._append(hop))
 
     def recomputed(self, stage_id: str) -> dict[str, AggregateState]:
         """Each key's recomputed state (after ``persist``), as the store would hold it."""

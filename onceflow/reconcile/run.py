@@ -79,13 +79,13 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
     started = time.monotonic()
     options = consumer_options(settings)
     group = settings.kafka.group_id
-    seen = horizon(options, group, pipeline.topics, max(10.0, settings.kafka.request_timeout))
+    seen = horizon(options, group, pipeline.consumed_topics,
+                   max(10.0, settings.kafka.request_timeout))
     result = Result(pipeline.id, group, seen)
     if seen.missing:
         result.problem = f"input topics missing: {', '.join(seen.missing)}"
         return result
-    counts = Counter(t for t, _ in seen.committed)
-    replay = Replay(pipeline, settings, max(counts.values(), default=1))
+    replay = Replay(pipeline, settings)
     total = sum(seen.committed.values())
     try:
         result.read = asyncio.run(_replay(replay, options, seen, result.heads, progress, total,

@@ -1,5 +1,9 @@
 """The pipeline's input, read from the earliest retained offsets to the group's commits.
 
+The input is every topic the worker consumes (``Pipeline.consumed_topics``): the
+sources and the repartition topics, whose offsets the worker commits in the same
+group.
+
 The committed offsets are read as ``onceflow status`` reads them
 (``runtime.lag.read_lag``: the group's id, no join; the high watermark from a
 fetch, never from ListOffsets, which Tansu answers wrongly). The records come

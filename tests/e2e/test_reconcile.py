@@ -12,17 +12,20 @@ closed minute window (a history row), a minute state deleted; reconcile must exi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import redis
 
+from onceflow.devtools import harness
 from onceflow.devtools.chaos import ChaosOptions, ChaosReport, run_chaos
 from onceflow.devtools.harness import packaged_config
 from onceflow.devtools.services import ServiceInfo
@@ -33,24 +36,32 @@ from onceflow.stores.redis_store import RedisStore
 PIPELINE = "robots-windows"
 
 
+def run_reconcile(settings: Mapping[str, str], env: Mapping[str, str], out: Path
+                  ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``onceflow reconcile -c demo.conf --set ... --report out`` as a subprocess."""
+    argv = [sys.executable, "-m", "onceflow", "reconcile", "-c",
+            str(packaged_config("demo.conf")), "--report", str(out)]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}" if value.isdigit() else f'{key}="{value}"']
+    done = subprocess.run(argv, env={**env, "COLUMNS": "200"}, capture_output=True, text=True,
+                          timeout=300)
+    report = out / "reconcile.json"
+    assert report.exists(), f"exit {done.returncode}: {done.stdout}\n{done.stderr}"
+    return done, json.loads(report.read_text())
+
+
 def reconcile(report: ChaosReport, bootstrap: str, settings: dict[str, str], out: Path
               ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Reconcile the chaos run's aggregator (its normalized topic against its stores)."""
     overrides = {**settings, "onceflow.pipeline": "onceflow.examples.robot_chain:windows",
                  "onceflow.kafka.bootstrap-servers": bootstrap,
                  "onceflow.kafka.group-id": report.groups["aggregator"],
                  "onceflow.kafka.dead-letter-topic": report.topics["dead"],
                  "onceflow.kafka.late-events-topic": report.topics["late"]}
-    argv = [sys.executable, "-m", "onceflow", "reconcile", "-c",
-            str(packaged_config("demo.conf")), "--report", str(out)]
-    for key, value in overrides.items():
-        argv += ["--set", f"{key}={value}" if value.isdigit() else f'{key}="{value}"']
     env = {**os.environ, "ONCEFLOW_CHAIN_RAW_TOPIC": report.topics["raw"],
            "ONCEFLOW_CHAIN_NORMALIZED_TOPIC": report.topics["normalized"],
-           "ONCEFLOW_ROBOTS_STORE": "redis", "COLUMNS": "200"}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    report = out / "reconcile.json"
-    assert report.exists(), f"exit {done.returncode}: {done.stdout}\n{done.stderr}"
-    return done, json.loads(report.read_text())
+           "ONCEFLOW_ROBOTS_STORE": "redis"}
+    return run_reconcile(overrides, env, out)
 
 
 def test_reconcile_after_sigkills_then_three_broken_rows(
@@ -119,3 +130,46 @@ def test_reconcile_after_sigkills_then_three_broken_rows(
     assert drifted["stored"]["failed"] == drifted["recomputed"]["failed"] + 1, context
     assert "DRIFT" in done.stdout and gone in done.stdout, context
     assert (tmp_path / "broken" / "reconcile.html").read_text().count("drifted") >= 2
+
+
+def test_reconcile_reads_a_repartition_hop_from_its_topic_after_sigkills(
+        kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+        unique_name: Callable[..., str]) -> None:
+    """Orders re-keyed by customer through a repartition topic, two workers SIGKILLed:
+    the per-customer totals reconcile, each order folded once, the hop read back."""
+    from test_repartition import Group, orders, truth
+
+    g = Group(kafka_service, redis_service, tmp_path, unique_name,
+              "onceflow.examples.orders:build")
+    g.start()
+    records = orders(4_000, customers=120, seed=random.SystemRandom().randrange(10**6))
+    rng = random.Random()
+
+    async def produce_while_killing() -> dict[int, int]:
+        producing = asyncio.create_task(harness.produce(g.bootstrap, g.topic, records, 8))
+        for victim in [*g.workers, *g.workers]:
+            await victim.assigned()
+            await asyncio.sleep(rng.uniform(0.3, 1.5))
+            victim.kill()
+            victim.start()
+        return await producing
+
+    ends = asyncio.run(produce_while_killing())
+    g.drained(g.topic, ends)
+    hop_ends = asyncio.run(harness.read_ends(g.bootstrap, g.hop, 4))
+    g.drained(g.hop, hop_ends)
+    assert g.stop() == [0, 0]
+    settings = {"onceflow.pipeline": "onceflow.examples.orders:build",
+                "onceflow.pipeline-settings.topic": g.topic,
+                "onceflow.pipeline-settings.repartition-topic": g.hop,
+                "onceflow.kafka.bootstrap-servers": g.bootstrap,
+                "onceflow.kafka.group-id": g.group, "onceflow.kafka.dead-letter-topic": g.dead,
+                "onceflow.stores.redis.url": g.redis_url,
+                "onceflow.stores.redis.key-prefix": g.prefix}
+    done, found = run_reconcile(settings, dict(os.environ), tmp_path / "report")
+    context = f"logs {g.logs()}\n{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, context
+    assert found["stages"] == {"per_customer": {"equal": len(truth(records))}}, context
+    assert found["accounting"]["per_customer.folded"] == len(records), context
+    assert found["records_read"] == sum(ends.values()) + sum(hop_ends.values()), context
+    assert found["produced"][g.hop] == sum(ends.values()), context  # the replay's own hop
