@@ -18,7 +18,7 @@ from typing import Any
 from onceflow.reconcile.run import EXIT_UNDECIDED, Result, reconcile
 from onceflow.runtime.config import ConfigError, load_settings
 
-__all__ = ["cli"]
+__all__ = ["cli", "print_result", "write_report"]
 
 SHOWN = 50  # rows of differences printed; the report has them all
 VERDICTS = ("equal", "drifted", "missing", "unexpected", "ahead", "not retained")
@@ -54,7 +54,7 @@ def cli(argv: list[str]) -> int:
     except (ConfigError, ValueError) as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_UNDECIDED
-    _print(result)
+    print_result(result)
     if args.report is not None:
         write_report(result, args.report)
     return result.exit_code
@@ -127,7 +127,8 @@ def _verdict(result: Result) -> str:
     return f"{line}\n{word} (exit {code}, {result.seconds:.1f} s)"
 
 
-def _print(result: Result) -> None:
+def print_result(result: Result, console: Any = None) -> None:
+    """The tables and the verdict, on ``console`` (a rich Console; default: stdout)."""
     headers = ["stage", *VERDICTS]
     tables = [(f"onceflow reconcile: {result.pipeline}", headers, _summary_rows(result))]
     if result.entries:
@@ -147,7 +148,7 @@ def _print(result: Result) -> None:
                 print("  " + " | ".join(row))
         print(_verdict(result))
         return
-    console = Console(soft_wrap=True)
+    console = console or Console(soft_wrap=True)
     for title, columns, rows in tables:
         table = Table(title=title)
         for column in columns:

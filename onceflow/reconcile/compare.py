@@ -11,6 +11,8 @@ are past what the replay reached (it folded records beyond the committed offsets
 worker running, or killed after a persist and before its commit) cannot be decided
 from the replay: ``ahead``. With an input partition whose head is no longer retained,
 every difference is ``not retained``: the replay lacks records the states may hold.
+A stored row that is no onceflow state (``decode_state`` refuses it) is ``drifted``,
+or ``unexpected`` for a key the replay never met.
 """
 
 from __future__ import annotations
@@ -90,7 +92,13 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
     for key, data in stored:
         if not wanted(key):
             continue
-        state = decode_state(data)
+        try:
+            state = decode_state(data)
+        except ValueError as error:  # no state onceflow wrote: wrong whatever it should be
+            left.discard(key)
+            yield Entry(spec.id, key, None, "drifted" if key in recomputed else "unexpected",
+                        f"undecodable: {error}", _recomputed(spec, key, recomputed))
+            continue
         ahead = _ahead(state, heights, inputs)
         if ahead:
             aheads.add(key)
@@ -120,6 +128,11 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
                      key in aheads, retained)
     for (key, start), found in sorted(closed.items()):
         yield _entry(spec.id, key, start, "unexpected", found, None, key in aheads, retained)
+
+
+def _recomputed(spec: Aggregate, key: str, recomputed: Mapping[str, AggregateState]) -> Any:
+    state = recomputed.get(key)
+    return None if state is None else _comparable(spec, key, state.value, {})
 
 
 def _comparable(spec: Aggregate, key: str, value: Any, closed: Mapping[tuple[str, int], Any]

@@ -10,28 +10,37 @@ are not fed back (``TestRun`` feeds them back at once): the records the worker
 consumed from a repartition topic are read from it, in its order, and fed
 like the source's, so every segment folds what the worker's did, in the same
 order, replays of a killed upstream included.
+
+Key homes (several workers, ``single-worker = false``): which input partition
+first claimed a key is a race between workers that the input does not record,
+so a key's home is the one its stored state names (``homes``), and only a key
+the store has no state of is homed where the replay meets it first.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from onceflow.runtime.settings import Settings
 from onceflow.stages.outcome import BatchOutcome
-from onceflow.stages.pipeline import Pipeline
+from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.runner import PipelineRunner
-from onceflow.stages.state import AggregateState, decode_state
+from onceflow.stages.state import AggregateState, TopicPartition, decode_state
 from onceflow.testing import Consumed, TestRun
 
-__all__ = ["Replay"]
+__all__ = ["HomeReader", "Replay"]
+
+#: The stored homes of an aggregate's keys (keys without a stored home are left out).
+HomeReader = Callable[[Aggregate, Sequence[str]], Mapping[str, TopicPartition]]
 
 
 class Replay(TestRun):
     """One worker's folding of the input, in memory, with no record kept after its chunk."""
 
-    def __init__(self, pipeline: Pipeline, settings: Settings):
+    def __init__(self, pipeline: Pipeline, settings: Settings, homes: HomeReader | None = None):
         self._settings = settings  # read by _new_runner, which TestRun.__init__ calls
+        self._stored_homes = homes
         super().__init__(pipeline, single_worker=settings.single_worker,
                          dead_letter_topic=settings.kafka.dead_letter_topic,
                          late_events_topic=settings.kafka.late_events_topic,
@@ -50,6 +59,15 @@ class Replay(TestRun):
                               max_future=s.windows.max_future,
                               dead_letter_max_value=s.kafka.dead_letter_max_value,
                               max_state_bytes=s.state.max_state_bytes)
+
+    def _claim(self, spec: Aggregate, feeders: Mapping[str, TopicPartition]
+               ) -> dict[str, TopicPartition]:
+        """TestRun's claim (the first feeder wins), after the homes the store holds."""
+        new = [key for key in feeders if (spec.id, key) not in self._homes]
+        if new and self._stored_homes is not None:
+            for key, home in self._stored_homes(spec, new).items():
+                self._homes[(spec.id, key)] = home
+        return super()._claim(spec, feeders)
 
     def _append(self, record: Consumed) -> Consumed:
         """Only the partition's next offset is kept, not the record."""

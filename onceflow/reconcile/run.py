@@ -20,6 +20,7 @@ from onceflow.reconcile.source import Horizon, horizon, records_until
 from onceflow.runtime.config import ConfigError
 from onceflow.runtime.settings import Settings
 from onceflow.stages.pipeline import Aggregate, Pipeline
+from onceflow.stages.state import TopicPartition, decode_state
 from onceflow.stores.base import StateStore
 
 __all__ = ["EXIT_DRIFT", "EXIT_EQUAL", "EXIT_UNDECIDED", "Result", "reconcile"]
@@ -85,22 +86,29 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
     if seen.missing:
         result.problem = f"input topics missing: {', '.join(seen.missing)}"
         return result
-    replay = Replay(pipeline, settings)
-    total = sum(seen.committed.values())
-    try:
-        result.read = asyncio.run(_replay(replay, options, seen, result.heads, progress, total,
-                                          stall))
-    except Exception as error:
-        result.problem = f"cannot read the input: {type(error).__name__}: {error}"
-        return result
-    result.counters, result.sent = dict(replay.counters), dict(replay.sent)
-    retained = not result.not_retained
-    inputs = set(seen.committed)
     stores: dict[str, StateStore] = {}
     try:
-        for spec in specs:
+        for spec in pipeline.aggregates:
             if spec.store not in stores:
                 stores[spec.store] = open_store(settings, spec.store, pipeline.id)
+
+        def homes(spec: Aggregate, keys: Sequence[str]) -> dict[str, TopicPartition]:
+            found = stores[spec.store].load(spec.id, list(keys)).items()
+            return {key: home for key, data in found
+                    if (home := _home(data)) is not None}
+
+        replay = Replay(pipeline, settings, None if settings.single_worker else homes)
+        total = sum(seen.committed.values())
+        try:
+            result.read = asyncio.run(_replay(replay, options, seen, result.heads, progress,
+                                              total, stall))
+        except Exception as error:  # any failure to read the input: cannot decide
+            result.problem = f"cannot read the input: {type(error).__name__}: {error}"
+            return result
+        result.counters, result.sent = dict(replay.counters), dict(replay.sent)
+        retained = not result.not_retained
+        inputs = set(seen.committed)
+        for spec in specs:
             store = stores[spec.store]
             history = store.scan_history(spec.id) if spec.window is not None else iter(())
             tally = result.counts.setdefault(spec.id, Counter())
@@ -118,6 +126,13 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
         result.problem = f"input no longer retained from offset 0: {heads}"
     result.seconds = time.monotonic() - started
     return result
+
+
+def _home(data: bytes) -> TopicPartition | None:
+    try:
+        return decode_state(data).home
+    except ValueError:  # compared (and named) later; no home to follow
+        return None
 
 
 async def _replay(replay: Replay, options: dict[str, Any], seen: Horizon,

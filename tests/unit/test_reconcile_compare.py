@@ -9,9 +9,12 @@ both closed and open.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from onceflow.reconcile.compare import Entry, compare_stage
+from onceflow.reconcile.replay import Replay
+from onceflow.runtime.config import load_settings
 from onceflow.stages import Pipeline, Tumbling
 from onceflow.stages.state import AggregateState, decode_state, encode_state
 from onceflow.testing import Record, TestRun
@@ -99,3 +102,36 @@ def test_windows_each_closed_one_and_a_window_left_both_closed_and_open() -> Non
         "a", 0)], mine, history, {("in", 0)})))
     assert found[("a", 0)] == "missing"
     assert found[("a", None)] == "drifted"  # its history row gone: the window counts as open
+
+
+def test_a_stored_row_that_is_no_state_is_named_not_fatal() -> None:
+    run = folded(COUNTS, [{"k": "a"}, {"k": "b"}])
+    mine = rows(run, "n")
+    stored = {"a": b"garbage", "b": encode_state(mine["b"]), "q": b"{}"}
+    found = list(compare_stage(COUNTS.aggregates[0], stored.items(), (), mine, (), {("in", 0)}))
+    assert verdicts(found) == {("a", None): "drifted", ("b", None): "equal",
+                               ("q", None): "unexpected"}
+    assert next(e for e in found if e.key == "a").stored.startswith("undecodable: ")
+
+
+def test_the_replay_keeps_no_record_and_follows_the_stored_key_homes(tmp_path: Path) -> None:
+    """Two partitions feed key k (no repartition, several workers): which one is its home
+    was a race the input does not record, so the replay takes the stored state's."""
+    conf = tmp_path / "app.conf"
+    conf.write_text('onceflow.pipeline = "unused:pipeline"\n')
+    settings = load_settings(conf)
+    assert not settings.single_worker
+    records = [Record({"k": "k"}, partition=0), Record({"k": "k"}, partition=1),
+               Record({"k": "k"}, partition=1)]
+    first_met = Replay(COUNTS, settings)
+    first_met.feed(records)
+    first_met.persist()
+    assert first_met.log() == []  # nothing kept of the records
+    assert first_met.recomputed("n")["k"].value == 1  # partition 0 met first: its home
+    assert first_met.counters["dead_letters"] == 2
+    stored = Replay(COUNTS, settings, homes=lambda spec, keys: {"k": ("in", 1)})
+    stored.feed(records)
+    stored.persist()
+    assert stored.recomputed("n")["k"].value == 2  # the stored home: partition 1
+    assert stored.counters["dead_letters"] == 1
+    assert stored.sent == {settings.kafka.dead_letter_topic: 1}
