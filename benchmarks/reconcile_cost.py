@@ -34,13 +34,16 @@ from onceflow.devtools.harness import (
 )
 from onceflow.devtools.robot_stream import generate
 
-#: The reconcile as a process of its own, printing its peak RSS last on stderr.
+#: The reconcile as a process of its own, printing its peak RSS last on stderr: VmHWM,
+#: not ru_maxrss, which a child inherits from its parent at the fork (this process holds
+#: the generated stream).
 MEASURED = """
-import json, resource, sys
+import json, re, sys
+from pathlib import Path
 from onceflow.runtime.cli import main
 code = main(sys.argv[1:])
-print(json.dumps({"peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}),
-      file=sys.stderr)
+peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text())[1])
+print(json.dumps({"peak_mb": peak / 1024}), file=sys.stderr)
 sys.exit(code)
 """
 
