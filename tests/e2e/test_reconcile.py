@@ -95,6 +95,7 @@ def test_reconcile_after_sigkills_then_three_broken_rows(
     assert day_late == report.late[DAY_STAGE], context
     assert found["produced"].get(report.topics["late"], 0) == late + day_late, context
     assert found["records_read"] == report.normalized, context
+    assert {row["first_retained"] for row in found["offsets"]} == {0}, context  # all retained
 
     store = RedisStore(url, prefix, PIPELINE)
     raw = redis.Redis.from_url(url)
