@@ -111,6 +111,10 @@ class ChaosReport:
     # Wall-clock moments (time.time()) of the run's phases, for benchmarks:
     # workers started, input produced (and kills done), republisher / aggregator committed.
     timeline: dict[str, float] = field(default_factory=dict)
+    #: The run's names, for a caller that reads on (``onceflow reconcile`` in its test):
+    #: topics "raw", "normalized", "late", "dead"; groups "republisher", "aggregator".
+    topics: dict[str, str] = field(default_factory=dict)
+    groups: dict[str, str] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -157,7 +161,9 @@ class _Chaos:
                 env, workdir, name)
             for name, role in names.items()
         }
-        self.report = ChaosReport(messages=o.messages)
+        self.report = ChaosReport(messages=o.messages, groups=dict(self.groups), topics={
+            "raw": self.raw, "normalized": self.normalized, "late": self.late_topic,
+            "dead": self.dead_topic})
 
     async def run(self) -> ChaosReport:
         started = time.monotonic()

@@ -7,7 +7,9 @@ runs, kills it with SIGKILL at random moments (restarting it each time),
 waits until the committed offsets reach the produced end offsets (read
 from the producer's acknowledgements, never from ListOffsets), stops the
 worker with SIGTERM and compares every robot's totals with the ground truth
-(each report once), and the re-sends dropped with the re-sends produced.
+(each report once), and the re-sends dropped with the re-sends produced. It
+ends with ``onceflow reconcile`` of the pipeline (``DemoOptions.reconcile``):
+the input replayed with the worker's rules, every stored robot compared.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import random
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +48,8 @@ from onceflow.devtools.harness import (
 )
 from onceflow.devtools.robot_stream import RobotStream, generate
 from onceflow.devtools.tables import measures
+from onceflow.reconcile.run import Result
+from onceflow.runtime.config import load_settings
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, dropped_duplicates
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
@@ -69,6 +74,8 @@ class DemoOptions:
     timeout: float = 300.0
     # Extra worker settings (``--set`` key -> value), e.g. a small state cache.
     settings: Mapping[str, str] = field(default_factory=dict)
+    # End with ``onceflow reconcile`` of the pipeline: its input against its stored states.
+    reconcile: bool = True
 
 
 @dataclass
@@ -90,12 +97,14 @@ class DemoReport:
     final_exit_code: int | None = None
     elapsed: float = 0.0
     logs: list[Path] = field(default_factory=list)
+    reconciled: Result | None = field(default=None, repr=False)  # onceflow reconcile's answer
 
     @property
     def exact(self) -> bool:
         return (self.caught_up and self.lost == 0 and self.double == 0
                 and self.producer_duplicates == self.resends
-                and self.robots_matching == self.robots and self.final_exit_code == 0)
+                and self.robots_matching == self.robots and self.final_exit_code == 0
+                and (self.reconciled is None or self.reconciled.exit_code == 0))
 
 
 def redis_settings(bootstrap: str, redis_url: str, group: str, prefix: str) -> dict[str, str]:
@@ -110,7 +119,11 @@ def redis_settings(bootstrap: str, redis_url: str, group: str, prefix: str) -> d
 
 def run_demo(options: DemoOptions, *, bootstrap: str, redis_url: str, workdir: Path,
              console: Console | None = None) -> DemoReport:
-    return asyncio.run(_Demo(options, bootstrap, redis_url, workdir, console).run())
+    demo = _Demo(options, bootstrap, redis_url, workdir, console)
+    report = asyncio.run(demo.run())
+    if options.reconcile:  # outside the loop: it runs its own
+        report.reconciled = demo.reconcile()
+    return report
 
 
 class _Demo:
@@ -153,6 +166,17 @@ class _Demo:
         self.report.elapsed = time.monotonic() - started
         self.report.logs = self.worker.logs
         return self.report
+
+    def reconcile(self) -> Result:
+        """``onceflow reconcile`` of the demo's pipeline, with the worker's settings."""
+        from onceflow.examples.robots import build
+        from onceflow.reconcile.run import reconcile
+
+        settings = {**redis_settings(self.bootstrap, self.redis_url, self.group, self.prefix),
+                    **self.o.settings}
+        hocon = {key: value if value.isdigit() or value in ("true", "false") else f'"{value}"'
+                 for key, value in settings.items()}
+        return reconcile(load_settings(packaged_config("demo.conf"), hocon), build(self.topic))
 
     async def _produce(self, stream: RobotStream) -> None:
         await produce(self.bootstrap, self.topic, stream.messages, self.o.produce_seconds,
@@ -227,7 +251,17 @@ def report_table(report: DemoReport) -> Table:
         ("double", f"{report.double:,}"),
         ("final SIGTERM exit code", str(report.final_exit_code)),
         ("elapsed", f"{report.elapsed:.1f} s"),
+        *_reconciled(report.reconciled),
     ])
+
+
+def _reconciled(result: Result | None) -> list[tuple[str, str]]:
+    """The reconcile's row of the demo's table: robots equal of those compared."""
+    if result is None:
+        return []
+    counts = result.counts.get(STAGE_ID, Counter())
+    return [("onceflow reconcile: robots equal to the replayed input",
+             f"{counts['equal']:,} / {sum(counts.values()):,} (exit {result.exit_code})")]
 
 
 def cli(argv: list[str]) -> int:
@@ -256,6 +290,11 @@ def cli(argv: list[str]) -> int:
         console.print(f"broker {kafka.address}, redis {redis.address}")
         report = run_demo(options, bootstrap=kafka.address,
                           redis_url=f"redis://{redis.address}/0", workdir=state, console=console)
+        if report.reconciled is not None:
+            from onceflow.reconcile.command import print_result
+
+            console.rule("onceflow reconcile: the stored states against the retained input")
+            print_result(report.reconciled, console)
         console.print(report_table(report))
         verdict = "[green]exact: lost 0, double 0[/]" if report.exact else "[red]NOT EXACT[/]"
         console.print(verdict)

@@ -57,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from onceflow.runtime import forget
 
         return forget.cli(rest[1:])
+    if rest and rest[0] == "reconcile":
+        from onceflow.reconcile import command
+
+        return command.cli(rest[1:])
     if rest and rest[0] in TOOLS:
         return _tool(rest[0], rest[1:])
     args = _parser().parse_args(argv)
@@ -114,6 +118,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("states", help="print an aggregate stage's persisted states as JSON lines")
     sub.add_parser("forget", help="drop a re-created root topic's old watermarks and log "
                    "marks from the stores (--topic T), so its new events are counted")
+    sub.add_parser("reconcile", help="replay the retained input up to the committed offsets "
+                   "and compare every stored state and history row (exit 0 equal, 1 drift)")
     sub.add_parser("chaos", help="republisher + windowed aggregator under SIGKILL, verified")
     sub.add_parser("analytics", help="Spark over the persisted aggregates: a generic report "
                    "(keys, distributions, top keys, windows; charts, HTML), or --job "

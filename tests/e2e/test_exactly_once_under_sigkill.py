@@ -37,3 +37,7 @@ def test_totals_exact_after_random_sigkills(
     assert report.resends > 500, context  # the robots re-sent reports (plain JSON) ...
     assert report.producer_duplicates == report.resends, context  # ... each dropped once
     assert report.final_exit_code == 0, context
+    # onceflow reconcile, with no ground truth: the input replayed, every robot equal.
+    assert report.reconciled is not None, context
+    assert report.reconciled.exit_code == 0, f"{context}: {report.reconciled.as_dict()}"
+    assert report.reconciled.counts == {"per_robot": {"equal": 1000}}, context

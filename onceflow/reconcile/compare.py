@@ -1,0 +1,153 @@
+"""Stored rows set against recomputed ones: one verdict per stage and key (and window).
+
+A plain aggregate has one entry per key: its value. A windowed aggregate has one per
+key for its state (the windows still open) and one per closed window (its history
+row); a window the store holds both closed and open (a crash between the two writes)
+counts as closed, as the readers do (``runtime.states``).
+
+Verdicts: ``equal``; ``drifted`` (stored and recomputed differ); ``missing`` (recomputed,
+not stored); ``unexpected`` (stored, not recomputed). A stored state whose watermarks
+are past what the replay reached (it folded records beyond the committed offsets: a
+worker running, or killed after a persist and before its commit) cannot be decided
+from the replay: ``ahead``. With an input partition whose head is no longer retained,
+every difference is ``not retained``: the replay lacks records the states may hold.
+A stored row that is no onceflow state (``decode_state`` refuses it) is ``drifted``,
+or ``unexpected`` for a key the replay never met.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from onceflow.stages.lineage import Position, Route
+from onceflow.stages.pipeline import Aggregate
+from onceflow.stages.state import AggregateState, decode_state
+
+__all__ = ["DIFFERENT", "UNDECIDED", "Entry", "compare_stage", "route_heights"]
+
+DIFFERENT = ("drifted", "missing", "unexpected")
+UNDECIDED = ("ahead", "not retained")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One compared row: a key's state (``window`` None) or a closed window."""
+
+    stage: str
+    key: str
+    window: int | None
+    verdict: str
+    stored: Any = None
+    recomputed: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "key": self.key, "window": self.window,
+                "verdict": self.verdict, "stored": self.stored, "recomputed": self.recomputed}
+
+
+def route_heights(states: Iterable[AggregateState]) -> dict[Route, Position]:
+    """The highest position the replay folded per route, over all of a stage's keys."""
+    heights: dict[Route, Position] = {}
+    for state in states:
+        for route, position in state.watermarks.items():
+            if position > heights.get(route, ()):
+                heights[route] = position
+    return heights
+
+
+def _ahead(state: AggregateState, heights: Mapping[Route, Position],
+           inputs: Collection[Route]) -> bool:
+    """Whether a stored state folded a position the replay never reached."""
+    for route, position in state.watermarks.items():
+        height = heights.get(route)
+        if height is None:
+            if route in inputs:  # an input partition the replay read nothing folded from
+                return True
+        elif position > height:
+            return True
+    return False
+
+
+def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
+                  stored_history: Iterable[tuple[str, int, bytes]],
+                  recomputed: Mapping[str, AggregateState],
+                  recomputed_history: Iterable[tuple[str, int, bytes]],
+                  inputs: Collection[Route], keys: Collection[str] = (),
+                  retained: bool = True) -> Iterator[Entry]:
+    """Every entry of one stage; ``keys``: only those keys (empty: all)."""
+
+    def wanted(key: str) -> bool:
+        return not keys or key in keys
+
+    heights = route_heights(recomputed.values())
+    left = {key for key in recomputed if wanted(key)}
+    closed: dict[tuple[str, int], Any] = {}
+    if spec.window is not None:
+        closed = {(key, start): json.loads(value) for key, start, value in stored_history
+                  if wanted(key)}
+    aheads: set[str] = set()
+    for key, data in stored:
+        if not wanted(key):
+            continue
+        try:
+            state = decode_state(data)
+        except ValueError as error:  # no state onceflow wrote: wrong whatever it should be
+            left.discard(key)
+            yield Entry(spec.id, key, None, "drifted" if key in recomputed else "unexpected",
+                        f"undecodable: {error}", _recomputed(spec, key, recomputed))
+            continue
+        ahead = _ahead(state, heights, inputs)
+        if ahead:
+            aheads.add(key)
+        mine = recomputed.get(key)
+        left.discard(key)
+        value = _comparable(spec, key, state.value, closed)
+        if mine is None:
+            yield _entry(spec.id, key, None, "unexpected", value, None, ahead, retained)
+            continue
+        again = _comparable(spec, key, mine.value, {})
+        yield _entry(spec.id, key, None, "equal" if value == again else "drifted", value, again,
+                     ahead, retained)
+    for key in sorted(left):
+        yield _entry(spec.id, key, None, "missing", None,
+                     _comparable(spec, key, recomputed[key].value, {}), False, retained)
+    if spec.window is None:
+        return
+    for key, start, value in recomputed_history:
+        if not wanted(key):
+            continue
+        again = json.loads(value)
+        if (key, start) not in closed:
+            yield _entry(spec.id, key, start, "missing", None, again, False, retained)
+            continue
+        found = closed.pop((key, start))
+        yield _entry(spec.id, key, start, "equal" if found == again else "drifted", found, again,
+                     key in aheads, retained)
+    for (key, start), found in sorted(closed.items()):
+        yield _entry(spec.id, key, start, "unexpected", found, None, key in aheads, retained)
+
+
+def _recomputed(spec: Aggregate, key: str, recomputed: Mapping[str, AggregateState]) -> Any:
+    state = recomputed.get(key)
+    return None if state is None else _comparable(spec, key, state.value, {})
+
+
+def _comparable(spec: Aggregate, key: str, value: Any, closed: Mapping[tuple[str, int], Any]
+                ) -> Any:
+    """A plain aggregate's value; a windowed one's open windows, less those stored closed."""
+    if spec.window is None:
+        return value
+    return {start: v for start, v in value["open"].items() if (key, int(start)) not in closed}
+
+
+def _entry(stage: str, key: str, window: int | None, verdict: str, stored: Any,
+           recomputed: Any, ahead: bool, retained: bool) -> Entry:
+    if verdict != "equal":
+        if ahead:
+            verdict = "ahead"
+        elif not retained:
+            verdict = "not retained"
+    return Entry(stage, key, window, verdict, stored, recomputed)

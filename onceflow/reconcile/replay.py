@@ -1,0 +1,93 @@
+"""The pipeline replayed in memory with the worker's own rules, forgetting each record.
+
+``Replay`` is a ``onceflow.testing.TestRun`` (the worker's ``PipelineRunner``
+over a dict for a store) built with the worker's settings (``hold_new`` window
+watermarks, state size bound, dead-letter value bound), that keeps no log of
+the records it consumed: after each fed chunk the changed states move to its
+store dict, so its memory grows with the keys (and closed windows), not with
+the records. Its outputs are counted per topic, not kept. Repartition outputs
+are not fed back (``TestRun`` feeds them back at once): the records the worker
+consumed from a repartition topic are read from it, in its order, and fed
+like the source's, so every segment folds what the worker's did, in the same
+order, replays of a killed upstream included.
+
+Key homes (several workers, ``single-worker = false``): which input partition
+first claimed a key is a race between workers that the input does not record,
+so a key's home is the one its stored state names (``homes``), and only a key
+the store has no state of is homed where the replay meets it first.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+from onceflow.runtime.settings import Settings
+from onceflow.stages.outcome import BatchOutcome
+from onceflow.stages.pipeline import Aggregate, Pipeline
+from onceflow.stages.runner import PipelineRunner
+from onceflow.stages.state import AggregateState, TopicPartition, decode_state
+from onceflow.testing import Consumed, TestRun
+
+__all__ = ["HomeReader", "Replay"]
+
+#: The stored homes of an aggregate's keys (keys without a stored home are left out).
+HomeReader = Callable[[Aggregate, Sequence[str]], Mapping[str, TopicPartition]]
+
+
+class Replay(TestRun):
+    """One worker's folding of the input, in memory, with no record kept after its chunk."""
+
+    def __init__(self, pipeline: Pipeline, settings: Settings, homes: HomeReader | None = None):
+        self._settings = settings  # read by _new_runner, which TestRun.__init__ calls
+        self._stored_homes = homes
+        super().__init__(pipeline, single_worker=settings.single_worker,
+                         dead_letter_topic=settings.kafka.dead_letter_topic,
+                         late_events_topic=settings.kafka.late_events_topic,
+                         idle_timeout=settings.windows.idle_timeout,
+                         max_future=settings.windows.max_future)
+        #: Records produced per topic (dead letters and late events included).
+        self.sent: Counter[str] = Counter()
+
+    def _new_runner(self) -> PipelineRunner:
+        s = self._settings
+        return PipelineRunner(self.pipeline, self._load, s.kafka.dead_letter_topic,
+                              s.kafka.late_events_topic,
+                              claim=None if s.single_worker else self._claim,
+                              load_sequences=self._load_sequences, load_rows=self._load_rows,
+                              idle_timeout=s.windows.idle_timeout, hold_new=True,
+                              max_future=s.windows.max_future,
+                              dead_letter_max_value=s.kafka.dead_letter_max_value,
+                              max_state_bytes=s.state.max_state_bytes)
+
+    def _claim(self, spec: Aggregate, feeders: Mapping[str, TopicPartition]
+               ) -> dict[str, TopicPartition]:
+        """TestRun's claim (the first feeder wins), after the homes the store holds."""
+        new = [key for key in feeders if (spec.id, key) not in self._homes]
+        if new and self._stored_homes is not None:
+            for key, home in self._stored_homes(spec, new).items():
+                self._homes[(spec.id, key)] = home
+        return super()._claim(spec, feeders)
+
+    def _append(self, record: Consumed) -> Consumed:
+        """Only the partition's next offset is kept, not the record."""
+        self._ends[(record.topic, record.partition)] = record.offset + 1
+        return record
+
+    def _absorb(self, outcome: BatchOutcome, records: int) -> None:
+        for tp, offset in outcome.next_offsets.items():
+            self._processed[tp] = max(offset, self._processed.get(tp, 0))
+        self.counters += outcome.stats(records)
+        for out in outcome.outputs:  # a repartition hop's records are read from its topic
+            self.sent[out.topic] += 1
+
+    def recomputed(self, stage_id: str) -> dict[str, AggregateState]:
+        """Each key's recomputed state (after ``persist``), as the store would hold it."""
+        return {key: decode_state(data) for (stage, key), data in self._stored.items()
+                if stage == stage_id}
+
+    def history(self, stage_id: str) -> Iterator[tuple[str, int, bytes]]:
+        """The recomputed closed windows: (key, window start, final value)."""
+        for (stage, key, start), value in self._history.items():
+            if stage == stage_id:
+                yield key, start, value
