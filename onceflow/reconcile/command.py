@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.reconcile.run import EXIT_UNDECIDED, Result, reconcile
-from onceflow.runtime.config import ConfigError, load_settings
+from onceflow.runtime.config import ConfigError, load_settings, split_assignment
 
 __all__ = ["cli", "print_result", "write_report"]
 
@@ -45,7 +45,7 @@ def cli(argv: list[str]) -> int:
     from onceflow.runtime.wiring import load_pipeline
 
     try:
-        overrides = dict(_split(a) for a in args.set)
+        overrides = dict(split_assignment(a) for a in args.set)
         settings = load_settings(args.config, overrides)
         pipeline = load_pipeline(settings)
         with _Progress() as progress:
@@ -58,13 +58,6 @@ def cli(argv: list[str]) -> int:
     if args.report is not None:
         write_report(result, args.report)
     return result.exit_code
-
-
-def _split(assignment: str) -> tuple[str, str]:
-    key, sep, value = assignment.partition("=")
-    if not sep or not key:
-        raise ValueError(f"--set expects KEY=VALUE, got {assignment!r}")
-    return key.strip(), value
 
 
 class _Progress:

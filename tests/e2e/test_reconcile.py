@@ -17,37 +17,22 @@ import json
 import os
 import random
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import redis
+from helpers import run_reconcile
 
 from onceflow.devtools import harness
 from onceflow.devtools.chaos import ChaosOptions, ChaosReport, run_chaos
-from onceflow.devtools.harness import packaged_config
 from onceflow.devtools.services import ServiceInfo
 from onceflow.examples.robot_chain import DAY_STAGE, MINUTE_STAGE
 from onceflow.stages.state import AggregateState, decode_state, encode_state
 from onceflow.stores.redis_store import RedisStore
 
 PIPELINE = "robots-windows"
-
-
-def run_reconcile(settings: Mapping[str, str], env: Mapping[str, str], out: Path
-                  ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """``onceflow reconcile -c demo.conf --set ... --report out`` as a subprocess."""
-    argv = [sys.executable, "-m", "onceflow", "reconcile", "-c",
-            str(packaged_config("demo.conf")), "--report", str(out)]
-    for key, value in settings.items():
-        argv += ["--set", f"{key}={value}" if value.isdigit() else f'{key}="{value}"']
-    done = subprocess.run(argv, env={**env, "COLUMNS": "200"}, capture_output=True, text=True,
-                          timeout=300)
-    report = out / "reconcile.json"
-    assert report.exists(), f"exit {done.returncode}: {done.stdout}\n{done.stderr}"
-    return done, json.loads(report.read_text())
 
 
 def reconcile(report: ChaosReport, bootstrap: str, settings: dict[str, str], out: Path

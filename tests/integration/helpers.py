@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -198,3 +200,18 @@ def cassandra_state_ttl(session: Any, namespace: str, pipeline: str, stage: str,
     ).one()
     assert row is not None, f"{stage}:{key} is absent"
     return None if row[0] is None else float(row[0])
+
+
+def run_reconcile(settings: Mapping[str, str], env: Mapping[str, str], out: Path,
+                  *extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``onceflow reconcile -c demo.conf --set ... --report out [extra]`` as a subprocess:
+    its outcome and its JSON report."""
+    argv = [sys.executable, "-m", "onceflow", "reconcile", "-c",
+            str(harness.packaged_config("demo.conf")), "--report", str(out), *extra]
+    for key, value in settings.items():
+        argv += ["--set", f"{key}={value}" if value.isdigit() else f'{key}="{value}"']
+    done = subprocess.run(argv, env={**env, "COLUMNS": "200"}, capture_output=True, text=True,
+                          timeout=300)
+    report = out / "reconcile.json"
+    assert report.exists(), f"exit {done.returncode}: {done.stdout}\n{done.stderr}"
+    return done, json.loads(report.read_text())

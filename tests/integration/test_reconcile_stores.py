@@ -12,17 +12,14 @@ replay: every such robot is ``ahead`` and it exits 2, never 1.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import subprocess
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
+from helpers import run_reconcile
 
 from onceflow.devtools.chaos import store_settings
 from onceflow.devtools.harness import (
@@ -37,19 +34,6 @@ from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
 
 STAGE = "per_robot"
-
-
-def reconcile(settings: Mapping[str, str], env: Mapping[str, str], out: Path,
-              *extra: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    argv = [sys.executable, "-m", "onceflow", "reconcile", "-c",
-            str(packaged_config("demo.conf")), "--report", str(out), *extra]
-    for key, value in settings.items():
-        argv += ["--set", f"{key}={value}" if value.isdigit() else f'{key}="{value}"']
-    done = subprocess.run(argv, env={**env, "COLUMNS": "200"}, capture_output=True, text=True,
-                          timeout=300)
-    report = out / "reconcile.json"
-    assert report.exists(), f"exit {done.returncode}: {done.stdout}\n{done.stderr}"
-    return done, json.loads(report.read_text())
 
 
 async def commit(bootstrap: str, group: str, offsets: Mapping[TopicPartition, int]) -> None:
@@ -92,7 +76,7 @@ def test_reconcile_through_each_store_and_states_past_the_commits(
     assert asyncio.run(caught_up()), worker.log_tail()
     assert worker.terminate(timeout=20) == 0, worker.log_tail()
 
-    done, found = reconcile(settings, env, tmp_path / "all")
+    done, found = run_reconcile(settings, env, tmp_path / "all")
     context = f"{done.stdout}\n{done.stderr}"
     assert done.returncode == 0, context
     assert found["stages"] == {STAGE: {"equal": len(stream.truth)}}, context
@@ -102,13 +86,13 @@ def test_reconcile_through_each_store_and_states_past_the_commits(
     assert found["records_read"] == len(stream.messages), context
 
     two = sorted(stream.truth)[:2]
-    done, found = reconcile(settings, env, tmp_path / "two", "--keys", *two)
+    done, found = run_reconcile(settings, env, tmp_path / "two", "--keys", *two)
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
     assert found["stages"] == {STAGE: {"equal": 2}}
 
     back = {TopicPartition(topic, p): end // 2 for p, end in ends.items()}
     asyncio.run(commit(kafka_service.address, group, back))
-    done, found = reconcile(settings, env, tmp_path / "back")
+    done, found = run_reconcile(settings, env, tmp_path / "back")
     context = f"{done.stdout}\n{done.stderr}"
     assert done.returncode == 2, context
     verdicts = found["stages"][STAGE]
