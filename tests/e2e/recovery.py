@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 import urllib.request
+from collections.abc import Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -54,3 +57,16 @@ async def drained(bootstrap: str, group: str, topic: str, ends: dict[int, int],
     """Wait until the group committed ``ends`` (partition -> end offset) of ``topic``."""
     async with harness.CommittedOffsets(bootstrap, group) as offsets:
         assert await offsets.wait_for(topic, ends, timeout, worker), f"see {worker.logs[-1]}"
+
+
+async def kill_in_turn(workers: Sequence[harness.WorkerProcess], each: int,
+                       rng: random.Random) -> None:
+    """SIGKILL every worker ``each`` times, in a random order: each kill once its victim
+    holds partitions and 0.5-3 s more, the victim restarted at once."""
+    victims = list(workers) * each
+    rng.shuffle(victims)
+    for victim in victims:
+        await victim.assigned()
+        await asyncio.sleep(rng.uniform(0.5, 3.0))
+        victim.kill()
+        victim.start()

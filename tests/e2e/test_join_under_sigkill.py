@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from helpers import create_topic, stored_states
+from recovery import kill_in_turn
 
 from onceflow.devtools import harness
 from onceflow.devtools.services import ServiceInfo
@@ -71,13 +72,7 @@ def test_payments_joined_with_changing_merchants_under_10_sigkills(
         async def produce_while_killing() -> dict[int, int]:
             paying = asyncio.create_task(harness.produce(bootstrap, pay, payments, 30))
             changing = asyncio.create_task(harness.produce(bootstrap, merch, updates, 30))
-            victims = workers * 5  # 10 kills, 5 each, in a random order
-            rng.shuffle(victims)
-            for victim in victims:
-                await victim.assigned()
-                await asyncio.sleep(rng.uniform(0.5, 3.0))
-                victim.kill()
-                victim.start()
+            await kill_in_turn(workers, 5, rng)  # 10 kills, 5 each, in a random order
             await changing
             return await paying
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from helpers import create_topic, stored_states
+from recovery import kill_in_turn
 
 from onceflow.devtools import harness
 from onceflow.devtools.services import ServiceInfo
@@ -140,13 +141,7 @@ def test_with_repartition_two_workers_killed_10_times_keep_every_total_exact(
     async def produce_while_killing() -> dict[int, int]:
         producing = asyncio.create_task(
             harness.produce(g.bootstrap, g.topic, records, 40))
-        victims = g.workers * 5  # 10 kills, 5 each, in a random order
-        rng.shuffle(victims)
-        for victim in victims:
-            await victim.assigned()
-            await asyncio.sleep(rng.uniform(0.5, 3.0))
-            victim.kill()
-            victim.start()
+        await kill_in_turn(g.workers, 5, rng)  # 10 kills, 5 each, in a random order
         return await producing
 
     ends = asyncio.run(produce_while_killing())
