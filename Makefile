@@ -36,12 +36,22 @@ SPARK_LOG := .pytest-spark.log
 # services a deployment runs.
 TEST_JAVA_OPTIONS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 test: export JAVA_TOOL_OPTIONS = $(TEST_JAVA_OPTIONS)
+# The suite starts about 300 worker processes: each compiles every module it imports again
+# when Python may write no bytecode (PYTHONDONTWRITEBYTECODE, set on some machines), and
+# then reads reference.conf's parse back from the same cache (runtime/parsed_reference.py).
+# A start costs 0.85 s of CPU with the caches, 1.85 s without.
+test: export PYTHONDONTWRITEBYTECODE =
 
+# Both lanes share one Cassandra (and one TLS Cassandra), stopped when they are done
+# (tests/shared_services.py): one per pytest process cost 477 s of CPU.
 test: setup lint
-	@$(BIN)/pytest -q --durations=10 -m "(spark or waits) and not alone" tests > $(SPARK_LOG) 2>&1 & spark=$$!; \
+	@shared=$$(mktemp -d); export ONCEFLOW_TEST_SHARED_SERVICES=$$shared; \
+	trap '$(BIN)/python tests/shared_services.py stop '$$shared EXIT; \
+	$(BIN)/pytest -q --durations=10 -m "(spark or waits) and not alone" tests > $(SPARK_LOG) 2>&1 & spark=$$!; \
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 \
 	  -m "not spark and not waits and not alone" tests; rest=$$?; \
-	wait $$spark; spark_rc=$$?; echo "--- the Spark tests and the waiting ones:"; cat $(SPARK_LOG); \
+	wait $$spark; spark_rc=$$?; \
+	echo "--- the Spark tests and the waiting ones:"; cat $(SPARK_LOG); \
 	[ $$rest -eq 0 ] && [ $$spark_rc -eq 0 ]
 	$(BIN)/pytest -q --durations=5 -m alone tests
 

@@ -30,7 +30,6 @@ import os
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +42,7 @@ from onceflow.runtime.config_analytics import analytics_settings
 from onceflow.runtime.config_kafka import kafka_settings
 from onceflow.runtime.config_reader import OVERRIDES, ConfigError, Reader, parse_duration, show
 from onceflow.runtime.config_stores import cassandra_settings, redis_settings
+from onceflow.runtime.parsed_reference import parse_reference
 from onceflow.runtime.settings import (
     AnalyticsSettings,
     CassandraReplication,
@@ -156,9 +156,8 @@ def load_settings(path: str | Path, overrides: Mapping[str, str] | None = None) 
 
 @functools.cache
 def _parsed_reference() -> ConfigTree:
-    """reference.conf parsed once per process (pyhocon takes most of a second)."""
-    text = resources.files("onceflow.runtime").joinpath("reference.conf").read_text("utf-8")
-    return ConfigFactory.parse_string(text, resolve=False)
+    """reference.conf parsed once per process, from the install's cache (parsed_reference)."""
+    return parse_reference()
 
 
 def reference_default(key: str) -> Any:
