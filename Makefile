@@ -26,7 +26,7 @@ demo: setup
 # JVM, one job at a time (their output follows the others'); in that process too, the
 # tests that mostly wait (marked `waits`: outages, backoffs), which that lane has time for.
 # Tests marked `alone` (their outcome depends on wall-clock pacing) run after, alone.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 # Two jobs: the lint runs beside the record path's compile (each uses one core).
 MAKEFLAGS += --jobs=2 --output-sync=line
 SPARK_LOG := .pytest-spark.log
@@ -36,24 +36,20 @@ SPARK_LOG := .pytest-spark.log
 # services a deployment runs.
 TEST_JAVA_OPTIONS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 test: export JAVA_TOOL_OPTIONS = $(TEST_JAVA_OPTIONS)
-# The suite starts about 300 worker processes: each compiles every module it imports again
-# when Python may write no bytecode (PYTHONDONTWRITEBYTECODE, set on some machines), and
-# then reads reference.conf's parse back from the same cache (runtime/parsed_reference.py).
-# A start costs 0.85 s of CPU with the caches, 1.85 s without.
-test: export PYTHONDONTWRITEBYTECODE =
 
-# Both lanes share one Cassandra (and one TLS Cassandra), stopped when they are done
-# (tests/shared_services.py): one per pytest process cost 477 s of CPU.
+# The suite starts about 300 worker processes: where Python may write no bytecode
+# (PYTHONDONTWRITEBYTECODE, set on some machines) each compiled every module it imports
+# again, and could not keep reference.conf's parse either (runtime/parsed_reference.py):
+# a start cost 1.85 s of CPU instead of 0.85. The tests let it write them.
 test: setup lint
-	@shared=$$(mktemp -d); export ONCEFLOW_TEST_SHARED_SERVICES=$$shared; \
-	trap '$(BIN)/python tests/shared_services.py stop '$$shared EXIT; \
+	@export PYTHONDONTWRITEBYTECODE=; \
 	$(BIN)/pytest -q --durations=10 -m "(spark or waits) and not alone" tests > $(SPARK_LOG) 2>&1 & spark=$$!; \
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist load --maxschedchunk 1 --durations=25 \
 	  -m "not spark and not waits and not alone" tests; rest=$$?; \
 	wait $$spark; spark_rc=$$?; \
 	echo "--- the Spark tests and the waiting ones:"; cat $(SPARK_LOG); \
 	[ $$rest -eq 0 ] && [ $$spark_rc -eq 0 ]
-	$(BIN)/pytest -q --durations=5 -m alone tests
+	PYTHONDONTWRITEBYTECODE= $(BIN)/pytest -q --durations=5 -m alone tests
 
 setup: prereqs $(STAMP) $(COMPILED)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,10 +16,6 @@ import pytest
 
 from onceflow.devtools import services
 from onceflow.devtools.services import ServiceInfo
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-from shared_services import shared, shared_folder  # importable once the folder is on the path
 
 
 def _run(
@@ -47,12 +42,8 @@ def redis_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceI
 
 @pytest.fixture(scope="session")
 def cassandra_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceInfo]:
-    """A private Cassandra 2.1 (batch commitlog) for the whole session; under ``make test``
-    one for all its pytest processes (``tests/shared_services.py``)."""
-    if shared_folder() is not None:
-        yield shared("cassandra", services.start_cassandra)
-    else:
-        yield from _run(services.start_cassandra, tmp_path_factory, "cassandra")
+    """A private Cassandra 2.1 (batch commitlog) for the whole session."""
+    yield from _run(services.start_cassandra, tmp_path_factory, "cassandra")
 
 
 @pytest.fixture

@@ -20,7 +20,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helpers import SecureService, clean_env  # importable once the folder is on the path
-from shared_services import shared, shared_folder  # tests/, on the path (tests/conftest.py)
 
 from onceflow import compiled
 from onceflow.devtools import services
@@ -102,10 +101,7 @@ def _build_venv(base: Path, venv: Path) -> None:
 
 @pytest.fixture(scope="session")
 def store_pki(tmp_path_factory: pytest.TempPathFactory) -> LocalPki:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, for the stores
-    (under ``make test`` one for its processes, as the TLS Cassandra that uses it)."""
-    if shared_folder() is not None:
-        return shared("pki", make_pki)
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, for the stores."""
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
@@ -127,15 +123,9 @@ def secure_cassandra_service(tmp_path_factory: pytest.TempPathFactory, store_pki
                              ) -> Iterator[SecureService]:
     """A private Cassandra 2.1 with PasswordAuthenticator and client-to-node TLS (~600 MB:
     one per session)."""
-    def start(folder: Path) -> SecureService:
-        info = services.start_cassandra(folder, password_auth=True, tls=store_pki)
-        return SecureService(info, store_pki, services.CASSANDRA_SUPERUSER)
-
-    if shared_folder() is not None:  # one for make test's processes (tests/shared_services.py)
-        yield shared("cassandra-secure", start)
-        return
-    secure = start(tmp_path_factory.mktemp("cassandra-secure"))
+    info = services.start_cassandra(tmp_path_factory.mktemp("cassandra-secure"),
+                                    password_auth=True, tls=store_pki)
     try:
-        yield secure
+        yield SecureService(info, store_pki, services.CASSANDRA_SUPERUSER)
     finally:
-        services.stop(secure.info)
+        services.stop(info)

@@ -44,8 +44,6 @@ from onceflow.stores.base import StateStore
 from onceflow.stores.cassandra_store import CassandraStore
 from onceflow.stores.redis_store import RedisStore
 
-pytestmark = pytest.mark.waits  # make test runs it beside the Spark tests (Makefile)
-
 
 async def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,

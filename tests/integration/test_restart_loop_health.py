@@ -30,8 +30,6 @@ from onceflow.devtools import harness, services
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
 
-pytestmark = pytest.mark.waits  # make test runs it beside the Spark tests (Makefile)
-
 REPEATS = 5
 
 
