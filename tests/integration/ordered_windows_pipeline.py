@@ -1,4 +1,4 @@
-"""The pipeline of test_single_worker_order: events {"k", "ts"} seen (republished), counted
+"""The pipeline of test_single_worker_order_worker: events {"k", "ts"} seen (republished), counted
 per key per minute, then counted per key. Topics from ``ONCEFLOW_SWO_INPUT`` and
 ``ONCEFLOW_SWO_SEEN``."""
 

@@ -48,7 +48,7 @@ def high_partitions_first(records: list[Consumed]) -> list[Consumed]:
 
 
 def late_sources(late: list[LateEvent]) -> list[tuple[int, int]]:
-    return [(event.source.partition, event.source.offset) for event in late]
+    return [(event.record.partition, event.record.offset) for event in late]
 
 
 def crash_and_replay(first: list[Record], replay: Order) -> tuple[TestRun, dict[Any, Any],
