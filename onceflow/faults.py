@@ -29,8 +29,9 @@ they cost one attribute check.
   (its fetch loop raises) right after handing its ``n``-th batch to the pipeline, once:
   the stream the supervisor re-creates runs on.
 - ``ONCEFLOW_FAULT_NO_MERGE_LOG=1``: joins apply their inputs in arrival order, unlogged,
-  each value meeting the newest row (wrong on purpose, to show what the merge log fixes:
-  a replay meets another version of the table than the first run).
+  each value meeting the newest row, and a single worker its source partitions (wrong on
+  purpose, to show what the merge log fixes: a replay meets another version of the
+  table than the first run, or closes a window at another point).
 - ``ONCEFLOW_FAULT_STAGE_RAISES_ON=<text>``: the pipeline actor raises on every
   batch holding a record whose bytes contain ``text``, as a bug in the
   runtime would: the supervisor restarts it until the budget is gone.

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 from aiokafka.partitioner import murmur2
 
 from onceflow.stages.join_runner import JoinRunner
-from onceflow.stages.merge_log import MemoryMergeLog
+from onceflow.stages.merge_log import MemoryMergeLog, needs_merge_log
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
@@ -126,7 +126,8 @@ class TestRun:
         self.counters: Counter[str] = Counter()
         self.crashes = 0
         self._snapshots = 0
-        self.merge_log = MemoryMergeLog()  # joins: the order their inputs were applied in
+        #: joins, a single worker's aggregates: the order their inputs were applied in
+        self.merge_log = MemoryMergeLog()
         self.runner = self._new_runner()  # the worker's runner; crash() replaces it
 
     def feed(self, records: Iterable[Record]) -> list[Consumed]:
@@ -287,8 +288,11 @@ class TestRun:
     def _new_runner(self) -> PipelineRunner | JoinRunner:
         kind: Any = PipelineRunner
         joins: dict[str, Any] = {}
-        if self.pipeline.joins:  # started at the committed offsets, with the merge log
-            kind, joins = JoinRunner, {"merge_log": self.merge_log, "positions": self._committed}
+        # joins, or a single worker's aggregates: started at the committed offsets, with
+        # the merge log (in memory, any partition count: several may be fed)
+        if needs_merge_log(self.pipeline, self.single_worker, None):
+            kind, joins = JoinRunner, {"merge_log": self.merge_log, "positions": self._committed,
+                                       "across": self.single_worker}
         runner: PipelineRunner | JoinRunner = kind(
             self.pipeline, self._load, self.dead_letter_topic, self.late_events_topic,
             claim=None if self.single_worker else self._claim,

@@ -101,15 +101,15 @@ class PipelineActor(ReportingActor):
         max_state_bytes: int = MAX_STATE_BYTES,
         persist_interval: float = 1.0,
         expire_after: float = 0.0,
-        merge_log: MergeLog | None = None,  # a pipeline with joins: where their order goes
+        merge_log: MergeLog | None = None,  # joins, a single worker's partitions: their order
     ):
         super().__init__(on_fatal)
         self._stores = stores
         kind: Any = PipelineRunner
         joins: dict[str, Any] = {}
-        if pipeline.joins:  # the join's inputs ordered by the merge log (stages.join_runner)
-            assert merge_log is not None
-            kind, joins = JoinRunner, {"merge_log": merge_log}
+        assert merge_log is not None or not pipeline.joins
+        if merge_log is not None:  # the inputs ordered by the merge log (stages.join_runner)
+            kind, joins = JoinRunner, {"merge_log": merge_log, "across": single_worker}
         self._runner: PipelineRunner | JoinRunner = kind(
             pipeline, self._load, dead_letter_topic, late_events_topic,
             claim=None if single_worker else self._claim_homes,

@@ -1,7 +1,8 @@
 """The merge log of a worker: a Kafka topic, partition ``p`` for co-partition ``p``.
 
 ``stages.merge_log`` decides what is logged and replayed; this writes and reads it.
-Each record is one append: ``{"e": epoch, "r": [[topic, first, last], ...]}``, produced
+Each record is one append: ``{"e": epoch, "r": [[topic, first, last], ...]}`` (a single
+worker's runs name their partition: ``[topic, first, last, partition]``), produced
 and acknowledged (acks=all) before the runs it lists are applied. One writer per
 partition: the member that owns co-partition ``p`` (the co-assignment), and like an
 exclusive output (docs/architecture.md, "Fencing") each append is checked against the
@@ -42,7 +43,8 @@ def merge_log_topic(pipeline_id: str) -> str:
 def encode(epoch: int, runs: list[Run], after: int | None = None) -> bytes:
     """An append; with ``after``, a reader's mark: the log as read ended before offset
     ``after``, and nothing of a lower epoch from there on counts."""
-    doc: dict[str, Any] = {"e": epoch, "r": [list(run) for run in runs]}
+    doc: dict[str, Any] = {"e": epoch, "r": [list(run) if run.partition is not None
+                                             else list(run[:3]) for run in runs]}
     if after is not None:
         doc["a"] = after
     return json.dumps(doc, separators=(",", ":")).encode()
@@ -60,7 +62,8 @@ def decode_all(records: list[tuple[int, bytes]]) -> list[Run]:
         try:
             doc = json.loads(value)
             epoch = int(doc["e"])
-            found = [Run(str(t), int(a), int(b)) for t, a, b in doc["r"]]
+            found = [Run(str(t), int(a), int(b), int(p[0]) if p else None)
+                     for t, a, b, *p in doc["r"]]
             after = doc.get("a")
         except (ValueError, TypeError, KeyError) as error:
             log.warning("merge log: a record that is no append skipped: %r", error)

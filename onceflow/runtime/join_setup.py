@@ -6,7 +6,8 @@ co-partition, one merge log partition, one worker: ``JOIN_ASSIGNOR`` gives parti
 and the table must have the same partition count: a mismatch is refused at start
 (``check_join_topics``: exit 2, naming both topics and counts), before any group join.
 The merge log's topic (``<pipeline>-merge-log``) is created by the first worker with
-the table's count (``ensure_merge_log``).
+the table's count (``ensure_merge_log``); a single worker whose aggregates fold several
+source partitions logs their order in it too (one partition without joins).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from onceflow.kafka.tail_reader import tail_options
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.runtime.kafka_security import PLAINTEXT, KafkaSecurity, client_kwargs
 from onceflow.runtime.wiring import consumer_options, producer_options
+from onceflow.stages.merge_log import needs_merge_log
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stores.fencing.held_epochs import OutputFence
 
@@ -81,10 +83,12 @@ def check_join_topics(settings: Settings, pipeline: Pipeline) -> None:
 
 
 async def ensure_merge_log(bootstrap_servers: str, pipeline: Pipeline, replication_factor: int,
-                           security: KafkaSecurity = PLAINTEXT) -> str | None:
+                           security: KafkaSecurity = PLAINTEXT, single_worker: bool = False
+                           ) -> str | None:
     """Check the counts again (``JoinPartitions``) and create the merge log's topic if
-    missing, with the tables' partition count; answers its name (None: no join)."""
-    if not pipeline.joins:
+    missing, with the tables' partition count (one partition for a single worker's log
+    without joins); answers its name (None: no log needed, ``needs_merge_log``)."""
+    if not needs_merge_log(pipeline, single_worker, None):
         return None
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers, **client_kwargs(security))
     await admin.start()
@@ -93,19 +97,23 @@ async def ensure_merge_log(bootstrap_servers: str, pipeline: Pipeline, replicati
         found = mismatches(pipeline, counts)
         if found:
             raise JoinPartitions("; ".join(found))
+        known = all(t in counts for t in pipeline.topics)  # a missing one: several, maybe
+        sources = sum(counts[t] for t in pipeline.topics) if known else None
+        if not needs_merge_log(pipeline, single_worker, sources):
+            return None
         topic = merge_log_topic(pipeline.id)
         if topic not in counts:
             tables = [counts[j.table.topic] for j, _ in pipeline.joins if j.table.topic in counts]
-            if not tables:
+            if pipeline.joins and not tables:
                 names = [j.table.topic for j, _ in pipeline.joins]
                 raise JoinPartitions(f"no table topic of {names} exists yet to take the merge "
                                      "log's partition count from")
-            response = await admin.create_topics([NewTopic(topic, max(tables),
-                                                           replication_factor)])
+            count = max(tables, default=1)  # a single worker's one order: partition 0
+            response = await admin.create_topics([NewTopic(topic, count, replication_factor)])
             for name, code, *_ in response.topic_errors:
                 if code not in (0, _TOPIC_ALREADY_EXISTS):
                     raise JoinPartitions(f"cannot create topic {name!r}: error {code}")
-            log.info("created the merge log topic %r (%d partitions)", topic, max(tables))
+            log.info("created the merge log topic %r (%d partitions)", topic, count)
         return topic
     finally:
         await admin.close()
@@ -113,16 +121,20 @@ async def ensure_merge_log(bootstrap_servers: str, pipeline: Pipeline, replicati
 
 def open_merge_log(settings: Settings, pipeline: Pipeline, io: EventLoopThread,
                    fence: OutputFence | None, timeout: float) -> KafkaMergeLog | None:
-    """The worker's merge log (None without joins): its topic made if missing, each append
-    checked against the epochs of its co-partition's inputs, as exclusive outputs are."""
+    """The worker's merge log (None without joins, or a single worker's aggregates over
+    several source partitions): its topic made if missing, each append checked against
+    the epochs of its co-partition's inputs (a single worker's: of partition 0), as
+    exclusive outputs are."""
     k = settings.kafka
     topic = io.run(ensure_merge_log(k.bootstrap_servers, pipeline,
-                                    k.repartition_replication_factor, k.security),
+                                    k.repartition_replication_factor, k.security,
+                                    settings.single_worker),
                    timeout=timeout)
     if topic is None:
         return None
     inputs = sorted({*(t for _, ts in pipeline.joins for t in ts),
-                     *(j.table.topic for j, _ in pipeline.joins)})
+                     *(j.table.topic for j, _ in pipeline.joins),
+                     *(pipeline.topics if settings.single_worker else ())})
 
     def check(partitions: list[int]) -> int:
         if fence is None or faults.NO_FENCING:

@@ -8,6 +8,11 @@ topics) are ordered per co-partition by the merge log (``stages.merge_log``): lo
 runs are replayed in their order, new ones logged before they are applied; a stream
 run goes through the runner with the table's cursor where the merge order puts it, a
 table run is applied to the table. Records of other topics go straight to the runner.
+
+With ``across`` (a single worker, ``onceflow.single-worker = true``) the source topics
+are ordered too, and every partition of every ordered input is one order (merge log
+partition 0, each run naming its partition): a key fed from several partitions then
+meets them, after a crash, interleaved as the first run met them.
 """
 
 from __future__ import annotations
@@ -40,11 +45,14 @@ class JoinRunner:
 
     ``positions``: each input partition's next offset at the start (the committed ones);
     the inputs' partitions not named start at 0 (or at their first record delivered).
+    ``across``: one order over every partition of the source topics and the joins'
+    inputs (a single worker), instead of one per co-partition.
     """
 
     def __init__(self, pipeline: Pipeline, load: Loader, dead_letter_topic: str,
                  *args: Any, merge_log: MergeLog,
-                 positions: Mapping[TopicPartition, int] | None = None, **kwargs: Any):
+                 positions: Mapping[TopicPartition, int] | None = None, across: bool = False,
+                 **kwargs: Any):
         self.pipeline = pipeline
         self.naive = faults.NO_MERGE_LOG  # arrival order, the newest row: what the log fixes
         max_bytes = kwargs.get("max_state_bytes", MAX_STATE_BYTES)
@@ -52,6 +60,8 @@ class JoinRunner:
                       for join, _ in pipeline.joins}
         self._tables = {t.join.table.topic: t for t in self.joins.values()}
         self._streams = {topic for _, topics in pipeline.joins for topic in topics}
+        self.across = across
+        self._ordered = {*self._streams, *self._tables, *(pipeline.topics if across else ())}
         self._log = merge_log
         self._positions = dict(positions or {})
         for tp, offset in self._positions.items():
@@ -82,14 +92,20 @@ class JoinRunner:
         outcome = BatchOutcome()
         others: list[ConsumedRecord] = []
         touched: dict[int, CoPartition] = {}
+        joined = {*self._streams, *self._tables}
         for record in records:
             topic = record.topic
-            if topic not in self._streams and topic not in self._tables:
+            if topic not in self._ordered:
                 others.append(record)
                 continue
-            group = touched[record.partition] = self._group(record.partition)
-            if not group.offer(record):
-                self.replays += 1
+            number = 0 if self.across else record.partition
+            group = touched[number] = self._group(number)
+            if group.offer(record):
+                continue
+            if topic in joined or not group.applied(record):
+                self.replays += 1  # the join's inputs: applied, or waiting in the replay
+            else:  # applied: the runner discards it as a duplicate, counted as without a log
+                others.append(record)
         if others:
             _add(outcome, self.inner.process(others))
         ordered: dict[int, list[tuple[Run, list[ConsumedRecord]]]] = {}
@@ -124,10 +140,11 @@ class JoinRunner:
         of every input must be here together (``NotCoAssigned`` otherwise); their
         co-partitions read their merge logs again at their next record."""
         inputs = {*self._streams, *self._tables}
-        mine = {tp: offset for tp, offset in positions.items() if tp[0] in inputs}
+        mine = {tp: offset for tp, offset in positions.items() if tp[0] in self._ordered}
         numbers: dict[int, set[str]] = {}
         for topic, partition in mine:
-            numbers.setdefault(partition, set()).add(topic)
+            if topic in inputs:
+                numbers.setdefault(partition, set()).add(topic)
         for partition, topics in sorted(numbers.items()):
             if topics != inputs:
                 raise NotCoAssigned(
@@ -144,7 +161,7 @@ class JoinRunner:
             if table is not None:
                 table.committed(partition, offset)
                 table.cursor[partition] = offset
-            self._groups.pop(partition, None)
+            self._groups.pop(0 if self.across else partition, None)
 
     def advance(self) -> None:
         self.inner.advance()
@@ -162,20 +179,25 @@ class JoinRunner:
             join.table.clear()
         self._groups.clear()
 
-    def _group(self, partition: int) -> CoPartition:
-        group = self._groups.get(partition)
+    def _group(self, number: int) -> CoPartition:
+        """Co-partition ``number``'s order (with ``across``: the one order, number 0)."""
+        group = self._groups.get(number)
         if group is None:
-            inputs = {*self._streams, *self._tables}
-            positions = {topic: offset for (topic, p), offset in self._positions.items()
-                         if p == partition and topic in inputs}
-            # a run of a topic the joins no longer read (a pipeline changed) orders nothing
-            logged = [] if self.naive else [run for run in self._log.read(partition)
-                                             if run.topic in inputs]
-            group = self._groups[partition] = CoPartition(logged, positions)
+            across = self.across
+            positions = {(topic, p if across else None): offset
+                         for (topic, p), offset in self._positions.items()
+                         if (across or p == number) and topic in self._ordered}
+            # a run of a topic no longer ordered, or of the other shape of log (a pipeline
+            # changed), orders nothing
+            logged = [] if self.naive else [
+                run for run in self._log.read(number)
+                if run.topic in self._ordered and (run.partition is not None) == across]
+            group = self._groups[number] = CoPartition(logged, positions, across)
         return group
 
-    def _apply(self, partition: int, run: Run, batch: list[ConsumedRecord],
+    def _apply(self, number: int, run: Run, batch: list[ConsumedRecord],
                outcome: BatchOutcome) -> None:
+        partition = number if run.partition is None else run.partition
         table = self._tables.get(run.topic)
         if table is not None:
             table.apply(batch, outcome, lambda record, failure: self.inner._dead_letter(
