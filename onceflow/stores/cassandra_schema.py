@@ -25,6 +25,11 @@ T = TypeVar("T")
 
 _SCAN_PAGE = 1000  # rows per page of a scan or outbox load
 
+#: Seconds a schema change may take. A change waits for every node to agree on the
+#: new schema, which takes far longer than a row write on a loaded cluster, and it
+#: runs once at start: a tight ``request-timeout`` meant for writes must not fail it.
+SCHEMA_TIMEOUT = 60.0
+
 STATES_TABLE = "states"
 STATS_TABLE = "stats"
 OUTBOX_TABLE = "outbox"
@@ -92,11 +97,11 @@ def _create_missing(session: Session, keyspace: str, replication: Mapping[str, s
     existing = session.cluster.metadata.keyspaces.get(keyspace)
     if existing is None:
         log.info("creating keyspace %r with replication %s", keyspace, dict(replication))
-        session.execute(create_keyspace)
+        session.execute(create_keyspace, timeout=SCHEMA_TIMEOUT)
     tables = set() if existing is None else set(existing.tables)
     for table, create in zip(TABLES, create_tables, strict=True):
         if table not in tables:
-            session.execute(create)  # the driver waits for schema agreement
+            session.execute(create, timeout=SCHEMA_TIMEOUT)  # waits for schema agreement
 
 
 def _literal(value: str | int) -> str:

@@ -170,6 +170,14 @@ def test_one_key_fed_by_every_partition_stays_exact_under_replay(
         while crashing.exited() is None:
             await asyncio.sleep(0.05)
         assert crashing.exited() == -9, f"expected a SIGKILL; see {crashing.logs[-1]}"
+        # The replay is certain: states hold records above the committed offsets, and
+        # the producer sequences (written after the states) do not, so the fold meets
+        # them again. (Not judged by the stored `fleet.duplicates`: stats are added after
+        # a snapshot's rows, so a kill between the two loses that count.)
+        committed = await _committed(s.bootstrap, group, topic)
+        folded = [(p, position[0]) for _, value in s.store("fleet").scan("fleet")
+                  for (_, p), position in decode_state(value).watermarks.items()]
+        assert any(offset >= committed[p] for p, offset in folded), (folded, committed)
         worker = s.worker("fleet", "onceflow.examples.robots:fleet", group, extra=single)
         rng = random.Random()
         for _ in range(3):
@@ -189,7 +197,6 @@ def test_one_key_fed_by_every_partition_stays_exact_under_replay(
     assert {k: st.value for k, st in states.items()} == {"ok": truth["ok"],
                                                          "failed": truth["failed"]}
     assert all(len(st.watermarks) == 4 for st in states.values())  # fed by all 4 partitions
-    assert store.read_stats().get("fleet.duplicates", 0) > 0
 
 
 def test_an_aggregate_feeding_a_republish_is_killed_right_after_writing_its_state(
