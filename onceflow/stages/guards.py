@@ -24,6 +24,9 @@ from onceflow.stages.state_table import StateTable
 MAX_HOPS = 100
 #: Integers up to this in magnitude encode in at most 19 characters (``_fits``).
 _SHORT_INT: Final = 999_999_999_999_999_999
+#: Most bytes one character of a str encodes to: the json module writes a character
+#: beyond U+FFFF as two escapes (``\\ud800\\udc00``) when orjson cannot take the value.
+_CHAR_BYTES: Final = 12
 #: Nesting ``_fits`` walks; a deeper value is encoded to be measured.
 _WALK_DEPTH: Final = 64
 
@@ -155,15 +158,16 @@ def _fits(value: object, budget: int, depth: int) -> int:
     unknown (a type ``compact_json`` may refuse, a huge number, deep nesting) or short.
 
     Every type it bounds, ``compact_json`` writes (a str's character is at most
-    6 bytes, ``\\udXXX``; a float at most 24 characters; tests/unit/
-    test_storable_state.py checks the bound against the encoder).
+    12 bytes: the json module escapes one beyond U+FFFF as two, ``\\ud800\\udc00``;
+    a float at most 24 characters; tests/unit/
+    test_poisoned_states.py checks the bound against the encoder).
     """
     kind = type(value)
     if kind is int:
         number = cast(int, value)
         return budget - 20 if -_SHORT_INT <= number <= _SHORT_INT else -1
     if kind is str:
-        return budget - 6 * len(cast(str, value)) - 2
+        return budget - _CHAR_BYTES * len(cast(str, value)) - 2
     if kind is float:
         return budget - 24
     if kind is bool or value is None:
@@ -175,7 +179,7 @@ def _fits(value: object, budget: int, depth: int) -> int:
         for name, item in cast(dict[object, object], value).items():
             if type(name) is not str:
                 return -1
-            budget -= 6 * len(name) + 3
+            budget -= _CHAR_BYTES * len(name) + 3
             if type(item) is int:  # the commonest leaf, without a call (a counter's)
                 number = item
                 if not -_SHORT_INT <= number <= _SHORT_INT:
