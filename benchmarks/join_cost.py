@@ -1,5 +1,7 @@
 """What a join costs per record: a per-key sum without a join, with a join, and with the
-join but no merge log (``ONCEFLOW_FAULT_NO_MERGE_LOG``: arrival order, unlogged).
+join but no merge log (``ONCEFLOW_FAULT_NO_MERGE_LOG``: arrival order, unlogged); and what
+the merge log costs a single worker (``onceflow.single-worker = true``: the per-key sum,
+whose one order over the 4 partitions is logged), against the same worker without it.
 
 Payments ``{"key", "value"}`` over ``KEYS`` keys and 4 partitions, and a table topic of
 the same keys (co-partitioned) with one update every ``--update-every`` payments, all
@@ -35,8 +37,11 @@ from onceflow.devtools.harness import create_topic, fault_aware, packaged_config
 
 PARTITIONS = 4
 KEYS = 1000
-PATHS = {"no join": ("plain_sum", False), "join, merge log": ("join_sum", False),
-         "join, no merge log": ("join_sum", True)}
+#: name: (pipeline, without the merge log, single worker)
+PATHS = {"no join": ("plain_sum", False, False), "join, merge log": ("join_sum", False, False),
+         "join, no merge log": ("join_sum", True, False),
+         "single worker, merge log": ("plain_sum", False, True),
+         "single worker, no merge log": ("plain_sum", True, True)}
 
 
 def inputs(messages: int, every: int, seed: int = 7
@@ -53,12 +58,14 @@ def inputs(messages: int, every: int, seed: int = 7
 
 
 def measure(bootstrap: str, store: dict[str, str], topic: str, table: str,
-            ends: dict[int, int], pipeline: str, naive: bool, workdir: Path) -> float:
+            ends: dict[int, int], pipeline: str, naive: bool, single: bool, workdir: Path
+            ) -> float:
     """Seconds from the worker's assignment to the commit of every payment."""
     group = f"bench-{topic}-{time.monotonic_ns()}"
     settings = {"onceflow.kafka.bootstrap-servers": bootstrap, "onceflow.kafka.group-id": group,
                 "onceflow.pipeline": f"join_pipelines:{pipeline}",
                 "onceflow.persistence.interval": "250ms", "onceflow.commit.interval": "250ms",
+                "onceflow.single-worker": "true" if single else "false",
                 **{k: v.replace("{group}", group) for k, v in store.items() if k != "kind"}}
     env = {**os.environ, "BENCH_TOPIC": topic, "BENCH_TABLE": table,
            "PYTHONPATH": worker_path(os.environ)}
@@ -101,9 +108,9 @@ def main() -> None:
                 asyncio.run(create_topic(kafka.address, name, PARTITIONS))
             asyncio.run(produce(kafka.address, table, rows, []))
             ends = asyncio.run(produce(kafka.address, topic, payments, []))
-            for name, (pipeline, naive) in PATHS.items():
+            for name, (pipeline, naive, single) in PATHS.items():
                 seconds[name].append(measure(kafka.address, store, topic, table, ends,
-                                             pipeline, naive, state))
+                                             pipeline, naive, single, state))
     finally:
         services.stop(kafka)
         services.stop(db)
