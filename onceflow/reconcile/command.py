@@ -21,7 +21,8 @@ from onceflow.runtime.config import ConfigError, load_settings, split_assignment
 __all__ = ["cli", "print_result", "write_report"]
 
 SHOWN = 50  # rows of differences printed; the report has them all
-VERDICTS = ("equal", "drifted", "missing", "unexpected", "ahead", "not retained")
+VERDICTS = ("equal", "drifted", "missing", "unexpected", "ahead", "not retained",
+            "order unknown")
 
 
 def cli(argv: list[str]) -> int:
@@ -114,6 +115,9 @@ def _verdict(result: Result) -> str:
     line = f"reconciled up to the committed offsets of group {result.group!r}: {offsets}"
     if result.horizon.lag:
         line += f" ({result.horizon.lag:,} records past them not compared)"
+    if result.unordered:
+        line += ("\nthe merge log leaves unordered: " + "; ".join(result.unordered[:5])
+                 + (" ..." if len(result.unordered) > 5 else ""))
     word = {0: "every row reconciles", 1: "DRIFT", 2: "cannot decide"}[code]
     if result.problem:
         word += f": {result.problem}"

@@ -11,6 +11,9 @@ are past what the replay reached (it folded records beyond the committed offsets
 worker running, or killed after a persist and before its commit) cannot be decided
 from the replay: ``ahead``. With an input partition whose head is no longer retained,
 every difference is ``not retained``: the replay lacks records the states may hold.
+With a merge log (``reconcile.order``) that does not cover every ordered input up to
+the committed offsets, every difference is ``order unknown``: the replay may have
+interleaved the partitions otherwise than the worker.
 A stored row that is no onceflow state (``decode_state`` refuses it) is ``drifted``,
 or ``unexpected`` for a key the replay never met.
 """
@@ -29,7 +32,7 @@ from onceflow.stages.state import AggregateState, decode_state
 __all__ = ["DIFFERENT", "UNDECIDED", "Entry", "compare_stage", "route_heights"]
 
 DIFFERENT = ("drifted", "missing", "unexpected")
-UNDECIDED = ("ahead", "not retained")
+UNDECIDED = ("ahead", "not retained", "order unknown")
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,9 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
                   recomputed: Mapping[str, AggregateState],
                   recomputed_history: Iterable[tuple[str, int, bytes]],
                   inputs: Collection[Route], keys: Collection[str] = (),
-                  retained: bool = True) -> Iterator[Entry]:
+                  retained: bool = True, ordered: bool = True) -> Iterator[Entry]:
     """Every entry of one stage; ``keys``: only those keys (empty: all)."""
+    blind = None if retained and ordered else "not retained" if not retained else "order unknown"
 
     def wanted(key: str) -> bool:
         return not keys or key in keys
@@ -106,14 +110,14 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
         left.discard(key)
         value = _comparable(spec, key, state.value, closed)
         if mine is None:
-            yield _entry(spec.id, key, None, "unexpected", value, None, ahead, retained)
+            yield _entry(spec.id, key, None, "unexpected", value, None, ahead, blind)
             continue
         again = _comparable(spec, key, mine.value, {})
         yield _entry(spec.id, key, None, "equal" if value == again else "drifted", value, again,
-                     ahead, retained)
+                     ahead, blind)
     for key in sorted(left):
         yield _entry(spec.id, key, None, "missing", None,
-                     _comparable(spec, key, recomputed[key].value, {}), False, retained)
+                     _comparable(spec, key, recomputed[key].value, {}), False, blind)
     if spec.window is None:
         return
     for key, start, value in recomputed_history:
@@ -121,13 +125,13 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
             continue
         again = json.loads(value)
         if (key, start) not in closed:
-            yield _entry(spec.id, key, start, "missing", None, again, False, retained)
+            yield _entry(spec.id, key, start, "missing", None, again, False, blind)
             continue
         found = closed.pop((key, start))
         yield _entry(spec.id, key, start, "equal" if found == again else "drifted", found, again,
-                     key in aheads, retained)
+                     key in aheads, blind)
     for (key, start), found in sorted(closed.items()):
-        yield _entry(spec.id, key, start, "unexpected", found, None, key in aheads, retained)
+        yield _entry(spec.id, key, start, "unexpected", found, None, key in aheads, blind)
 
 
 def _recomputed(spec: Aggregate, key: str, recomputed: Mapping[str, AggregateState]) -> Any:
@@ -144,10 +148,11 @@ def _comparable(spec: Aggregate, key: str, value: Any, closed: Mapping[tuple[str
 
 
 def _entry(stage: str, key: str, window: int | None, verdict: str, stored: Any,
-           recomputed: Any, ahead: bool, retained: bool) -> Entry:
+           recomputed: Any, ahead: bool, blind: str | None) -> Entry:
+    """``blind``: what a difference is called when the replay cannot see it all."""
     if verdict != "equal":
         if ahead:
             verdict = "ahead"
-        elif not retained:
-            verdict = "not retained"
+        elif blind is not None:
+            verdict = blind
     return Entry(stage, key, window, verdict, stored, recomputed)

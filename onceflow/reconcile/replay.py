@@ -15,14 +15,22 @@ Key homes (several workers, ``single-worker = false``): which input partition
 first claimed a key is a race between workers that the input does not record,
 so a key's home is the one its stored state names (``homes``), and only a key
 the store has no state of is homed where the replay meets it first.
+
+Joins, and a single worker's aggregates over several source partitions, are folded
+by the worker's ``JoinRunner`` over the runs of its merge log (``order``,
+``reconcile.order``): the replay applies the input in the order the worker did,
+whatever order the partitions are fetched in.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 
+from onceflow.reconcile.order import Order
 from onceflow.runtime.settings import Settings
+from onceflow.stages.join_runner import JoinRunner
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.runner import PipelineRunner
@@ -38,27 +46,38 @@ HomeReader = Callable[[Aggregate, Sequence[str]], Mapping[str, TopicPartition]]
 class Replay(TestRun):
     """One worker's folding of the input, in memory, with no record kept after its chunk."""
 
-    def __init__(self, pipeline: Pipeline, settings: Settings, homes: HomeReader | None = None):
+    def __init__(self, pipeline: Pipeline, settings: Settings, homes: HomeReader | None = None,
+                 order: Order | None = None):
         self._settings = settings  # read by _new_runner, which TestRun.__init__ calls
         self._stored_homes = homes
+        self._order = order
         super().__init__(pipeline, single_worker=settings.single_worker,
                          dead_letter_topic=settings.kafka.dead_letter_topic,
                          late_events_topic=settings.kafka.late_events_topic,
                          idle_timeout=settings.windows.idle_timeout,
                          max_future=settings.windows.max_future)
+        if order is not None:  # read by the runner at its first ordered record
+            self.merge_log.runs = {p: list(runs) for p, runs in order.runs.items()}
         #: Records produced per topic (dead letters and late events included).
         self.sent: Counter[str] = Counter()
 
-    def _new_runner(self) -> PipelineRunner:
+    def _new_runner(self) -> PipelineRunner | JoinRunner:
         s = self._settings
-        return PipelineRunner(self.pipeline, self._load, s.kafka.dead_letter_topic,
-                              s.kafka.late_events_topic,
-                              claim=None if s.single_worker else self._claim,
-                              load_sequences=self._load_sequences, load_rows=self._load_rows,
-                              idle_timeout=s.windows.idle_timeout, hold_new=True,
-                              max_future=s.windows.max_future,
-                              dead_letter_max_value=s.kafka.dead_letter_max_value,
-                              max_state_bytes=s.state.max_state_bytes)
+        kind: Any = PipelineRunner
+        ordered: dict[str, Any] = {}
+        if self._order is not None:  # from offset 0: every logged run below the commits
+            kind = JoinRunner
+            ordered = {"merge_log": self.merge_log, "positions": {},
+                       "across": self._order.across}
+        runner: PipelineRunner | JoinRunner = kind(
+            self.pipeline, self._load, s.kafka.dead_letter_topic, s.kafka.late_events_topic,
+            claim=None if s.single_worker else self._claim,
+            load_sequences=self._load_sequences, load_rows=self._load_rows,
+            idle_timeout=s.windows.idle_timeout, hold_new=True,
+            max_future=s.windows.max_future,
+            dead_letter_max_value=s.kafka.dead_letter_max_value,
+            max_state_bytes=s.state.max_state_bytes, **ordered)
+        return runner
 
     def _claim(self, spec: Aggregate, feeders: Mapping[str, TopicPartition]
                ) -> dict[str, TopicPartition]:

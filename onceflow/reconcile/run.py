@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.reconcile.compare import DIFFERENT, UNDECIDED, Entry, compare_stage
+from onceflow.reconcile.order import Order, logged_order, ordered_inputs, read_merge_log
 from onceflow.reconcile.replay import Replay
 from onceflow.reconcile.source import Horizon, horizon, records_until
 from onceflow.runtime.config import ConfigError
@@ -43,6 +44,7 @@ class Result:
     sent: dict[str, int] = field(default_factory=dict)  # records the replay produced, per topic
     seconds: float = 0.0
     problem: str | None = None  # why it could not decide at all
+    unordered: list[str] = field(default_factory=list)  # input the merge log does not order
 
     @property
     def exit_code(self) -> int:
@@ -65,7 +67,7 @@ class Result:
                          "committed": n, "high_watermark": self.horizon.ends.get((t, p))}
                         for (t, p), n in sorted(self.horizon.committed.items())],
             "stages": {stage: dict(counts) for stage, counts in self.counts.items()},
-            "accounting": self.counters, "produced": self.sent,
+            "accounting": self.counters, "produced": self.sent, "unordered": self.unordered,
             "entries": [e.as_dict() for e in self.entries],
         }
 
@@ -80,11 +82,16 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
     started = time.monotonic()
     options = consumer_options(settings)
     group = settings.kafka.group_id
-    seen = horizon(options, group, pipeline.consumed_topics,
-                   max(10.0, settings.kafka.request_timeout))
+    timeout = max(10.0, settings.kafka.request_timeout)
+    seen = horizon(options, group, pipeline.consumed_topics, timeout)
     result = Result(pipeline.id, group, seen)
     if seen.missing:
         result.problem = f"input topics missing: {', '.join(seen.missing)}"
+        return result
+    try:
+        order = _order(settings, pipeline, options, seen, timeout)
+    except Exception as error:  # the log not readable: the worker's order unknown
+        result.problem = f"cannot read the merge log: {type(error).__name__}: {error}"
         return result
     stores: dict[str, StateStore] = {}
     try:
@@ -97,7 +104,7 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
             return {key: home for key, data in found
                     if (home := _home(data)) is not None}
 
-        replay = Replay(pipeline, settings, None if settings.single_worker else homes)
+        replay = Replay(pipeline, settings, None if settings.single_worker else homes, order)
         total = sum(seen.committed.values())
         try:
             result.read = asyncio.run(_replay(replay, options, seen, result.heads, progress,
@@ -107,6 +114,10 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
             return result
         result.counters, result.sent = dict(replay.counters), dict(replay.sent)
         retained = not result.not_retained
+        if order is not None:
+            result.unordered = order.gaps + [
+                f"{run.topic}/{run.partition} offsets {run.first}..{run.last} logged, not read"
+                for run in getattr(replay.runner, "unreplayed", ())]
         inputs = set(seen.committed)
         for spec in specs:
             store = stores[spec.store]
@@ -114,7 +125,7 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
             tally = result.counts.setdefault(spec.id, Counter())
             for entry in compare_stage(spec, store.scan(spec.id), history,
                                        replay.recomputed(spec.id), replay.history(spec.id),
-                                       inputs, set(keys), retained):
+                                       inputs, set(keys), retained, not result.unordered):
                 tally[entry.verdict] += 1
                 if entry.verdict != "equal":
                     result.entries.append(entry)
@@ -124,8 +135,22 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
     if not retained:
         heads = ", ".join(f"{t}/{p} from {result.heads[(t, p)]}" for t, p in result.not_retained)
         result.problem = f"input no longer retained from offset 0: {heads}"
+    elif any(e.verdict == "order unknown" for e in result.entries):
+        result.problem = ("the merge log does not give the order the worker applied: "
+                          + "; ".join(result.unordered[:5]))
     result.seconds = time.monotonic() - started
     return result
+
+
+def _order(settings: Settings, pipeline: Pipeline, options: dict[str, Any], seen: Horizon,
+           timeout: float) -> Order | None:
+    """The worker's merge log below the committed offsets (None: it keeps none)."""
+    shape = ordered_inputs(pipeline, settings.single_worker, seen.committed)
+    if shape is None:
+        return None
+    topics, across = shape
+    logged = asyncio.run(read_merge_log(options, pipeline.id, timeout))
+    return logged_order(logged, topics, across, seen.committed)
 
 
 def _home(data: bytes) -> TopicPartition | None:
