@@ -1,8 +1,9 @@
 """``onceflow reconcile -c app.conf [--stage ID] [--keys K ...] [--report DIR]``.
 
-Exit codes: 0 every compared row equal; 1 a row drifted, missing or unexpected;
-2 it cannot decide (a configuration error, input not readable or no longer
-retained, stored states ahead of the committed offsets and different).
+Exit codes: 0 every compared row equal (or gone by its expiry or retention); 1 a row
+drifted, missing or unexpected; 2 it cannot decide (a configuration error, input not
+readable or no longer retained, its order unknown, stored states ahead of the
+committed offsets and different).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from onceflow.reconcile.compare import Entry
 from onceflow.reconcile.run import EXIT_UNDECIDED, Result, reconcile
 from onceflow.runtime.config import ConfigError, load_settings, split_assignment
 
 __all__ = ["cli", "print_result", "write_report"]
 
 SHOWN = 50  # rows of differences printed; the report has them all
-VERDICTS = ("equal", "drifted", "missing", "unexpected", "ahead", "not retained",
+VERDICTS = ("equal", "expired", "drifted", "missing", "unexpected", "ahead", "not retained",
             "order unknown")
 
 
@@ -91,8 +93,13 @@ def _summary_rows(result: Result) -> list[list[str]]:
 
 
 def _entry_rows(result: Result) -> list[list[str]]:
-    return [[e.stage, e.key, "" if e.window is None else str(e.window), e.verdict,
+    return [[e.stage, e.key, "" if e.window is None else str(e.window), _said(e),
              _brief(e.stored), _brief(e.recomputed)] for e in result.entries[:SHOWN]]
+
+
+def _said(entry: Entry) -> str:
+    """The verdict, with the rule that let an expired row go."""
+    return entry.verdict if entry.rule is None else f"{entry.verdict}: {entry.rule}"
 
 
 def _accounting_rows(result: Result) -> list[list[str]]:
@@ -119,6 +126,9 @@ def _verdict(result: Result) -> str:
         line += ("\nthe merge log leaves unordered: " + "; ".join(result.unordered[:5])
                  + (" ..." if len(result.unordered) > 5 else ""))
     word = {0: "every row reconciles", 1: "DRIFT", 2: "cannot decide"}[code]
+    expired = sum(1 for e in result.entries if e.verdict == "expired")
+    if expired:
+        word += f" ({expired:,} rows gone by their expiry or retention)"
     if result.problem:
         word += f": {result.problem}"
     return f"{line}\n{word} (exit {code}, {result.seconds:.1f} s)"
@@ -165,7 +175,7 @@ def write_report(result: Result, directory: Path) -> None:
              f"<pre>{html.escape(_verdict(result))}</pre>",
              _html_table(["stage", *VERDICTS], _summary_rows(result)),
              _html_table(["stage", "key", "window", "verdict", "stored", "recomputed"],
-                         [[e.stage, e.key, "" if e.window is None else str(e.window), e.verdict,
+                         [[e.stage, e.key, "" if e.window is None else str(e.window), _said(e),
                            json.dumps(e.stored, default=str), json.dumps(e.recomputed,
                                                                          default=str)]
                           for e in result.entries]),

@@ -14,6 +14,9 @@ every difference is ``not retained``: the replay lacks records the states may ho
 With a merge log (``reconcile.order``) that does not cover every ordered input up to
 the committed offsets, every difference is ``order unknown``: the replay may have
 interleaved the partitions otherwise than the worker.
+A recomputed row the store may have dropped on purpose (``reconcile.expiry``: a state
+past ``expire_after``, a history row past ``history-retention``) is ``expired``, with
+the rule that allowed it (``Entry.rule``), not ``missing``.
 A stored row that is no onceflow state (``decode_state`` refuses it) is ``drifted``,
 or ``unexpected`` for a key the replay never met.
 """
@@ -21,7 +24,7 @@ or ``unexpected`` for a key the replay never met.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,10 +48,12 @@ class Entry:
     verdict: str
     stored: Any = None
     recomputed: Any = None
+    rule: str | None = None  # why an expired row may be gone
 
     def as_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "key": self.key, "window": self.window,
-                "verdict": self.verdict, "stored": self.stored, "recomputed": self.recomputed}
+                "verdict": self.verdict, "stored": self.stored, "recomputed": self.recomputed,
+                "rule": self.rule}
 
 
 def route_heights(states: Iterable[AggregateState]) -> dict[Route, Position]:
@@ -79,8 +84,11 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
                   recomputed: Mapping[str, AggregateState],
                   recomputed_history: Iterable[tuple[str, int, bytes]],
                   inputs: Collection[Route], keys: Collection[str] = (),
-                  retained: bool = True, ordered: bool = True) -> Iterator[Entry]:
-    """Every entry of one stage; ``keys``: only those keys (empty: all)."""
+                  retained: bool = True, ordered: bool = True,
+                  aged: Callable[[str, int | None], str | None] | None = None
+                  ) -> Iterator[Entry]:
+    """Every entry of one stage; ``keys``: only those keys (empty: all); ``aged``: the
+    rule that lets a recomputed row be gone from the store (None: it must be there)."""
     blind = None if retained and ordered else "not retained" if not retained else "order unknown"
 
     def wanted(key: str) -> bool:
@@ -115,9 +123,14 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
         again = _comparable(spec, key, mine.value, {})
         yield _entry(spec.id, key, None, "equal" if value == again else "drifted", value, again,
                      ahead, blind)
+    def missing(key: str, window: int | None, again: Any) -> Entry:
+        rule = None if aged is None else aged(key, window)
+        if rule is not None:
+            return Entry(spec.id, key, window, "expired", None, again, rule)
+        return _entry(spec.id, key, window, "missing", None, again, False, blind)
+
     for key in sorted(left):
-        yield _entry(spec.id, key, None, "missing", None,
-                     _comparable(spec, key, recomputed[key].value, {}), False, blind)
+        yield missing(key, None, _comparable(spec, key, recomputed[key].value, {}))
     if spec.window is None:
         return
     for key, start, value in recomputed_history:
@@ -125,7 +138,7 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
             continue
         again = json.loads(value)
         if (key, start) not in closed:
-            yield _entry(spec.id, key, start, "missing", None, again, False, blind)
+            yield missing(key, start, again)
             continue
         found = closed.pop((key, start))
         yield _entry(spec.id, key, start, "equal" if found == again else "drifted", found, again,

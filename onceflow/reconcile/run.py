@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.reconcile.compare import DIFFERENT, UNDECIDED, Entry, compare_stage
+from onceflow.reconcile.expiry import aged, lifetimes
 from onceflow.reconcile.order import Order, logged_order, ordered_inputs, read_merge_log
 from onceflow.reconcile.replay import Replay
 from onceflow.reconcile.source import Horizon, horizon, records_until
@@ -123,9 +124,13 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
             store = stores[spec.store]
             history = store.scan_history(spec.id) if spec.window is not None else iter(())
             tally = result.counts.setdefault(spec.id, Counter())
-            for entry in compare_stage(spec, store.scan(spec.id), history,
-                                       replay.recomputed(spec.id), replay.history(spec.id),
-                                       inputs, set(keys), retained, not result.unordered):
+            mine = replay.recomputed(spec.id)
+            closed = {(key, start): ms for (stage, key, start), ms
+                      in replay.closed_after.items() if stage == spec.id}
+            rule = aged(lifetimes(settings, spec), mine, replay.timestamp, closed)
+            for entry in compare_stage(spec, store.scan(spec.id), history, mine,
+                                       replay.history(spec.id), inputs, set(keys), retained,
+                                       not result.unordered, rule):
                 tally[entry.verdict] += 1
                 if entry.verdict != "equal":
                     result.entries.append(entry)
