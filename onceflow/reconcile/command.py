@@ -1,4 +1,5 @@
-"""``onceflow reconcile -c app.conf [--stage ID] [--keys K ...] [--report DIR]``.
+"""``onceflow reconcile -c app.conf [--stage ID] [--keys K ...] [--report DIR]
+[--from-offsets earliest|committed-at:TS]``.
 
 Exit codes: 0 every compared row equal (or gone by its expiry or retention); 1 a row
 drifted, missing or unexpected; 2 it cannot decide (a configuration error, input not
@@ -13,10 +14,12 @@ import html
 import json
 import sys
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from onceflow.reconcile.compare import Entry
+from onceflow.reconcile.cut import parse_from_offsets
 from onceflow.reconcile.run import EXIT_UNDECIDED, Result, reconcile
 from onceflow.runtime.config import ConfigError, load_settings, split_assignment
 
@@ -42,18 +45,24 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--keys", nargs="+", default=[], metavar="K", help="only these keys")
     parser.add_argument("--report", type=Path, metavar="DIR",
                         help="write reconcile.json and reconcile.html to DIR")
+    parser.add_argument("--from-offsets", default="earliest", metavar="earliest|committed-at:TS",
+                        help="earliest (default): replay from the log's head up to the group's "
+                             "committed offsets; committed-at:TS: only up to the records "
+                             "written by TS (ISO 8601, UTC without a zone, or epoch ms): the "
+                             "states changed since are 'ahead'")
     parser.add_argument("--stall", type=float, default=60.0, metavar="S",
                         help="give up (exit 2) when the input stops arriving for S seconds")
     args = parser.parse_args(argv)
     from onceflow.runtime.wiring import load_pipeline
 
     try:
+        cut_at = parse_from_offsets(args.from_offsets)
         overrides = dict(split_assignment(a) for a in args.set)
         settings = load_settings(args.config, overrides)
         pipeline = load_pipeline(settings)
         with _Progress() as progress:
             result = reconcile(settings, pipeline, args.stage, args.keys, progress.update,
-                               args.stall)
+                               args.stall, cut_at)
     except (ConfigError, ValueError) as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_UNDECIDED
@@ -120,6 +129,11 @@ def _verdict(result: Result) -> str:
     code = result.exit_code
     offsets = ", ".join(f"{t}/{p}@{n}" for (t, p), n in sorted(result.horizon.committed.items()))
     line = f"reconciled up to the committed offsets of group {result.group!r}: {offsets}"
+    if result.cut_at is not None:
+        at = datetime.fromtimestamp(result.cut_at / 1000, UTC).isoformat()
+        upto = ", ".join(f"{t}/{p}@{n}" for (t, p), n in sorted(result.until.items()))
+        line = (f"reconciled up to the input written by {at}: {upto} (group {result.group!r} "
+                f"committed {offsets})")
     if result.horizon.lag:
         line += f" ({result.horizon.lag:,} records past them not compared)"
     if result.unordered:

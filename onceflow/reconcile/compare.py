@@ -10,7 +10,9 @@ not stored); ``unexpected`` (stored, not recomputed). A stored state whose water
 are past what the replay reached (it folded records beyond the committed offsets: a
 worker running, or killed after a persist and before its commit) cannot be decided
 from the replay: ``ahead``. With an input partition whose head is no longer retained,
-every difference is ``not retained``: the replay lacks records the states may hold.
+every difference is ``not retained``: the replay lacks records the states may hold;
+and a key fed from such a partition is ``not retained`` even when equal (the state may
+hold records the replay never saw: equality there would be a guess).
 With a merge log (``reconcile.order``) that does not cover every ordered input up to
 the committed offsets, every difference is ``order unknown``: the replay may have
 interleaved the partitions otherwise than the worker.
@@ -28,6 +30,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from onceflow.reconcile.expiry import root_of_route
 from onceflow.stages.lineage import Position, Route
 from onceflow.stages.pipeline import Aggregate
 from onceflow.stages.state import AggregateState, decode_state
@@ -85,10 +88,14 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
                   recomputed_history: Iterable[tuple[str, int, bytes]],
                   inputs: Collection[Route], keys: Collection[str] = (),
                   retained: bool = True, ordered: bool = True,
-                  aged: Callable[[str, int | None], str | None] | None = None
+                  aged: Callable[[str, int | None], str | None] | None = None,
+                  lost: Collection[tuple[str, int]] = (), cut: bool = False
                   ) -> Iterator[Entry]:
     """Every entry of one stage; ``keys``: only those keys (empty: all); ``aged``: the
-    rule that lets a recomputed row be gone from the store (None: it must be there)."""
+    rule that lets a recomputed row be gone from the store (None: it must be there);
+    ``lost``: root partitions whose head is gone (a key fed from one is never called
+    equal); ``cut``: the replay stopped before the commits (``--from-offsets``), so a
+    window the store closed and the replay did not is ``ahead``."""
     blind = None if retained and ordered else "not retained" if not retained else "order unknown"
 
     def wanted(key: str) -> bool:
@@ -96,11 +103,19 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
 
     heights = route_heights(recomputed.values())
     left = {key for key in recomputed if wanted(key)}
+    unseen = {key for key, state in recomputed.items() if _fed_from(state, lost)}
     closed: dict[tuple[str, int], Any] = {}
     if spec.window is not None:
         closed = {(key, start): json.loads(value) for key, start, value in stored_history
                   if wanted(key)}
     aheads: set[str] = set()
+
+    def judged(key: str, window: int | None, stored: Any, again: Any, ahead: bool) -> Entry:
+        if stored == again and key in unseen:  # equal to a replay that lacks its head
+            return Entry(spec.id, key, window, "not retained", stored, again)
+        verdict = "equal" if stored == again else "drifted"
+        return _entry(spec.id, key, window, verdict, stored, again, ahead, blind)
+
     for key, data in stored:
         if not wanted(key):
             continue
@@ -114,15 +129,17 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
         ahead = _ahead(state, heights, inputs)
         if ahead:
             aheads.add(key)
+        if _fed_from(state, lost):
+            unseen.add(key)
         mine = recomputed.get(key)
         left.discard(key)
         value = _comparable(spec, key, state.value, closed)
         if mine is None:
             yield _entry(spec.id, key, None, "unexpected", value, None, ahead, blind)
             continue
-        again = _comparable(spec, key, mine.value, {})
-        yield _entry(spec.id, key, None, "equal" if value == again else "drifted", value, again,
-                     ahead, blind)
+        again = _comparable(spec, key, mine.value, closed if cut else {})
+        yield judged(key, None, value, again, ahead)
+
     def missing(key: str, window: int | None, again: Any) -> Entry:
         rule = None if aged is None else aged(key, window)
         if rule is not None:
@@ -140,11 +157,14 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
         if (key, start) not in closed:
             yield missing(key, start, again)
             continue
-        found = closed.pop((key, start))
-        yield _entry(spec.id, key, start, "equal" if found == again else "drifted", found, again,
-                     key in aheads, blind)
+        yield judged(key, start, closed.pop((key, start)), again, key in aheads)
     for (key, start), found in sorted(closed.items()):
-        yield _entry(spec.id, key, start, "unexpected", found, None, key in aheads, blind)
+        yield _entry(spec.id, key, start, "unexpected", found, None, cut or key in aheads, blind)
+
+
+def _fed_from(state: AggregateState, lost: Collection[tuple[str, int]]) -> bool:
+    """Whether a state folded a record of a root partition in ``lost``."""
+    return bool(lost) and any(root_of_route(route) in lost for route in state.watermarks)
 
 
 def _recomputed(spec: Aggregate, key: str, recomputed: Mapping[str, AggregateState]) -> Any:
