@@ -107,8 +107,14 @@ def _entry_rows(result: Result) -> list[list[str]]:
 
 
 def _said(entry: Entry) -> str:
-    """The verdict, with the rule that let an expired row go."""
-    return entry.verdict if entry.rule is None else f"{entry.verdict}: {entry.rule}"
+    """The verdict, with the rule that let an expired row go, or the records a drifted
+    state lacks."""
+    if entry.rule is not None:
+        return f"{entry.verdict}: {entry.rule}"
+    if entry.records:
+        more = f" (+{len(entry.records) - 3} more)" if len(entry.records) > 3 else ""
+        return f"{entry.verdict}: lacks {'; '.join(entry.records[:3])}{more}"
+    return entry.verdict
 
 
 def _accounting_rows(result: Result) -> list[list[str]]:

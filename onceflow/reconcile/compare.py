@@ -19,6 +19,8 @@ interleaved the partitions otherwise than the worker.
 A recomputed row the store may have dropped on purpose (``reconcile.expiry``: a state
 past ``expire_after``, a history row past ``history-retention``) is ``expired``, with
 the rule that allowed it (``Entry.rule``), not ``missing``.
+A drifted state names the input records the replay folded into it and the store did
+not (``unfolded``), as far as the two sets of watermarks tell.
 A stored row that is no onceflow state (``decode_state`` refuses it) is ``drifted``,
 or ``unexpected`` for a key the replay never met.
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from onceflow.reconcile.expiry import root_of_route
@@ -35,7 +37,7 @@ from onceflow.stages.lineage import Position, Route
 from onceflow.stages.pipeline import Aggregate
 from onceflow.stages.state import AggregateState, decode_state
 
-__all__ = ["DIFFERENT", "UNDECIDED", "Entry", "compare_stage", "route_heights"]
+__all__ = ["DIFFERENT", "UNDECIDED", "Entry", "compare_stage", "route_heights", "unfolded"]
 
 DIFFERENT = ("drifted", "missing", "unexpected")
 UNDECIDED = ("ahead", "not retained", "order unknown")
@@ -52,11 +54,12 @@ class Entry:
     stored: Any = None
     recomputed: Any = None
     rule: str | None = None  # why an expired row may be gone
+    records: tuple[str, ...] = ()  # a drifted state: input it lacks, as its watermarks tell
 
     def as_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "key": self.key, "window": self.window,
                 "verdict": self.verdict, "stored": self.stored, "recomputed": self.recomputed,
-                "rule": self.rule}
+                "rule": self.rule, "records": list(self.records)}
 
 
 def route_heights(states: Iterable[AggregateState]) -> dict[Route, Position]:
@@ -138,7 +141,10 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
             yield _entry(spec.id, key, None, "unexpected", value, None, ahead, blind)
             continue
         again = _comparable(spec, key, mine.value, closed if cut else {})
-        yield judged(key, None, value, again, ahead)
+        entry = judged(key, None, value, again, ahead)
+        if entry.verdict == "drifted":
+            entry = replace(entry, records=unfolded(state, mine))
+        yield entry
 
     def missing(key: str, window: int | None, again: Any) -> Entry:
         rule = None if aged is None else aged(key, window)
@@ -160,6 +166,32 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
         yield judged(key, start, closed.pop((key, start)), again, key in aheads)
     for (key, start), found in sorted(closed.items()):
         yield _entry(spec.id, key, start, "unexpected", found, None, cut or key in aheads, blind)
+
+
+def unfolded(stored: AggregateState, mine: AggregateState) -> tuple[str, ...]:
+    """The input records the replay folded into a key and its stored state did not, as far
+    as the watermarks tell: per route, the newest record the replay folded past the
+    stored position (certainly the key's), and the offsets between (the key's records
+    among them, unknown without a per-key log); or that both folded the same records."""
+    found = []
+    for route, position in sorted(mine.watermarks.items()):
+        have = stored.watermarks.get(route)
+        if have is not None and position <= have:
+            continue
+        topic, partition = root_of_route(route)
+        via = "" if route == (topic, partition) else f" (via {route[0]}/{route[1]})"
+        newest = f"{topic}/{partition}@{position[0]}{via}"
+        if have is None:
+            found.append(f"{newest}, and any before it: the store folded none of them")
+        elif have[0] == position[0]:
+            found.append(f"{newest}: its items past {have[1:]}")
+        elif have[0] + 1 < position[0]:
+            found.append(f"{newest}, and any of {have[0] + 1}..{position[0] - 1}")
+        else:
+            found.append(newest)
+    if not found and stored.watermarks != mine.watermarks:
+        return ()  # the store folded more, on a route the replay did not reach: no name
+    return tuple(found) or ("the same records by the watermarks: folded to another value",)
 
 
 def _fed_from(state: AggregateState, lost: Collection[tuple[str, int]]) -> bool:

@@ -163,3 +163,23 @@ def test_a_key_fed_from_a_partition_whose_head_is_gone_is_never_equal() -> None:
     found = compare_stage(COUNTS.aggregates[0], stored.items(), (), mine, (),
                           {("in", 0), ("in", 1)}, retained=False, lost={("in", 1)})
     assert verdicts(list(found)) == {("a", None): "equal", ("b", None): "not retained"}
+
+
+def test_a_drifted_state_names_the_records_it_lacks_as_the_watermarks_tell() -> None:
+    run = TestRun(COUNTS)
+    run.feed([Record({"k": "a"}, key="a", partition=0), Record({"k": "b"}, key="b"),
+              Record({"k": "a"}, key="a"), Record({"k": "a"}, key="a"),
+              Record({"k": "a"}, key="a", partition=1), Record({"k": "c"}, key="c")])
+    run.commit()
+    mine = rows(run, "n")
+    assert mine["a"].watermarks == {("in", 0): (3,), ("in", 1): (0,)}
+    stored = {"a": encode_state(AggregateState(1, {("in", 0): (0,)})),  # lost 2, 3 and in/1
+              "b": encode_state(AggregateState(2, mine["b"].watermarks)),  # same records
+              "c": encode_state(mine["c"])}
+    found = {e.key: e for e in compare_stage(COUNTS.aggregates[0], stored.items(), (), mine,
+                                             (), {("in", 0), ("in", 1)})}
+    assert found["a"].verdict == "drifted"
+    assert found["a"].records == ("in/0@3, and any of 1..2",
+                                  "in/1@0, and any before it: the store folded none of them")
+    assert found["b"].records == ("the same records by the watermarks: folded to another value",)
+    assert found["c"].verdict == "equal" and found["c"].records == ()
