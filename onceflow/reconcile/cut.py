@@ -10,11 +10,13 @@ the keys untouched since TS are proven and the others named, never guessed.
 
 The stopping offsets are found by reading: a binary search over the partition with
 one-record fetches (about log2(records) fetches a partition). Not ListOffsets by
-timestamp: the broker's ListOffsets answers are not trusted here (Tansu's end
-offsets are wrong for batches of several records, and its timestamp lookup was not
-checked). With CreateTime timestamps from producers' clocks out of order, the search
-finds a point where the timestamps cross TS, not necessarily the first: still a
-sound stopping point, only not exactly TS.
+timestamp: the local Tansu broker answers a time past its last record with offset 0
+(and timestamp -1) where Kafka answers none, which would cut the replay at the start
+(seen on the test broker; its answers for times between records were right), and
+its end offsets are wrong for batches of several records. With CreateTime
+timestamps from producers' clocks out of order, the search finds a point where the
+timestamps cross TS, not necessarily the first: still a sound stopping point, only
+not exactly TS.
 """
 
 from __future__ import annotations
