@@ -58,17 +58,21 @@ async def stopping_offsets(consumer_options: Mapping[str, Any],
                            committed: Mapping[tuple[str, int], int], at_ms: int,
                            timeout: float) -> dict[tuple[str, int], int]:
     """Per partition: the first offset below the committed one whose record's timestamp is
-    past ``at_ms`` (the committed offset if none is)."""
-    consumer = AIOKafkaConsumer(**tail_options(consumer_options))
-    await consumer.start()
-    try:
-        found = {}
-        for (topic, partition), end in sorted(committed.items()):
+    past ``at_ms`` (the committed offset if none is). A consumer per partition: aiokafka's
+    hung in ``stop`` after a re-assignment (``kafka.tail_reader.fetched_high_watermarks``)."""
+    found = {}
+    for (topic, partition), end in sorted(committed.items()):
+        if end <= 0:
+            found[(topic, partition)] = 0
+            continue
+        consumer = AIOKafkaConsumer(**tail_options(consumer_options))
+        await consumer.start()
+        try:
             found[(topic, partition)] = await _search(consumer, TopicPartition(topic, partition),
                                                       end, at_ms, timeout)
-        return found
-    finally:
-        await consumer.stop()
+        finally:
+            await consumer.stop()
+    return found
 
 
 async def _search(consumer: AIOKafkaConsumer, tp: TopicPartition, end: int, at_ms: int,
