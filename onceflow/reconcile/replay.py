@@ -21,9 +21,10 @@ by the worker's ``JoinRunner`` over the runs of its merge log (``order``,
 ``reconcile.order``): the replay applies the input in the order the worker did,
 whatever order the partitions are fetched in.
 
-For ``reconcile.expiry`` it keeps each record's Kafka timestamp (8 bytes a record,
-``timestamp``), and for each closed window the newest timestamp applied before the
-chunk in which it closed (``closed_after``): lower bounds on when the worker wrote.
+For ``reconcile.expiry`` (``timed``: a stage whose rows expire) it keeps each
+record's Kafka timestamp (8 bytes a record, ``timestamp``), and for each closed
+window the newest timestamp applied before the chunk in which it closed
+(``closed_after``): lower bounds on when the worker wrote.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class Replay(TestRun):
     """One worker's folding of the input, in memory, with no record kept after its chunk."""
 
     def __init__(self, pipeline: Pipeline, settings: Settings, homes: HomeReader | None = None,
-                 order: Order | None = None):
+                 order: Order | None = None, timed: bool = True):
         self._settings = settings  # read by _new_runner, which TestRun.__init__ calls
         self._stored_homes = homes
         self._order = order
@@ -67,6 +68,7 @@ class Replay(TestRun):
         #: Records produced per topic (dead letters and late events included).
         self.sent: Counter[str] = Counter()
         self._stamps: dict[TopicPartition, tuple[int, array[int]]] = {}  # first offset, ms
+        self._timed = timed  # keep the timestamps (only the expiry rules read them)
         self._applied: int | None = None  # the newest timestamp applied so far
         self._floor: int | None = None  # ... before the chunk being fed
         #: (stage, key, window start) -> the newest timestamp applied before it closed
@@ -119,6 +121,8 @@ class Replay(TestRun):
         """Only the partition's next offset and the record's timestamp are kept."""
         tp = (record.topic, record.partition)
         self._ends[tp] = record.offset + 1
+        if not self._timed:
+            return record
         first, stamps = self._stamps.setdefault(tp, (record.offset, array("q")))
         stamps.extend([-1] * (record.offset - first - len(stamps)))  # offsets compacted away
         stamps.append(-1 if record.timestamp is None else record.timestamp)

@@ -120,7 +120,10 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
             return {key: home for key, data in found
                     if (home := _home(data)) is not None}
 
-        replay = Replay(pipeline, settings, None if settings.single_worker else homes, order)
+        timed = any(lifetimes(settings, spec).states or lifetimes(settings, spec).history
+                    for spec in specs)  # the expiry rules need the records' timestamps
+        replay = Replay(pipeline, settings, None if settings.single_worker else homes, order,
+                        timed)
         total = sum(result.until.values())
         try:
             result.read = asyncio.run(_replay(replay, options, result.until, result.heads,
