@@ -131,7 +131,7 @@ class Replay(TestRun):
     def _absorb(self, outcome: BatchOutcome, records: int) -> None:
         for tp, offset in outcome.next_offsets.items():
             self._processed[tp] = max(offset, self._processed.get(tp, 0))
-            ms = self.timestamp(tp[0], tp[1], offset - 1)
+            ms = self.timestamp(tp[0], tp[1], offset - 1) if self._timed else None
             if ms is not None and (self._applied is None or ms > self._applied):
                 self._applied = ms
         self.counters += outcome.stats(records)
