@@ -1,8 +1,10 @@
-"""``onceflow reconcile -c app.conf [--stage ID] [--keys K ...] [--report DIR]``.
+"""``onceflow reconcile -c app.conf [--stage ID] [--keys K ...] [--report DIR]
+[--from-offsets earliest|committed-at:TS]``.
 
-Exit codes: 0 every compared row equal; 1 a row drifted, missing or unexpected;
-2 it cannot decide (a configuration error, input not readable or no longer
-retained, stored states ahead of the committed offsets and different).
+Exit codes: 0 every compared row equal (or gone by its expiry or retention); 1 a row
+drifted, missing or unexpected; 2 it cannot decide (a configuration error, input not
+readable or no longer retained, its order unknown, stored states ahead of the
+committed offsets and different).
 """
 
 from __future__ import annotations
@@ -12,16 +14,20 @@ import html
 import json
 import sys
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from onceflow.reconcile.compare import Entry
+from onceflow.reconcile.cut import parse_from_offsets
 from onceflow.reconcile.run import EXIT_UNDECIDED, Result, reconcile
 from onceflow.runtime.config import ConfigError, load_settings, split_assignment
 
 __all__ = ["cli", "print_result", "write_report"]
 
 SHOWN = 50  # rows of differences printed; the report has them all
-VERDICTS = ("equal", "drifted", "missing", "unexpected", "ahead", "not retained")
+VERDICTS = ("equal", "expired", "drifted", "missing", "unexpected", "ahead", "not retained",
+            "order unknown")
 
 
 def cli(argv: list[str]) -> int:
@@ -39,18 +45,24 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--keys", nargs="+", default=[], metavar="K", help="only these keys")
     parser.add_argument("--report", type=Path, metavar="DIR",
                         help="write reconcile.json and reconcile.html to DIR")
+    parser.add_argument("--from-offsets", default="earliest", metavar="earliest|committed-at:TS",
+                        help="earliest (default): replay from the log's head up to the group's "
+                             "committed offsets; committed-at:TS: only up to the records "
+                             "written by TS (ISO 8601, UTC without a zone, or epoch ms): the "
+                             "states changed since are 'ahead'")
     parser.add_argument("--stall", type=float, default=60.0, metavar="S",
                         help="give up (exit 2) when the input stops arriving for S seconds")
     args = parser.parse_args(argv)
     from onceflow.runtime.wiring import load_pipeline
 
     try:
+        cut_at = parse_from_offsets(args.from_offsets)
         overrides = dict(split_assignment(a) for a in args.set)
         settings = load_settings(args.config, overrides)
         pipeline = load_pipeline(settings)
         with _Progress() as progress:
             result = reconcile(settings, pipeline, args.stage, args.keys, progress.update,
-                               args.stall)
+                               args.stall, cut_at)
     except (ConfigError, ValueError) as error:
         print(f"onceflow: config error: {error}", file=sys.stderr)
         return EXIT_UNDECIDED
@@ -90,8 +102,19 @@ def _summary_rows(result: Result) -> list[list[str]]:
 
 
 def _entry_rows(result: Result) -> list[list[str]]:
-    return [[e.stage, e.key, "" if e.window is None else str(e.window), e.verdict,
+    return [[e.stage, e.key, "" if e.window is None else str(e.window), _said(e),
              _brief(e.stored), _brief(e.recomputed)] for e in result.entries[:SHOWN]]
+
+
+def _said(entry: Entry) -> str:
+    """The verdict, with the rule that let an expired row go, or the records a drifted
+    state lacks."""
+    if entry.rule is not None:
+        return f"{entry.verdict}: {entry.rule}"
+    if entry.records:
+        more = f" (+{len(entry.records) - 3} more)" if len(entry.records) > 3 else ""
+        return f"{entry.verdict}: lacks {'; '.join(entry.records[:3])}{more}"
+    return entry.verdict
 
 
 def _accounting_rows(result: Result) -> list[list[str]]:
@@ -112,9 +135,20 @@ def _verdict(result: Result) -> str:
     code = result.exit_code
     offsets = ", ".join(f"{t}/{p}@{n}" for (t, p), n in sorted(result.horizon.committed.items()))
     line = f"reconciled up to the committed offsets of group {result.group!r}: {offsets}"
+    if result.cut_at is not None:
+        at = datetime.fromtimestamp(result.cut_at / 1000, UTC).isoformat()
+        upto = ", ".join(f"{t}/{p}@{n}" for (t, p), n in sorted(result.until.items()))
+        line = (f"reconciled up to the input written by {at}: {upto} (group {result.group!r} "
+                f"committed {offsets})")
     if result.horizon.lag:
         line += f" ({result.horizon.lag:,} records past them not compared)"
+    if result.unordered:
+        line += ("\nthe merge log leaves unordered: " + "; ".join(result.unordered[:5])
+                 + (" ..." if len(result.unordered) > 5 else ""))
     word = {0: "every row reconciles", 1: "DRIFT", 2: "cannot decide"}[code]
+    expired = sum(1 for e in result.entries if e.verdict == "expired")
+    if expired:
+        word += f" ({expired:,} rows gone by their expiry or retention)"
     if result.problem:
         word += f": {result.problem}"
     return f"{line}\n{word} (exit {code}, {result.seconds:.1f} s)"
@@ -161,7 +195,7 @@ def write_report(result: Result, directory: Path) -> None:
              f"<pre>{html.escape(_verdict(result))}</pre>",
              _html_table(["stage", *VERDICTS], _summary_rows(result)),
              _html_table(["stage", "key", "window", "verdict", "stored", "recomputed"],
-                         [[e.stage, e.key, "" if e.window is None else str(e.window), e.verdict,
+                         [[e.stage, e.key, "" if e.window is None else str(e.window), _said(e),
                            json.dumps(e.stored, default=str), json.dumps(e.recomputed,
                                                                          default=str)]
                           for e in result.entries]),

@@ -1,4 +1,5 @@
-"""One reconciliation: read the input to the committed offsets, replay it, compare.
+"""One reconciliation: read the input to the committed offsets (or to a time,
+``reconcile.cut``), replay it, compare.
 
 ``reconcile`` returns a ``Result``: every entry that is not equal, the count of
 each verdict per stage, the offsets it reconciled up to, and how the replay
@@ -15,6 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from onceflow.reconcile.compare import DIFFERENT, UNDECIDED, Entry, compare_stage
+from onceflow.reconcile.cut import stopping_offsets
+from onceflow.reconcile.expiry import aged, lifetimes
+from onceflow.reconcile.order import Order, logged_order, ordered_inputs, read_merge_log
 from onceflow.reconcile.replay import Replay
 from onceflow.reconcile.source import Horizon, horizon, records_until
 from onceflow.runtime.config import ConfigError
@@ -43,6 +47,9 @@ class Result:
     sent: dict[str, int] = field(default_factory=dict)  # records the replay produced, per topic
     seconds: float = 0.0
     problem: str | None = None  # why it could not decide at all
+    unordered: list[str] = field(default_factory=list)  # input the merge log does not order
+    until: dict[tuple[str, int], int] = field(default_factory=dict)  # where the replay stops
+    cut_at: int | None = None  # --from-offsets committed-at: the time (ms), None: commits
 
     @property
     def exit_code(self) -> int:
@@ -60,31 +67,47 @@ class Result:
     def as_dict(self) -> dict[str, Any]:
         return {
             "pipeline": self.pipeline, "group": self.group, "exit_code": self.exit_code,
-            "problem": self.problem, "seconds": round(self.seconds, 3), "records_read": self.read,
+            "problem": self.problem, "cut_at_ms": self.cut_at,
+            "seconds": round(self.seconds, 3), "records_read": self.read,
             "offsets": [{"topic": t, "partition": p, "first_retained": self.heads.get((t, p)),
-                         "committed": n, "high_watermark": self.horizon.ends.get((t, p))}
+                         "committed": n, "replayed_to": self.until.get((t, p), n),
+                         "high_watermark": self.horizon.ends.get((t, p))}
                         for (t, p), n in sorted(self.horizon.committed.items())],
             "stages": {stage: dict(counts) for stage, counts in self.counts.items()},
-            "accounting": self.counters, "produced": self.sent,
+            "accounting": self.counters, "produced": self.sent, "unordered": self.unordered,
             "entries": [e.as_dict() for e in self.entries],
         }
 
 
 def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = (),
               keys: Sequence[str] = (), progress: Progress | None = None,
-              stall: float = 60.0) -> Result:
-    """Reconcile ``stages`` (default: every aggregate) of ``pipeline`` for ``keys`` (all)."""
+              stall: float = 60.0, cut_at: int | None = None) -> Result:
+    """Reconcile ``stages`` (default: every aggregate) of ``pipeline`` for ``keys`` (all);
+    ``cut_at``: only the input written up to that time (ms; ``reconcile.cut``)."""
     from onceflow.runtime.wiring import consumer_options, open_store
 
     specs = _selected(settings, pipeline, stages)
     started = time.monotonic()
     options = consumer_options(settings)
     group = settings.kafka.group_id
-    seen = horizon(options, group, pipeline.consumed_topics,
-                   max(10.0, settings.kafka.request_timeout))
+    timeout = max(10.0, settings.kafka.request_timeout)
+    seen = horizon(options, group, pipeline.consumed_topics, timeout)
     result = Result(pipeline.id, group, seen)
     if seen.missing:
         result.problem = f"input topics missing: {', '.join(seen.missing)}"
+        return result
+    result.cut_at, result.until = cut_at, dict(seen.committed)
+    try:
+        if cut_at is not None:
+            result.until = asyncio.run(stopping_offsets(options, seen.committed, cut_at,
+                                                        timeout))
+    except Exception as error:  # the input not readable: nowhere to stop
+        result.problem = f"cannot read the input: {type(error).__name__}: {error}"
+        return result
+    try:
+        order = _order(settings, pipeline, options, result.until, timeout)
+    except Exception as error:  # the log not readable: the worker's order unknown
+        result.problem = f"cannot read the merge log: {type(error).__name__}: {error}"
         return result
     stores: dict[str, StateStore] = {}
     try:
@@ -97,24 +120,36 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
             return {key: home for key, data in found
                     if (home := _home(data)) is not None}
 
-        replay = Replay(pipeline, settings, None if settings.single_worker else homes)
-        total = sum(seen.committed.values())
+        timed = any(lifetimes(settings, spec).states or lifetimes(settings, spec).history
+                    for spec in specs)  # the expiry rules need the records' timestamps
+        replay = Replay(pipeline, settings, None if settings.single_worker else homes, order,
+                        timed)
+        total = sum(result.until.values())
         try:
-            result.read = asyncio.run(_replay(replay, options, seen, result.heads, progress,
-                                              total, stall))
+            result.read = asyncio.run(_replay(replay, options, result.until, result.heads,
+                                              progress, total, stall))
         except Exception as error:  # any failure to read the input: cannot decide
             result.problem = f"cannot read the input: {type(error).__name__}: {error}"
             return result
         result.counters, result.sent = dict(replay.counters), dict(replay.sent)
-        retained = not result.not_retained
+        retained, lost = not result.not_retained, set(result.not_retained)
+        cut = result.until != seen.committed
+        if order is not None:
+            result.unordered = order.gaps + [
+                f"{run.topic}/{run.partition} offsets {run.first}..{run.last} logged, not read"
+                for run in getattr(replay.runner, "unreplayed", ())]
         inputs = set(seen.committed)
         for spec in specs:
             store = stores[spec.store]
             history = store.scan_history(spec.id) if spec.window is not None else iter(())
             tally = result.counts.setdefault(spec.id, Counter())
-            for entry in compare_stage(spec, store.scan(spec.id), history,
-                                       replay.recomputed(spec.id), replay.history(spec.id),
-                                       inputs, set(keys), retained):
+            mine = replay.recomputed(spec.id)
+            closed = {(key, start): ms for (stage, key, start), ms
+                      in replay.closed_after.items() if stage == spec.id}
+            rule = aged(lifetimes(settings, spec), mine, replay.timestamp, closed)
+            for entry in compare_stage(spec, store.scan(spec.id), history, mine,
+                                       replay.history(spec.id), inputs, set(keys), retained,
+                                       not result.unordered, rule, lost, cut):
                 tally[entry.verdict] += 1
                 if entry.verdict != "equal":
                     result.entries.append(entry)
@@ -124,8 +159,22 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
     if not retained:
         heads = ", ".join(f"{t}/{p} from {result.heads[(t, p)]}" for t, p in result.not_retained)
         result.problem = f"input no longer retained from offset 0: {heads}"
+    elif any(e.verdict == "order unknown" for e in result.entries):
+        result.problem = ("the merge log does not give the order the worker applied: "
+                          + "; ".join(result.unordered[:5]))
     result.seconds = time.monotonic() - started
     return result
+
+
+def _order(settings: Settings, pipeline: Pipeline, options: dict[str, Any],
+           until: dict[tuple[str, int], int], timeout: float) -> Order | None:
+    """The worker's merge log below where the replay stops (None: it keeps none)."""
+    shape = ordered_inputs(pipeline, settings.single_worker, until)
+    if shape is None:
+        return None
+    topics, across = shape
+    logged = asyncio.run(read_merge_log(options, pipeline.id, timeout))
+    return logged_order(logged, topics, across, until)
 
 
 def _home(data: bytes) -> TopicPartition | None:
@@ -135,11 +184,11 @@ def _home(data: bytes) -> TopicPartition | None:
         return None
 
 
-async def _replay(replay: Replay, options: dict[str, Any], seen: Horizon,
+async def _replay(replay: Replay, options: dict[str, Any], until: dict[tuple[str, int], int],
                   heads: dict[tuple[str, int], int], progress: Progress | None, total: int,
                   stall: float) -> int:
     read = 0
-    async for chunk in records_until(options, seen.committed, heads, stall):
+    async for chunk in records_until(options, until, heads, stall):
         replay.feed(chunk)
         replay.persist()  # the changed states move to the replay's store: nothing else grows
         read += len(chunk)

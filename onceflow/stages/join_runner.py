@@ -86,6 +86,12 @@ class JoinRunner:
     def sequences(self) -> Any:
         return self.inner.sequences
 
+    @property
+    def unreplayed(self) -> list[Run]:
+        """Logged runs not applied yet: their records have not all arrived (a reader that
+        stopped short of them, ``onceflow reconcile``'s, sees what was left out)."""
+        return [run for group in self._groups.values() for run in group.pending]
+
     def process(self, records: Iterable[ConsumedRecord]) -> BatchOutcome:
         """Apply a batch: other topics' records as the runner does; the joins' inputs in
         merge order, each co-partition as far as its logged runs' records have arrived."""

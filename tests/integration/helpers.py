@@ -209,7 +209,8 @@ def run_reconcile(settings: Mapping[str, str], env: Mapping[str, str], out: Path
     argv = [sys.executable, "-m", "onceflow", "reconcile", "-c",
             str(harness.packaged_config("demo.conf")), "--report", str(out), *extra]
     for key, value in settings.items():
-        argv += ["--set", f"{key}={value}" if value.isdigit() else f'{key}="{value}"']
+        bare = value.isdigit() or value in ("true", "false")
+        argv += ["--set", f"{key}={value}" if bare else f'{key}="{value}"']
     done = subprocess.run(argv, env={**env, "COLUMNS": "200"}, capture_output=True, text=True,
                           timeout=300)
     report = out / "reconcile.json"

@@ -7,12 +7,18 @@ re-sent reports and the events. ``--keys`` narrows it to the keys named. Then th
 group's committed offsets are set back (as a reset of the group would): the
 stored states now hold records past them, which reconcile cannot judge from its
 replay: every such robot is ``ahead`` and it exits 2, never 1.
+
+States gone by ``expire-after`` and history rows gone by ``history.retention`` (Redis
+drops them, 6 s after their last write) are ``expired``, with their rule, and it exits
+0; before that rule they were ``missing`` (exit 1).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -32,6 +38,8 @@ from onceflow.devtools.harness import (
 )
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
+from onceflow.stores.redis_store import RedisStore
+from onceflow.testing import partition_for
 
 STAGE = "per_robot"
 
@@ -99,3 +107,62 @@ def test_reconcile_through_each_store_and_states_past_the_commits(
     assert set(verdicts) <= {"equal", "ahead"} and verdicts["ahead"] > 0, context
     assert found["records_read"] == sum(back.values()), context
     assert "cannot decide" in done.stdout, context
+
+
+def test_states_and_history_rows_gone_by_their_expiry_are_expired_not_missing(
+        kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+        unique_name: Callable[..., str]) -> None:
+    """``ordered_windows_pipeline``: per key an event of minute 0 and one of minute 2 (a
+    minute 0 window closes: a history row, or its event came late; minute 2 stays open:
+    the windowed state is kept), then a plain count per key (its state expires)."""
+    source, seen, group = unique_name("ev"), unique_name("seen"), unique_name("g")
+    prefix, pipeline_id = unique_name("p"), unique_name("o")
+    for topic in (source, seen):
+        asyncio.run(create_topic(kafka_service.address, topic, 2))
+    keys = [f"k{n}" for n in range(6)]
+    messages = [(f"{key}".encode(), json.dumps({"k": key, "ts": minute * 60_000}).encode())
+                for key in keys for minute in (0, 2)]
+    ends = asyncio.run(produce(kafka_service.address, source, messages))
+    assert set(ends) == {0, 1}  # both partitions fed
+    assert all(partition_for(k.encode(), 2) in ends for k in keys)
+    url = f"redis://{redis_service.address}/0"
+    settings = {"onceflow.pipeline": "ordered_windows_pipeline:pipeline",
+                "onceflow.kafka.bootstrap-servers": kafka_service.address,
+                "onceflow.kafka.group-id": group,
+                "onceflow.stores.redis.url": url, "onceflow.stores.redis.key-prefix": prefix,
+                "onceflow.windows.idle-timeout": "1s",
+                "onceflow.state.expire-after": "6s", "onceflow.state.history.retention": "6s",
+                "onceflow.commit.interval": "300ms", "onceflow.persistence.interval": "300ms"}
+    here = str(Path(__file__).parent)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "ONCEFLOW_SWO_ID": pipeline_id,
+           "ONCEFLOW_SWO_INPUT": source, "ONCEFLOW_SWO_SEEN": seen}
+    worker = WorkerProcess(worker_command(packaged_config("demo.conf"), settings), env,
+                           tmp_path)
+    worker.start()
+
+    async def caught_up() -> bool:
+        async with CommittedOffsets(kafka_service.address, group) as committed:
+            return await committed.wait_for(source, ends, 60, worker)
+
+    assert asyncio.run(caught_up()), worker.log_tail()
+    store = RedisStore(url, prefix, pipeline_id)
+    try:
+        closed = len(list(store.scan_history("per_minute")))  # minute 0 windows closed
+        assert len(list(store.scan("counted"))) == len(keys) and closed, worker.log_tail()
+        assert worker.terminate(timeout=20) == 0, worker.log_tail()
+        deadline = time.monotonic() + 30
+        while list(store.scan("counted")) or list(store.scan_history("per_minute")):
+            assert time.monotonic() < deadline, "Redis kept the rows past their expiry"
+            time.sleep(0.5)  # Redis expires keys on its clock: nothing to await
+        assert len(list(store.scan("per_minute"))) == len(keys)  # an open window: kept
+    finally:
+        store.close()
+
+    done, found = run_reconcile(settings, env, tmp_path / "expired")
+    context = f"{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, context
+    assert found["stages"] == {"counted": {"expired": len(keys)},
+                               "per_minute": {"equal": len(keys), "expired": closed}}, context
+    rules = {e["rule"].split(" s")[0] for e in found["entries"]}
+    assert rules == {"expire-after 6", "history-retention 6"}, context

@@ -135,3 +135,51 @@ def test_the_replay_keeps_no_record_and_follows_the_stored_key_homes(tmp_path: P
     assert stored.recomputed("n")["k"].value == 2  # the stored home: partition 1
     assert stored.counters["dead_letters"] == 1
     assert stored.sent == {settings.kafka.dead_letter_topic: 1}
+
+
+def test_a_window_the_store_closed_past_a_cut_is_ahead_not_drift() -> None:
+    """``--from-offsets committed-at:TS``: a key untouched since TS whose window other keys'
+    later records closed: its state is equal less that window, the history row ahead."""
+    mine = rows(folded(WINDOWED, [{"k": "a", "t": 100}]), "m")
+    assert mine["a"].value["open"] == {"0": 1}
+    closed = AggregateState({**mine["a"].value, "open": {}}, mine["a"].watermarks)
+    stored = {"a": encode_state(closed)}
+    history = [("a", 0, b"1")]
+    spec = WINDOWED.aggregates[0]
+    cut = verdicts(list(compare_stage(spec, stored.items(), history, mine, (), {("in", 0)},
+                                      cut=True)))
+    assert cut == {("a", None): "equal", ("a", 0): "ahead"}
+    whole = verdicts(list(compare_stage(spec, stored.items(), history, mine, (), {("in", 0)})))
+    assert whole == {("a", None): "drifted", ("a", 0): "unexpected"}
+
+
+def test_a_key_fed_from_a_partition_whose_head_is_gone_is_never_equal() -> None:
+    run = TestRun(COUNTS)
+    run.feed([Record({"k": "a"}, key="a", partition=0), Record({"k": "b"}, key="b",
+                                                                partition=1)])
+    run.commit()
+    mine = rows(run, "n")
+    stored = {key: encode_state(state) for key, state in mine.items()}
+    found = compare_stage(COUNTS.aggregates[0], stored.items(), (), mine, (),
+                          {("in", 0), ("in", 1)}, retained=False, lost={("in", 1)})
+    assert verdicts(list(found)) == {("a", None): "equal", ("b", None): "not retained"}
+
+
+def test_a_drifted_state_names_the_records_it_lacks_as_the_watermarks_tell() -> None:
+    run = TestRun(COUNTS)
+    run.feed([Record({"k": "a"}, key="a", partition=0), Record({"k": "b"}, key="b"),
+              Record({"k": "a"}, key="a"), Record({"k": "a"}, key="a"),
+              Record({"k": "a"}, key="a", partition=1), Record({"k": "c"}, key="c")])
+    run.commit()
+    mine = rows(run, "n")
+    assert mine["a"].watermarks == {("in", 0): (3,), ("in", 1): (0,)}
+    stored = {"a": encode_state(AggregateState(1, {("in", 0): (0,)})),  # lost 2, 3 and in/1
+              "b": encode_state(AggregateState(2, mine["b"].watermarks)),  # same records
+              "c": encode_state(mine["c"])}
+    found = {e.key: e for e in compare_stage(COUNTS.aggregates[0], stored.items(), (), mine,
+                                             (), {("in", 0), ("in", 1)})}
+    assert found["a"].verdict == "drifted"
+    assert found["a"].records == ("in/0@3, and any of 1..2",
+                                  "in/1@0, and any before it: the store folded none of them")
+    assert found["b"].records == ("the same records by the watermarks: folded to another value",)
+    assert found["c"].verdict == "equal" and found["c"].records == ()
