@@ -11,6 +11,9 @@ append that lands after its successor took the partition carries an older epoch 
 the successor's: the reader drops every record whose epoch is below one it read before,
 and every one of a lower epoch at or past the mark a successor writes right after it
 read the log (``decode_all``).
+``onceflow forget --topic T`` appends ``{"e": epoch, "r": [], "f": T}`` to every partition
+(``encode_forget``): T was re-created, its offsets start over, and its runs logged before
+it order nothing (a replay would wait for records below T's new positions for ever).
 The whole partition is read at each assignment (its cost grows with the log: give the
 topic a retention; runs below the committed offsets are never needed again).
 """
@@ -50,12 +53,19 @@ def encode(epoch: int, runs: list[Run], after: int | None = None) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+def encode_forget(epoch: int, topic: str) -> bytes:
+    """``onceflow forget --topic``'s record: ``topic``'s runs logged before it are dropped.
+    ``epoch``: at least every epoch taken so far (not skipped as a zombie's)."""
+    return json.dumps({"e": epoch, "r": [], "f": topic}, separators=(",", ":")).encode()
+
+
 def decode_all(records: list[tuple[int, bytes]]) -> list[Run]:
     """The runs of a partition's (offset, value) records in order, without a zombie's late
     appends: a record of an epoch below one before it, or at or past a reader's mark of a
     higher epoch (written by the successor right after it read the log, so an append
-    that landed between its read and its mark is dropped too). A record that is no
-    append is skipped with a warning."""
+    that landed between its read and its mark is dropped too), and without the runs of
+    a forgotten topic logged before its forget record. A record that is no append is
+    skipped with a warning."""
     kept: list[tuple[int, int, list[Run]]] = []  # (offset, epoch, runs)
     highest = 0
     for offset, value in records:
@@ -65,6 +75,7 @@ def decode_all(records: list[tuple[int, bytes]]) -> list[Run]:
             found = [Run(str(t), int(a), int(b), int(p[0]) if p else None)
                      for t, a, b, *p in doc["r"]]
             after = doc.get("a")
+            forgotten = doc.get("f")
         except (ValueError, TypeError, KeyError) as error:
             log.warning("merge log: a record that is no append skipped: %r", error)
             continue
@@ -73,6 +84,9 @@ def decode_all(records: list[tuple[int, bytes]]) -> list[Run]:
         highest = epoch
         if after is not None:
             kept = [k for k in kept if k[0] < int(after) or k[1] >= epoch]
+        if forgotten is not None:
+            kept = [(at, e, [run for run in runs if run.topic != forgotten])
+                    for at, e, runs in kept]
         kept.append((offset, epoch, found))
     return [run for *_, runs in kept for run in runs]
 

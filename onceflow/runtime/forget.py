@@ -11,7 +11,11 @@ the old log left behind, and nothing else:
 - in the windows' partition watermarks, ``T``'s roots (a partition watermark
   left with no root starts over);
 - the producer-dedup table of each partition of ``T`` (its duplicate count stays);
-- the log mark of each partition of ``T``.
+- the log mark of each partition of ``T``;
+- in a join's table fed by ``T``, each row (its versions are the old log's offsets: the
+  row is empty until the new topic's records fill it), and ``T``'s runs in the merge
+  log (a forget record appended to each of its partitions: ``kafka.merge_log_topic``),
+  which a replay would otherwise wait on below ``T``'s new offsets for ever.
 
 Run it with every worker of the pipeline stopped: a worker still running
 could write its old view back. The writes take a new epoch for ``T``'s
@@ -37,7 +41,7 @@ from onceflow.stages.declarations import LOGS_STAGE
 from onceflow.stages.lineage import Route
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
-from onceflow.stages.state import decode_state, encode_state
+from onceflow.stages.state import AggregateState, decode_state, encode_state
 from onceflow.stages.state_table import has_open_window
 from onceflow.stages.watermark import WINDOWS_STAGE
 from onceflow.stores.base import StateRows, StateStore
@@ -54,6 +58,8 @@ class Forgotten:
     rows: dict[tuple[str, str], dict[str, bytes]] = field(default_factory=dict)
     watermarks: int = 0
     partitions: set[int] = field(default_factory=set)
+    merge_log_partitions: int = 0  # the merge log's partitions told to drop its runs
+    epoch: int | None = None  # the epoch taken for the writes (None: none taken)
 
     def add(self, store: str, stage: str, key: str, row: bytes) -> None:
         self.rows.setdefault((store, stage), {})[key] = row
@@ -77,13 +83,14 @@ def plan(stores: Mapping[str, StateRows], pipeline: Pipeline, topic: str) -> For
     for spec in pipeline.aggregates:
         for key, data in stores[spec.store].scan(spec.id):
             state = decode_state(data)
-            gone = [route for route in state.watermarks if root_topic(route) == topic]
-            if gone:
-                for route in gone:
-                    out.partitions.add(root_partition(route))
-                    del state.watermarks[route]
-                out.watermarks += len(gone)
+            if _drop_routes(state, topic, out):
                 out.add(spec.store, spec.id, key, encode_state(state))
+    for join, _ in pipeline.joins:  # a table's rows: their versions came from its old log
+        for key, data in stores[join.table.store].scan(join.id):
+            state = decode_state(data)
+            if _drop_routes(state, topic, out):
+                state.value = []
+                out.add(join.table.store, join.id, key, encode_state(state))
     for name in dict.fromkeys(spec.store for spec in pipeline.aggregates):
         for key, data in stores[name].scan(WINDOWS_STAGE):
             if "|wm|" in key:
@@ -106,6 +113,16 @@ def plan(stores: Mapping[str, StateRows], pipeline: Pipeline, topic: str) -> For
                 out.partitions.add(int(partition))
                 out.add(first, LOGS_STAGE, key, NO_MARK)
     return out
+
+
+def _drop_routes(state: AggregateState, topic: str, out: Forgotten) -> bool:
+    """Drop the watermarks of ``state`` whose root is ``topic``; whether there were any."""
+    gone = [route for route in state.watermarks if root_topic(route) == topic]
+    for route in gone:
+        out.partitions.add(root_partition(route))
+        del state.watermarks[route]
+    out.watermarks += len(gone)
+    return bool(gone)
 
 
 def _windows_row(data: bytes, topic: str, out: Forgotten) -> bytes | None:
@@ -138,7 +155,7 @@ def forget_topic(stores: Mapping[str, StateStore], pipeline: Pipeline,
     guard = None
     if source is not None:
         taken = source.take_epochs(sorted((topic, p) for p in out.partitions))
-        guard = taken.guard
+        guard, out.epoch = taken.guard, taken.epoch
         log.warning("forget %s: took epoch %d for partitions %s (a worker still holding "
                     "them is fenced)", topic, taken.epoch, sorted(out.partitions))
     specs = {spec.id: spec for spec in pipeline.aggregates}
@@ -162,15 +179,27 @@ def forget_topic(stores: Mapping[str, StateStore], pipeline: Pipeline,
 
 
 def forget(settings: Settings, pipeline: Pipeline, topic: str) -> Forgotten:
-    """``forget_topic`` on the configured stores."""
+    """``forget_topic`` on the configured stores, then the topic's runs in the merge log
+    (its forget record carries an epoch just taken: above every append before it)."""
+    from onceflow.runtime.join_setup import forget_merge_log
     from onceflow.runtime.wiring import open_stores
 
     stores = open_stores(settings, pipeline)
     try:
-        return forget_topic(stores, pipeline, topic, settings.state.expire_after)
+        done = forget_topic(stores, pipeline, topic, settings.state.expire_after)
+        source = epoch_source(stores.values())
+        epoch = done.epoch
+        if epoch is None:  # nothing written: an epoch above every append all the same
+            epoch = 0 if source is None else source.take_epochs([(topic, 0)]).epoch
     finally:
         for store in stores.values():
             store.close()
+    done.merge_log_partitions = forget_merge_log(settings, pipeline, topic, epoch)
+    if done.merge_log_partitions:
+        log.warning("forget %s: pipeline %r, its runs dropped from the merge log (%d "
+                    "partitions, epoch %d)", topic, pipeline.id, done.merge_log_partitions,
+                    epoch)
+    return done
 
 
 def cli(argv: list[str]) -> int:
@@ -178,7 +207,8 @@ def cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="onceflow forget",
         description="Drop what a deleted topic's old log left in the pipeline's stores "
-                    "(watermarks, producer-dedup tables, log marks), so the events of a "
+                    "(watermarks, producer-dedup tables, log marks, a join table's rows) "
+                    "and merge log, so the events of a "
                     "topic re-created under its name are counted. Stop every worker of "
                     "the pipeline first.")
     parser.add_argument("-c", "--config", required=True, help="application HOCON file")
@@ -201,6 +231,7 @@ def cli(argv: list[str]) -> int:
     done = forget(settings, pipeline, args.topic)
     print(json.dumps({"topic": args.topic, "watermarks": done.watermarks,
                       "partitions": sorted(done.partitions),
+                      "merge_log_partitions": done.merge_log_partitions,
                       "rows": {f"{store}/{stage}": len(rows)
                                for (store, stage), rows in sorted(done.rows.items())}}))
     return 0

@@ -17,13 +17,14 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import KafkaError
 
 from onceflow import faults
 from onceflow.actors.loop import EventLoopThread
-from onceflow.kafka.merge_log_topic import KafkaMergeLog, merge_log_topic
+from onceflow.kafka.merge_log_topic import KafkaMergeLog, encode_forget, merge_log_topic
 from onceflow.kafka.tail_reader import tail_options
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.runtime.kafka_security import PLAINTEXT, KafkaSecurity, client_kwargs
@@ -144,6 +145,32 @@ def open_merge_log(settings: Settings, pipeline: Pipeline, io: EventLoopThread,
 
     return KafkaMergeLog(io, topic, producer_options(settings),
                          tail_options(consumer_options(settings)), check, timeout)
+
+
+def forget_merge_log(settings: Settings, pipeline: Pipeline, topic: str, epoch: int) -> int:
+    """``onceflow forget --topic``: append the forget record of ``topic`` to every partition
+    of the pipeline's merge log (acks=all), so no reader replays its old runs; answers how
+    many partitions (0: the pipeline keeps no merge log, or it was never created)."""
+    if not needs_merge_log(pipeline, settings.single_worker, None):
+        return 0
+    k = settings.kafka
+    log_topic = merge_log_topic(pipeline.id)
+
+    async def append() -> int:
+        partitions = (await _counts(k.bootstrap_servers, k.security)).get(log_topic, 0)
+        if not partitions:
+            return 0
+        producer = AIOKafkaProducer(**{**producer_options(settings), "acks": "all"})
+        await producer.start()
+        try:
+            sent = [await producer.send(log_topic, encode_forget(epoch, topic), partition=p)
+                    for p in range(partitions)]
+            await asyncio.gather(*sent)
+        finally:
+            await producer.stop()
+        return partitions
+
+    return asyncio.run(asyncio.wait_for(append(), max(TIMEOUT, k.request_timeout) * 3))
 
 
 async def _counts(bootstrap_servers: str, security: KafkaSecurity) -> dict[str, int]:

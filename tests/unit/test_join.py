@@ -221,6 +221,20 @@ def test_an_append_of_a_zombie_after_its_successors_is_dropped_when_read() -> No
         Run("payments", 0, 9), Run("merchants", 0, 4), Run("merchants", 5, 6)]
 
 
+def test_a_forgotten_topics_runs_before_its_forget_record_order_nothing() -> None:
+    """``onceflow forget --topic merchants`` (the topic re-created, offsets from 0): its old
+    runs would make a replay wait below its new positions; the stream's runs stay, and
+    the new topic's runs after the record count."""
+    from onceflow.kafka.merge_log_topic import decode_all, encode, encode_forget
+
+    values = [encode(3, [Run("merchants", 0, 4), Run("payments", 0, 9)]),
+              encode(3, [Run("merchants", 5, 8, 1)]), encode_forget(9, "merchants"),
+              encode(3, [Run("merchants", 9, 9)]),  # a zombie's, below the forget's epoch
+              encode(10, [Run("merchants", 0, 2), Run("payments", 10, 11)])]
+    assert decode_all(list(enumerate(values))) == [
+        Run("payments", 0, 9), Run("merchants", 0, 2), Run("payments", 10, 11)]
+
+
 def test_the_start_refuses_topics_of_other_counts_and_a_split_assignment() -> None:
     from onceflow.runtime.join_setup import mismatches
     from onceflow.stages.join_runner import JoinRunner, NotCoAssigned
