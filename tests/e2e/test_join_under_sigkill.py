@@ -2,11 +2,12 @@
 category, while two workers are SIGKILLed at random 10 times and the table is updated
 throughout: every total is what the payments' first processing met, exactly once.
 
-The truth is what each payment's first processing met: the enriched topic holds every
-emission of each payment (first run and replays re-send them), and they must all
-carry the same category (the merge log makes a replay meet the row its first run met);
-each category's total must be the sum of the payments emitted under it, and the totals
-over all categories the input's.
+The truth is what each payment's first processing met, read two ways. From the merge
+log: its runs, applied in their logged order to the payments and merchants topics as
+they are in Kafka, give each payment the row it met first. From the outputs: the
+enriched topic holds every emission of each payment (first run and replays re-send
+them), and they must all carry that same category. Each category's total must be the
+sum of the payments under it, and the totals over all categories the input's.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import os
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from helpers import create_topic, stored_states
 from recovery import kill_in_turn
 
 from onceflow.devtools import harness
 from onceflow.devtools.services import ServiceInfo
+from onceflow.kafka.merge_log_topic import decode_all, merge_log_topic
 from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stores.redis_store import RedisStore
 
@@ -93,10 +96,14 @@ def test_payments_joined_with_changing_merchants_under_10_sigkills(
         assert len(emitted) == len(payments)
         split = {i: cats for i, cats in emitted.items() if len(cats) > 1}
         assert split == {}, f"payments that met two versions of their row: {split}"
+        logged = asyncio.run(categories_by_the_log(bootstrap, pipeline_id, pay, merch))
+        assert len(logged) == len(payments)
+        differ = {i: (cat, emitted[i]) for i, cat in logged.items() if {cat} != emitted[i]}
+        assert differ == {}, f"emitted under another row than the logged order gives: {differ}"
         truth: dict[str, dict[str, int]] = {}
         for _, value in payments:
             payment = json.loads(value)
-            (category,) = emitted[payment["id"]]
+            category = logged[payment["id"]]
             total = truth.setdefault(category, {"n": 0, "amount": 0})
             total["n"] += 1
             total["amount"] += payment["amount"]
@@ -110,3 +117,33 @@ def test_payments_joined_with_changing_merchants_under_10_sigkills(
         for worker in workers:
             if worker.exited() is None:
                 worker.kill()
+
+
+async def categories_by_the_log(bootstrap: str, pipeline_id: str, payments: str,
+                                merchants: str) -> dict[int, str]:
+    """Each payment's category as the merge log orders it: per partition, the logged runs
+    applied in order, a merchants run setting rows, a payments run reading them (the first
+    run that covers an offset is the one its first processing applied)."""
+    by_offset: dict[tuple[str, int], dict[int, tuple[str, Any]]] = {}
+    for topic in (payments, merchants):
+        for record in await harness.read_all(bootstrap, topic, PARTITIONS, quiet=1.0):
+            by_offset.setdefault((topic, record.partition), {})[record.offset] = (
+                (record.key or b"").decode(), json.loads(record.value or b""))
+    log: dict[int, list[tuple[int, bytes]]] = {}
+    for record in await harness.read_all(bootstrap, merge_log_topic(pipeline_id), PARTITIONS,
+                                         quiet=1.0):
+        log.setdefault(record.partition, []).append((record.offset, record.value or b""))
+    found: dict[int, str] = {}
+    for partition, records in log.items():
+        rows: dict[str, str] = {}
+        applied: dict[str, int] = {}  # topic -> the next offset not applied yet
+        for run in decode_all(sorted(records)):
+            values = by_offset.get((run.topic, partition), {})
+            for offset in range(max(run.first, applied.get(run.topic, 0)), run.last + 1):
+                key, value = values[offset]
+                if run.topic == merchants:  # the table's row: its Kafka key, the latest value
+                    rows[key] = str(value["cat"])
+                else:
+                    found[value["id"]] = str(rows.get(value["merchant"]))
+            applied[run.topic] = max(applied.get(run.topic, 0), run.last + 1)
+    return found
