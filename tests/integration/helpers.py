@@ -25,6 +25,7 @@ from onceflow.devtools.demo import redis_settings
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stages.state import decode_state
 from onceflow.stores.base import StateStore
+from onceflow.testing import partition_for
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,22 @@ def expected_counts(*truths: Mapping[str, Counter[str]]) -> dict[str, dict[str, 
         for robot, counts in truth.items():
             total[robot] = total.get(robot, Counter()) + counts
     return {robot: {"ok": c["ok"], "failed": c["failed"]} for robot, c in total.items()}
+
+
+def key_on(partition: int, partitions: int) -> bytes:
+    """A record key that the default partitioner puts on ``partition`` of ``partitions``."""
+    return next(key for n in range(1000)
+                if partition_for(key := f"r{n}".encode(), partitions) == partition)
+
+
+def pair_events(partitions: int, minute: int, side: int) -> list[tuple[bytes | None, bytes]]:
+    """For each ordered pair (i, j) of partitions, key ``k<i><j>``'s event of ``minute``
+    on partition i (``side`` 0) or j (1): one key fed from two partitions (the tests of a
+    single worker's merge log, ordered_windows_pipeline.py)."""
+    pairs = [(i, j) for i in range(partitions) for j in range(partitions) if i != j]
+    return [(key_on(pair[side], partitions), json.dumps(
+        {"k": f"k{pair[0]}{pair[1]}", "ts": minute * 60_000 + 5_000}).encode())
+        for pair in pairs]
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:

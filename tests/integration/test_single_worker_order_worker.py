@@ -24,29 +24,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import pair_events
 
 from onceflow.devtools import harness
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
-from onceflow.testing import partition_for
 
 PARTITIONS = 3
 HERE = str(Path(__file__).parent)
 PAIRS = [(i, j) for i in range(PARTITIONS) for j in range(PARTITIONS) if i != j]
 
 
-def kafka_key(partition: int) -> bytes:
-    """A record key that the default partitioner puts on ``partition``."""
-    return next(key for n in range(1000)
-                if partition_for(key := f"r{n}".encode(), PARTITIONS) == partition)
-
-
 def events(minute: int, side: int) -> list[tuple[bytes | None, bytes]]:
-    """Each pair's event of ``minute`` on its partition ``side`` (0: i, 1: j)."""
-    return [(kafka_key(pair[side]), json.dumps({"k": f"k{pair[0]}{pair[1]}",
-                                                "ts": minute * 60_000 + 5_000}).encode())
-            for pair in PAIRS]
+    return pair_events(PARTITIONS, minute, side)
 
 
 class Setup:
