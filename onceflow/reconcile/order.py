@@ -22,16 +22,15 @@ writes a mark, this one does not).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer
 
-from onceflow.kafka.merge_log_topic import decode_all, merge_log_topic
+from onceflow.kafka.merge_log_topic import decode_all, merge_log_topic, read_to_end
 from onceflow.kafka.tail_reader import tail_options
-from onceflow.stages.merge_log import Run, needs_merge_log
+from onceflow.stages.merge_log import Run, needs_merge_log, ordered_topics
 from onceflow.stages.pipeline import Pipeline
 
 __all__ = ["Order", "logged_order", "ordered_inputs", "read_merge_log"]
@@ -55,10 +54,7 @@ def ordered_inputs(pipeline: Pipeline, single_worker: bool,
     sources = sum(1 for topic, _ in committed if topic in pipeline.topics)
     if not needs_merge_log(pipeline, single_worker, sources):
         return None
-    topics = {*(t for _, ts in pipeline.joins for t in ts),
-              *(j.table.topic for j, _ in pipeline.joins),
-              *(pipeline.topics if single_worker else ())}
-    return topics, single_worker
+    return ordered_topics(pipeline, single_worker), single_worker
 
 
 def logged_order(logged: Mapping[int, list[Run]], topics: set[str], across: bool,
@@ -96,29 +92,14 @@ async def read_merge_log(consumer_options: Mapping[str, Any], pipeline_id: str,
                          timeout: float) -> dict[int, list[Run]]:
     """Every run of the pipeline's merge log, per partition (empty: no log topic)."""
     topic = merge_log_topic(pipeline_id)
-    consumer = AIOKafkaConsumer(**tail_options(consumer_options))
+    options = tail_options(consumer_options)
+    consumer = AIOKafkaConsumer(**options)
     await consumer.start()
     try:
         if topic not in await consumer.topics():
             return {}
-        tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic)
-                                                         or ())]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        records: dict[int, list[tuple[int, bytes]]] = {tp.partition: [] for tp in tps}
-        todo = set(tps)
-        deadline = asyncio.get_running_loop().time() + timeout
-        while todo:
-            fetched = await consumer.getmany(*todo, timeout_ms=300)
-            for tp, messages in fetched.items():
-                records[tp.partition] += [(m.offset, m.value) for m in messages
-                                          if m.value is not None]
-            for tp in list(todo):
-                high = consumer.highwater(tp)
-                if high is not None and await consumer.position(tp) >= high:
-                    todo.discard(tp)
-            if todo and asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"merge log {topic}: not read to its end in {timeout:.0f} s")
-        return {p: decode_all(found) for p, found in records.items()}
+        partitions = sorted(consumer.partitions_for_topic(topic) or ())
     finally:
         await consumer.stop()
+    read = await read_to_end(options, topic, partitions, timeout)
+    return {p: decode_all(records) for p, (records, _) in read.items()}

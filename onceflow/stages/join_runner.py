@@ -25,7 +25,7 @@ from onceflow import faults
 from onceflow.shared_types import ConsumedRecord, TopicPartition
 from onceflow.stages.join_step import Join
 from onceflow.stages.join_table import JoinTable, Loader
-from onceflow.stages.merge_log import CoPartition, MergeLog, Run
+from onceflow.stages.merge_log import CoPartition, MergeLog, Run, ordered_topics
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.republish import WrittenOutputs
@@ -61,7 +61,7 @@ class JoinRunner:
         self._tables = {t.join.table.topic: t for t in self.joins.values()}
         self._streams = {topic for _, topics in pipeline.joins for topic in topics}
         self.across = across
-        self._ordered = {*self._streams, *self._tables, *(pipeline.topics if across else ())}
+        self._ordered = ordered_topics(pipeline, across)
         self._log = merge_log
         self._positions = dict(positions or {})
         for tp, offset in self._positions.items():

@@ -42,6 +42,14 @@ def needs_merge_log(pipeline: Pipeline, single_worker: bool, source_partitions: 
     return bool(pipeline.joins) or (single_worker and bool(pipeline.aggregates) and several)
 
 
+def ordered_topics(pipeline: Pipeline, across: bool) -> set[str]:
+    """The topics whose records the log orders: every join's stream and table topics,
+    and with ``across`` (a single worker's one order) the pipeline's source topics."""
+    return {*(topic for _, topics in pipeline.joins for topic in topics),
+            *(join.table.topic for join, _ in pipeline.joins),
+            *(pipeline.topics if across else ())}
+
+
 class Run(NamedTuple):
     """Records ``first..last`` (offsets, both included) of ``topic``, one input of the
     co-partition, applied together. ``partition``: the input's partition in a log that
