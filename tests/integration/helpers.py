@@ -77,6 +77,17 @@ def pair_events(partitions: int, minute: int, side: int) -> list[tuple[bytes | N
         for pair in pairs]
 
 
+def caught_up(bootstrap: str, group: str, topic: str, ends: Mapping[int, int],
+              timeout: float, worker: harness.WorkerProcess) -> bool:
+    """Whether ``group`` committed ``ends`` of ``topic`` within ``timeout`` (False at once
+    if ``worker`` exits)."""
+    async def wait() -> bool:
+        async with harness.CommittedOffsets(bootstrap, group) as committed:
+            return await committed.wait_for(topic, ends, timeout, worker)
+
+    return asyncio.run(wait())
+
+
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
     asyncio.run(harness.create_topic(bootstrap, topic, partitions))
 

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from helpers import run_reconcile
+from helpers import caught_up, run_reconcile
 
 from onceflow.devtools import harness
 from onceflow.devtools.services import ServiceInfo
@@ -57,11 +57,8 @@ def test_reconcile_up_to_the_input_written_by_a_time(
         harness.worker_command(harness.packaged_config("demo.conf"), settings), env, tmp_path)
     worker.start()
 
-    async def caught_up() -> bool:
-        async with harness.CommittedOffsets(kafka_service.address, group) as committed:
-            return await committed.wait_for(source, ends, 60, worker)
-
-    assert asyncio.run(caught_up()), worker.log_tail()
+    assert caught_up(kafka_service.address, group, source, ends, 60, worker), \
+        worker.log_tail()
     assert worker.terminate(timeout=20) == 0, worker.log_tail()
 
     done, found = run_reconcile(settings, env, tmp_path / "all")

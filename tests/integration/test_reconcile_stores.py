@@ -25,11 +25,10 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
-from helpers import run_reconcile
+from helpers import caught_up, run_reconcile
 
 from onceflow.devtools.chaos import store_settings
 from onceflow.devtools.harness import (
-    CommittedOffsets,
     WorkerProcess,
     create_topic,
     packaged_config,
@@ -77,11 +76,8 @@ def test_reconcile_through_each_store_and_states_past_the_commits(
                            tmp_path)
     worker.start()
 
-    async def caught_up() -> bool:
-        async with CommittedOffsets(kafka_service.address, group) as committed:
-            return await committed.wait_for(topic, ends, 120, worker)
-
-    assert asyncio.run(caught_up()), worker.log_tail()
+    assert caught_up(kafka_service.address, group, topic, ends, 120, worker), \
+        worker.log_tail()
     assert worker.terminate(timeout=20) == 0, worker.log_tail()
 
     done, found = run_reconcile(settings, env, tmp_path / "all")
@@ -141,11 +137,8 @@ def test_states_and_history_rows_gone_by_their_expiry_are_expired_not_missing(
                            tmp_path)
     worker.start()
 
-    async def caught_up() -> bool:
-        async with CommittedOffsets(kafka_service.address, group) as committed:
-            return await committed.wait_for(source, ends, 60, worker)
-
-    assert asyncio.run(caught_up()), worker.log_tail()
+    assert caught_up(kafka_service.address, group, source, ends, 60, worker), \
+        worker.log_tail()
     store = RedisStore(url, prefix, pipeline_id)
     try:
         closed = len(list(store.scan_history("per_minute")))  # minute 0 windows closed
