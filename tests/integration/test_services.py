@@ -127,3 +127,36 @@ def test_freeze_thaw_then_stop_frozen(tmp_path: Path, unique_name: Callable[...,
         client.close()
         services.stop(info)  # a frozen service still stops
     assert not services.is_up(info)
+
+
+def test_a_cassandra_that_hangs_during_start_up_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A JVM that stops writing its log before it is ready is killed and started once more.
+
+    The hang is real: the first process is SIGSTOPped right after it spawns.
+    """
+    spawned: list[ServiceInfo] = []
+    spawn = services._spawn
+
+    def spawn_first_one_frozen(*args: object) -> ServiceInfo:
+        info = spawn(*args)  # type: ignore[arg-type]
+        if not spawned:
+            services.freeze(info)
+        spawned.append(info)
+        return info
+
+    monkeypatch.setattr(services, "_spawn", spawn_first_one_frozen)
+    monkeypatch.setattr(services, "_CASSANDRA_STALL", 3.0)
+    info = services.start_cassandra(tmp_path / "cassandra")
+    try:
+        assert len(spawned) == 2 and not services.is_up(spawned[0])
+        assert info.pid == spawned[1].pid
+        cluster = Cluster([info.host], port=info.port, protocol_version=3)
+        try:
+            assert cluster.connect().execute("SELECT release_version FROM system.local").one()
+        finally:
+            cluster.shutdown()
+        assert "hung during start-up" in caplog.text
+    finally:
+        services.stop(info)
