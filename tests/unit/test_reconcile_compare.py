@@ -2,8 +2,8 @@
 
 What the e2e test cannot stage with a real broker: a stored state ahead of the
 replay on a route or on an input partition the replay read nothing from, an
-input whose head is gone (Tansu has no DeleteRecords), and a window a crash left
-both closed and open.
+input whose head is gone (every verdict of it; test_reconcile_retention.py deletes a
+head on a real broker), and a window a crash left both closed and open.
 """
 
 from __future__ import annotations
