@@ -40,8 +40,15 @@ from typing import Any, ClassVar
 
 from aiokafka.partitioner import murmur2
 
+from onceflow.stages.declarations import MERGE_LOG_STAGE
 from onceflow.stages.join_runner import JoinRunner
-from onceflow.stages.merge_log import MemoryMergeLog, needs_merge_log
+from onceflow.stages.merge_log import (
+    MemoryMergeLog,
+    Start,
+    decode_start,
+    encode_start,
+    needs_merge_log,
+)
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
@@ -220,6 +227,8 @@ class TestRun:
         self._committed.update(self._processed)
         if isinstance(self.runner, JoinRunner):
             self.runner.committed(self._committed)
+            for number, start in self.runner.take_log_starts().items():
+                self._stored[(MERGE_LOG_STAGE, str(number))] = encode_start(start)
 
     @property
     def producer_duplicates(self) -> int:
@@ -292,13 +301,19 @@ class TestRun:
         # the merge log (in memory, any partition count: several may be fed)
         if needs_merge_log(self.pipeline, self.single_worker, None):
             kind, joins = JoinRunner, {"merge_log": self.merge_log, "positions": self._committed,
-                                       "across": self.single_worker}
+                                       "across": self.single_worker,
+                                       "log_starts": self._load_log_starts}
         runner: PipelineRunner | JoinRunner = kind(
             self.pipeline, self._load, self.dead_letter_topic, self.late_events_topic,
             claim=None if self.single_worker else self._claim,
             load_sequences=self._load_sequences, load_rows=self._load_rows,
             idle_timeout=self.idle_timeout, max_future=self.max_future, **joins)
         return runner
+
+    def _load_log_starts(self, numbers: list[int]) -> dict[int, Start]:
+        found = {n: self._stored.get((MERGE_LOG_STAGE, str(n))) for n in numbers}
+        starts = {n: decode_start(row) for n, row in found.items() if row is not None}
+        return {n: start for n, start in starts.items() if start is not None}
 
     def _load_rows(self, store: str, keys: Iterable[str]) -> dict[str, bytes]:
         found = ((key, self._stored.get((WINDOWS_STAGE, key))) for key in keys)

@@ -34,7 +34,7 @@ from onceflow.actors.messages import (
     Send,
     unexpected,
 )
-from onceflow.actors.snapshot_rows import snapshot_rows
+from onceflow.actors.snapshot_rows import snapshot_rows, stored_log_starts
 from onceflow.checkpoint.coordinator import Checkpoints, Taking
 from onceflow.checkpoint.ledger import LedgerError
 from onceflow.checkpoint.log_marks import LogMark
@@ -109,7 +109,9 @@ class PipelineActor(ReportingActor):
         joins: dict[str, Any] = {}
         assert merge_log is not None or not pipeline.joins
         if merge_log is not None:  # the inputs ordered by the merge log (stages.join_runner)
-            kind, joins = JoinRunner, {"merge_log": merge_log, "across": single_worker}
+            kind, joins = JoinRunner, {"merge_log": merge_log, "across": single_worker,
+                                       "log_starts": lambda numbers: stored_log_starts(
+                                           self._stores, self._runner, numbers)}
         self._runner: PipelineRunner | JoinRunner = kind(
             pipeline, self._load, dead_letter_topic, late_events_topic,
             claim=None if single_worker else self._claim_homes,

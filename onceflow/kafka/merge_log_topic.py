@@ -14,8 +14,9 @@ read the log (``decode_all``).
 ``onceflow forget --topic T`` appends ``{"e": epoch, "r": [], "f": T}`` to every partition
 (``encode_forget``): T was re-created, its offsets start over, and its runs logged before
 it order nothing (a replay would wait for records below T's new positions for ever).
-The whole partition is read at each assignment (its cost grows with the log: give the
-topic a retention; runs below the committed offsets are never needed again).
+A reader starts where the runner's ``LogStarts`` said the last snapshot's committed
+offsets allow (``stages.merge_log.Start``, kept in the store), not at the partition's
+start: what is read at an assignment is bounded by what was not committed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from onceflow.actors.loop import EventLoopThread
-from onceflow.stages.merge_log import Run
+from onceflow.stages.merge_log import Append, Run, Start
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +61,19 @@ def encode_forget(epoch: int, topic: str) -> bytes:
 
 
 def decode_all(records: list[tuple[int, bytes]]) -> list[Run]:
-    """The runs of a partition's (offset, value) records in order, without a zombie's late
-    appends: a record of an epoch below one before it, or at or past a reader's mark of a
-    higher epoch (written by the successor right after it read the log, so an append
-    that landed between its read and its mark is dropped too), and without the runs of
-    a forgotten topic logged before its forget record. A record that is no append is
-    skipped with a warning."""
-    kept: list[tuple[int, int, list[Run]]] = []  # (offset, epoch, runs)
-    highest = 0
+    """The runs of a partition's (offset, value) records in order (``decode_appends``)."""
+    return [run for append in decode_appends(records) for run in append.runs]
+
+
+def decode_appends(records: list[tuple[int, bytes]], highest: int = 0) -> list[Append]:
+    """A partition's (offset, value) records as appends in order, without a zombie's late
+    appends: a record of an epoch below one before it (``highest``: the highest epoch
+    before the first record, where a read starts past the log's start), or at or past a
+    reader's mark of a higher epoch (written by the successor right after it read the
+    log, so an append that landed between its read and its mark is dropped too), and
+    without the runs of a forgotten topic logged before its forget record. A record
+    that is no append is skipped with a warning."""
+    kept: list[Append] = []
     for offset, value in records:
         try:
             doc = json.loads(value)
@@ -83,12 +89,12 @@ def decode_all(records: list[tuple[int, bytes]]) -> list[Run]:
             continue
         highest = epoch
         if after is not None:
-            kept = [k for k in kept if k[0] < int(after) or k[1] >= epoch]
+            kept = [k for k in kept if k.offset < int(after) or k.epoch >= epoch]
         if forgotten is not None:
-            kept = [(at, e, [run for run in runs if run.topic != forgotten])
-                    for at, e, runs in kept]
-        kept.append((offset, epoch, found))
-    return [run for *_, runs in kept for run in runs]
+            kept = [k._replace(runs=[run for run in k.runs if run.topic != forgotten])
+                    for k in kept]
+        kept.append(Append(offset, epoch, found))
+    return kept
 
 
 class KafkaMergeLog:
@@ -102,26 +108,31 @@ class KafkaMergeLog:
         self._producer = io.run(self._open({**producer_options, "acks": "all"}),
                                 timeout=timeout)
 
-    def append(self, runs: Mapping[int, list[Run]]) -> None:
+    def append(self, runs: Mapping[int, list[Run]]) -> dict[int, Append]:
         """Produce one append per co-partition and wait for every acknowledgement (from the
         pipeline thread): one epoch check and one round trip for the batch."""
         epoch = self._check(sorted(runs))
-        self._io.run(self._send(runs, epoch), timeout=self._timeout)
+        offsets = self._io.run(self._send(runs, epoch), timeout=self._timeout)
+        return {p: Append(offsets[p], epoch, list(logged)) for p, logged in runs.items()}
 
-    async def _send(self, runs: Mapping[int, list[Run]], epoch: int) -> None:
+    async def _send(self, runs: Mapping[int, list[Run]], epoch: int) -> dict[int, int]:
         sent = [await self._producer.send(self._topic, encode(epoch, logged), partition=p)
                 for p, logged in runs.items()]
-        await asyncio.gather(*sent)
+        acked = await asyncio.gather(*sent)
+        return {p: meta.offset for p, meta in zip(runs, acked, strict=True)}
 
-    def read(self, partition: int) -> list[Run]:
-        """Every run logged for ``partition`` (from the pipeline thread), then this reader's
-        mark at the end it read (``encode``'s ``after``): a zombie's append landing later
-        no longer counts."""
-        records, end = self._io.run(self._read(partition), timeout=self._timeout * 3)
+    def read(self, partition: int, start: Start | None = None) -> list[Append]:
+        """The appends of ``partition`` from ``start`` on (from the pipeline thread), then
+        this reader's mark at the end it read (``encode``'s ``after``): a zombie's append
+        landing later no longer counts."""
+        records, end = self._io.run(self._read(partition, 0 if start is None else start.offset),
+                                    timeout=self._timeout * 3)
         epoch = self._check([partition])
         self._io.run(self._producer.send_and_wait(self._topic, encode(epoch, [], end),
                                                   partition=partition), timeout=self._timeout)
-        return decode_all(records)
+        log.info("merge log %s[%d] read from offset %d to %d (%d records)", self._topic,
+                 partition, 0 if start is None else start.offset, end, len(records))
+        return decode_appends(records, 0 if start is None else start.epoch)
 
     def close(self) -> None:
         self._io.run(self._producer.stop(), timeout=self._timeout)
@@ -133,18 +144,20 @@ class KafkaMergeLog:
         await producer.start()
         return producer
 
-    async def _read(self, partition: int) -> tuple[list[tuple[int, bytes]], int]:
-        """The partition's records and the high watermark it was read to."""
+    async def _read(self, partition: int, start: int) -> tuple[list[tuple[int, bytes]], int]:
+        """The partition's records from ``start`` and the high watermark it was read to."""
         return (await read_to_end(self._consumer_options, self._topic, [partition],
-                                  self._timeout * 2))[partition]
+                                  self._timeout * 2, {partition: start}))[partition]
 
 
 async def read_to_end(consumer_options: Mapping[str, Any], topic: str,
-                      partitions: Sequence[int], timeout: float
+                      partitions: Sequence[int], timeout: float,
+                      starts: Mapping[int, int] | None = None
                       ) -> dict[int, tuple[list[tuple[int, bytes]], int]]:
-    """Each of ``partitions`` from its start to the high watermark of a fetch (never
-    ListOffsets: the local broker's end offsets are not to be trusted): its (offset,
-    value) records and that high watermark. By a consumer of no group."""
+    """Each of ``partitions`` from its start (or from ``starts``' offset: one below the
+    log's start reads from there) to the high watermark of a fetch (never ListOffsets:
+    the local broker's end offsets are not to be trusted): its (offset, value) records
+    and that high watermark. By a consumer of no group."""
     tps = [TopicPartition(topic, p) for p in partitions]
     consumer = AIOKafkaConsumer(**{**consumer_options, "enable_auto_commit": False})
     await consumer.start()
@@ -152,7 +165,12 @@ async def read_to_end(consumer_options: Mapping[str, Any], topic: str,
     ends: dict[int, int] = {}
     try:
         consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
+        for tp in tps:  # ``auto_offset_reset`` earliest: an offset below the log's start
+            start = (starts or {}).get(tp.partition, 0)
+            if start > 0:
+                consumer.seek(tp, start)
+            else:
+                await consumer.seek_to_beginning(tp)
         deadline = asyncio.get_running_loop().time() + timeout
         todo = set(tps)
         while todo:

@@ -16,19 +16,21 @@ from typing import Any, Generic
 
 from typing_extensions import TypeVar
 
-__all__ = ["DEFAULT_IDLE_RECORDS", "LOGS_STAGE", "RESERVED_STAGES", "SEQUENCE_STAGE",
-           "WINDOWS_STAGE", "Extract", "ProducerDedup", "Tumbling"]
+__all__ = ["DEFAULT_IDLE_RECORDS", "LOGS_STAGE", "MERGE_LOG_STAGE", "RESERVED_STAGES",
+           "SEQUENCE_STAGE", "WINDOWS_STAGE", "Extract", "ProducerDedup", "Tumbling"]
 
 #: The type of the values a declaration reads; ``Any`` where nothing tells it.
 T = TypeVar("T", default=Any)
 
 #: Stage ids under which the runtime keeps rows of its own beside the states, so no step
 #: may take them: producer sequences (``stages.producer_dedup``), window watermarks and
-#: open-window indexes (``stages.watermark``), log marks (``checkpoint.log_marks``).
+#: open-window indexes (``stages.watermark``), log marks (``checkpoint.log_marks``), where
+#: each co-partition's merge log is read from (``stages.merge_log.Start``).
 SEQUENCE_STAGE = "__producer_seq__"
 WINDOWS_STAGE = "__windows__"
 LOGS_STAGE = "__logs__"
-RESERVED_STAGES = (SEQUENCE_STAGE, WINDOWS_STAGE, LOGS_STAGE)
+MERGE_LOG_STAGE = "__merge_log__"
+RESERVED_STAGES = (SEQUENCE_STAGE, WINDOWS_STAGE, LOGS_STAGE, MERGE_LOG_STAGE)
 #: Records of its partition after which a silent producer is forgotten (``ProducerDedup``).
 DEFAULT_IDLE_RECORDS = 10_000_000
 #: A header name, or a function of the record's parsed value (before ``decode``, so of no

@@ -17,7 +17,7 @@ meets them, after a crash, interleaved as the first run met them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields, replace
 from typing import Any
 
@@ -25,7 +25,15 @@ from onceflow import faults
 from onceflow.shared_types import ConsumedRecord, TopicPartition
 from onceflow.stages.join_step import Join
 from onceflow.stages.join_table import JoinTable, Loader
-from onceflow.stages.merge_log import CoPartition, MergeLog, Run, ordered_topics
+from onceflow.stages.merge_log import (
+    Append,
+    CoPartition,
+    LogStarts,
+    MergeLog,
+    Run,
+    Start,
+    ordered_topics,
+)
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.republish import WrittenOutputs
@@ -46,12 +54,14 @@ class JoinRunner:
     ``positions``: each input partition's next offset at the start (the committed ones);
     the inputs' partitions not named start at 0 (or at their first record delivered).
     ``across``: one order over every partition of the source topics and the joins'
-    inputs (a single worker), instead of one per co-partition.
+    inputs (a single worker), instead of one per co-partition. ``log_starts``: the
+    stored ``Start`` of the co-partitions asked for (``take_log_starts`` writes them).
     """
 
     def __init__(self, pipeline: Pipeline, load: Loader, dead_letter_topic: str,
                  *args: Any, merge_log: MergeLog,
                  positions: Mapping[TopicPartition, int] | None = None, across: bool = False,
+                 log_starts: Callable[[list[int]], Mapping[int, Start]] | None = None,
                  **kwargs: Any):
         self.pipeline = pipeline
         self.naive = faults.NO_MERGE_LOG  # arrival order, the newest row: what the log fixes
@@ -63,6 +73,8 @@ class JoinRunner:
         self.across = across
         self._ordered = ordered_topics(pipeline, across)
         self._log = merge_log
+        self._stored_starts = log_starts or (lambda numbers: {})
+        self._starts = LogStarts()
         self._positions = dict(positions or {})
         for tp, offset in self._positions.items():
             if tp[0] in self._tables:
@@ -124,7 +136,8 @@ class JoinRunner:
                     fresh[partition] = [run for run, _ in new]
                 runs += new
         if fresh:
-            self._log.append(fresh)
+            for number, append in self._log.append(fresh).items():
+                self._starts.appended(number, append)
         for partition, runs in ordered.items():
             for run, batch in runs:
                 self._apply(partition, run, batch, outcome)
@@ -168,15 +181,22 @@ class JoinRunner:
                 table.committed(partition, offset)
                 table.cursor[partition] = offset
             self._groups.pop(0 if self.across else partition, None)
+            self._starts.forget(0 if self.across else partition)
 
     def advance(self) -> None:
         self.inner.advance()
 
     def committed(self, offsets: Mapping[TopicPartition, int]) -> None:
-        """Offsets committed: table versions below them are no longer needed."""
+        """Offsets committed: table versions, and merge log appends, below them are no
+        longer needed."""
         for (topic, partition), offset in offsets.items():
             if topic in self._tables:
                 self._tables[topic].committed(partition, offset)
+        self._starts.committed(offsets)
+
+    def take_log_starts(self) -> dict[int, Start]:
+        """Where each co-partition's log may be read from next, where that moved."""
+        return self._starts.take()
 
     def forget(self) -> None:
         """Drop every cached state and the merge order (re-read at the next start)."""
@@ -184,6 +204,7 @@ class JoinRunner:
         for join in self.joins.values():
             join.table.clear()
         self._groups.clear()
+        self._starts = LogStarts()
 
     def _group(self, number: int) -> CoPartition:
         """Co-partition ``number``'s order (with ``across``: the one order, number 0)."""
@@ -195,10 +216,14 @@ class JoinRunner:
                          if (across or p == number) and topic in self._ordered}
             # a run of a topic no longer ordered, or of the other shape of log (a pipeline
             # changed), orders nothing
-            logged = [] if self.naive else [
-                run for run in self._log.read(number)
-                if run.topic in self._ordered and (run.partition is not None) == across]
-            group = self._groups[number] = CoPartition(logged, positions, across)
+            start = self._stored_starts([number]).get(number)
+            appends = [] if self.naive else [
+                Append(a.offset, a.epoch, [run for run in a.runs if run.topic in self._ordered
+                                           and (run.partition is not None) == across])
+                for a in self._log.read(number, start)]
+            self._starts.read(number, start, appends)
+            group = self._groups[number] = CoPartition(
+                [run for a in appends for run in a.runs], positions, across)
         return group
 
     def _apply(self, number: int, run: Run, batch: list[ConsumedRecord],

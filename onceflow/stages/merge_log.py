@@ -18,6 +18,10 @@ closes, or a value is judged late, at the same point.
 Its position needs no commit of its own: the inputs' offsets are committed together
 at batch boundaries, where every run handed to the runner was applied whole, so the
 first logged run not below them (``CoPartition.__init__``) is where the replay starts.
+What is read of the log is bounded all the same (``LogStarts``): once offsets are
+committed, the first append holding a run not below them is where the next reader
+starts, kept with the snapshot (``MERGE_LOG_STAGE``), so a long-lived worker's log,
+appended at every batch, is not read whole at each assignment.
 Pure: the runner (``stages.join_runner``) does the I/O through a ``MergeLog``.
 docs/architecture.md, "Joins: the merge log".
 """
@@ -66,17 +70,36 @@ class Run(NamedTuple):
 Input = tuple[str, int | None]
 
 
+class Append(NamedTuple):
+    """One append of a co-partition's log: where it lies, its writer's epoch, its runs
+    (none for a reader's mark or a forget record)."""
+
+    offset: int
+    epoch: int
+    runs: list[Run]
+
+
+class Start(NamedTuple):
+    """Where a reader of a co-partition's log may start: no append before ``offset``
+    holds a run it needs; ``epoch``, the highest epoch of the appends before it (an
+    append of a lower epoch past it is a zombie's, dropped as a whole read drops it)."""
+
+    offset: int
+    epoch: int
+
+
 class MergeLog(Protocol):
     """Where each co-partition's runs are kept: the Kafka topic of the worker
     (written by one writer per partition), or memory in ``onceflow.testing``."""
 
-    def read(self, partition: int) -> list[Run]:
-        """The runs logged for co-partition ``partition``, oldest first (all retained)."""
+    def read(self, partition: int, start: Start | None = None) -> list[Append]:
+        """The appends of co-partition ``partition`` from ``start`` on (None: all
+        retained), oldest first, a zombie's late ones dropped."""
         ...
 
-    def append(self, runs: Mapping[int, list[Run]]) -> None:
+    def append(self, runs: Mapping[int, list[Run]]) -> dict[int, Append]:
         """Log each co-partition's ``runs`` after its others; returns once all are
-        durable (one round trip for a batch's co-partitions)."""
+        durable (one round trip for a batch's co-partitions), with where each lies."""
         ...
 
 
@@ -84,14 +107,82 @@ class MemoryMergeLog:
     """A merge log in memory that outlives the runners (``TestRun``'s crashes)."""
 
     def __init__(self) -> None:
-        self.runs: dict[int, list[Run]] = {}
+        self.appends: dict[int, list[Append]] = {}
 
-    def read(self, partition: int) -> list[Run]:
-        return list(self.runs.get(partition, ()))
+    @property
+    def runs(self) -> dict[int, list[Run]]:
+        return {p: [run for a in appends for run in a.runs] for p, appends in self.appends.items()}
 
-    def append(self, runs: Mapping[int, list[Run]]) -> None:
+    def read(self, partition: int, start: Start | None = None) -> list[Append]:
+        return list(self.appends.get(partition, ())[0 if start is None else start.offset:])
+
+    def append(self, runs: Mapping[int, list[Run]]) -> dict[int, Append]:
+        written = {}
         for partition, logged in runs.items():
-            self.runs.setdefault(partition, []).extend(logged)
+            appends = self.appends.setdefault(partition, [])
+            written[partition] = Append(len(appends), 0, list(logged))
+            appends.append(written[partition])
+        return written
+
+
+class LogStarts:
+    """Where each co-partition's log may next be read from (``Start``), moved on as
+    offsets are committed: the appends this runner read or wrote, oldest first, until
+    every run of one is below the committed offsets."""
+
+    def __init__(self) -> None:
+        self._appends: dict[int, deque[Append]] = {}
+        self._epochs: dict[int, int] = {}
+        self._next: dict[int, int] = {}  # number -> the start a reader may take now
+        self._dirty: dict[int, Start] = {}
+
+    def read(self, number: int, start: Start | None, appends: list[Append]) -> None:
+        """Co-partition ``number``'s log as read from ``start``."""
+        self._appends[number] = deque(appends)
+        self._epochs[number] = max([start.epoch if start else 0, *(a.epoch for a in appends)])
+        self._next[number] = start.offset if start else 0
+
+    def appended(self, number: int, append: Append) -> None:
+        self._appends[number].append(append)
+        self._epochs[number] = max(self._epochs[number], append.epoch)
+
+    def committed(self, offsets: Mapping[tuple[str, int], int]) -> None:
+        """``offsets`` (next offset per input partition) are committed: appends all of
+        whose runs lie below them are needed by no reader again."""
+        for number, appends in self._appends.items():
+            start = self._next[number]
+            while appends and all(
+                    run.last < offsets.get((run.topic, number if run.partition is None
+                                            else run.partition), 0) for run in appends[0].runs):
+                start = appends.popleft().offset + 1
+            if appends:
+                start = appends[0].offset
+            if start > self._next[number]:
+                self._next[number] = start
+                self._dirty[number] = Start(start, self._epochs[number])
+
+    def forget(self, number: int) -> None:
+        """Co-partition ``number`` is read again (a new assignment)."""
+        for kept in (self._appends, self._epochs, self._next, self._dirty):
+            kept.pop(number, None)
+
+    def take(self) -> dict[int, Start]:
+        """The starts moved since the last take (to be written with a snapshot)."""
+        taken, self._dirty = self._dirty, {}
+        return taken
+
+
+def encode_start(start: Start) -> bytes:
+    return f"{start.offset} {start.epoch}".encode()
+
+
+def decode_start(row: bytes) -> Start | None:
+    """A stored start; None for a row that is none (the log is then read whole)."""
+    try:
+        offset, epoch = (int(part) for part in row.decode().split())
+    except ValueError:
+        return None
+    return Start(offset, epoch) if offset >= 0 and epoch >= 0 else None
 
 
 class CoPartition:

@@ -24,6 +24,8 @@ import pytest
 from onceflow.devtools import harness
 from onceflow.devtools.services import ServiceInfo
 from onceflow.protos.envelope_pb2 import Envelope
+from onceflow.stages.declarations import MERGE_LOG_STAGE
+from onceflow.stages.merge_log import decode_start
 from onceflow.stages.state import decode_state
 from onceflow.stores.redis_store import RedisStore
 
@@ -161,6 +163,22 @@ def run_and_replay(setup: Setup, naive: bool) -> None:
     assert {i: cats for i, cats in seen.items() if i < 200} == {i: {"A"} for i in range(200)}
     assert {i: cats for i, cats in seen.items() if i >= 200} == {
         i: {"B"} for i in range(200, 240)}
+    # The successor's commits moved where the log is read from: the next worker starts
+    # there (not at the log's start), and goes on exactly.
+    stored = dict(setup.store.scan(MERGE_LOG_STAGE))
+    start = decode_start(stored["0"])
+    assert start is not None and start.offset > 0, stored
+    third = setup.worker("third", "300ms", naive)
+    more = payments(240, 16)
+    ends = asyncio.run(harness.produce(kafka_service.address, setup.pay, more))
+    async def drained_again() -> bool:
+        async with harness.CommittedOffsets(kafka_service.address, setup.group) as offsets:
+            return await offsets.wait_for(setup.pay, ends, 90, third)
+    assert asyncio.run(drained_again()), third.log_tail()
+    assert third.terminate(15) == 0
+    assert f"[0] read from offset {start.offset} to" in third.logs[-1].read_text(), \
+        third.log_tail()
+    assert setup.states("totals") == {"A": total(first), "B": total(later) + total(more)}
 
 
 def test_a_table_with_another_partition_count_is_refused_at_start(

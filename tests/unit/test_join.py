@@ -87,7 +87,7 @@ def test_a_replay_meets_the_row_its_first_run_met(order: Any) -> None:
     assert categories(run) == [(0, "food"), (0, "food")]  # first run, replay: the same
     assert run.states("totals") == {"food": 5}
     # a single worker (TestRun's default): one order over every partition, runs name theirs
-    assert run.merge_log.read(0) == [Run("merchants", 0, 0, 0), Run("payments", 0, 0, 0),
+    assert run.merge_log.runs[0] == [Run("merchants", 0, 0, 0), Run("payments", 0, 0, 0),
                                      Run("merchants", 1, 1, 0)]
     assert run.counters["merchant.duplicates"] == 1  # the replayed table record
     assert run.states("merchant") == {"m1": [[0, {"cat": "food"}], [1, {"cat": "travel"}]]}
@@ -137,7 +137,7 @@ def test_co_partitions_are_ordered_apart() -> None:
     run = TestRun(payments(), single_worker=False)  # several workers: an order per partition
     run.feed([merchant("a", "x", 0), merchant("b", "y", 1), payment("a", 1, 0),
               payment("b", 2, 1)])
-    assert run.merge_log.read(1) == [Run("merchants", 0, 0), Run("payments", 0, 0)]
+    assert run.merge_log.runs[1] == [Run("merchants", 0, 0), Run("payments", 0, 0)]
     assert run.states("totals") == {"x": 1, "y": 2}
 
 

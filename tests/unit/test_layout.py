@@ -315,16 +315,18 @@ def test_each_shared_type_is_defined_once() -> None:
     assert found == {(name, "shared_types.py") for name in shared.__all__}
 
 
-@pytest.mark.parametrize("reserved", ["__producer_seq__", "__windows__", "__logs__"])
+@pytest.mark.parametrize("reserved", ["__producer_seq__", "__windows__", "__logs__",
+                                      "__merge_log__"])
 def test_the_engine_keeps_its_rows_under_the_ids_the_user_api_refuses(reserved: str) -> None:
     """``declarations.RESERVED_STAGES`` lets the user's API refuse them without importing the
     engine; the engine's own names for them must stay those."""
+    from onceflow.actors.snapshot_rows import MERGE_LOG_STAGE
     from onceflow.checkpoint.log_marks import LOGS_STAGE
     from onceflow.stages.declarations import RESERVED_STAGES
     from onceflow.stages.producer_dedup import SEQUENCE_STAGE
     from onceflow.stages.watermark import WINDOWS_STAGE
 
-    assert RESERVED_STAGES == (SEQUENCE_STAGE, WINDOWS_STAGE, LOGS_STAGE)
+    assert RESERVED_STAGES == (SEQUENCE_STAGE, WINDOWS_STAGE, LOGS_STAGE, MERGE_LOG_STAGE)
     with pytest.raises(ValueError, match=f"duplicate stage id '{reserved}'"):
         onceflow.Pipeline("p", topics=("t",)).map(reserved, str)
 

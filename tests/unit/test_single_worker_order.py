@@ -74,7 +74,7 @@ def test_a_replay_in_another_partition_order_decides_as_the_first_run(case: Any)
     run, closed, late = crash_and_replay(*case)
     assert run.closed_windows("per_minute") == closed  # the same closing, the same value
     assert late_sources(run.late) == late + late  # routed late again, the same events
-    assert run.merge_log.read(0) == [Run("in", 0, 0, r.partition) for r in case[0]]
+    assert run.merge_log.runs[0] == [Run("in", 0, 0, r.partition) for r in case[0]]
 
 
 @pytest.mark.parametrize("case", [FOLDED_FIRST, LATE_FIRST], ids=["folded", "late"])
