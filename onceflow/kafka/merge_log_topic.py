@@ -23,12 +23,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from onceflow.actors.loop import EventLoopThread
+from onceflow.kafka.topic_end import read_to_end as read_to_end  # reconcile reads it here
 from onceflow.stages.merge_log import Run
 
 log = logging.getLogger(__name__)
@@ -138,35 +139,3 @@ class KafkaMergeLog:
         return (await read_to_end(self._consumer_options, self._topic, [partition],
                                   self._timeout * 2))[partition]
 
-
-async def read_to_end(consumer_options: Mapping[str, Any], topic: str,
-                      partitions: Sequence[int], timeout: float
-                      ) -> dict[int, tuple[list[tuple[int, bytes]], int]]:
-    """Each of ``partitions`` from its start to the high watermark of a fetch (never
-    ListOffsets: the local broker's end offsets are not to be trusted): its (offset,
-    value) records and that high watermark. By a consumer of no group."""
-    tps = [TopicPartition(topic, p) for p in partitions]
-    consumer = AIOKafkaConsumer(**{**consumer_options, "enable_auto_commit": False})
-    await consumer.start()
-    found: dict[int, list[tuple[int, bytes]]] = {p: [] for p in partitions}
-    ends: dict[int, int] = {}
-    try:
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        deadline = asyncio.get_running_loop().time() + timeout
-        todo = set(tps)
-        while todo:
-            fetched = await consumer.getmany(*todo, timeout_ms=300)
-            for tp, records in fetched.items():
-                found[tp.partition] += [(r.offset, r.value) for r in records
-                                        if r.value is not None]
-            for tp in list(todo):
-                high = consumer.highwater(tp)
-                if high is not None and await consumer.position(tp) >= high:
-                    ends[tp.partition] = high
-                    todo.discard(tp)
-            if todo and asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"merge log {topic}: not read to its end in {timeout:.0f}s")
-        return {p: (found[p], ends[p]) for p in partitions}
-    finally:
-        await consumer.stop()

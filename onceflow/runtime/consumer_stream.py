@@ -90,8 +90,9 @@ def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveRes
 
 def log_check(core: PipelineCore) -> LogCheck | None:
     """The check on assignment that each input log is the one the states were folded
-    from (``onceflow.checkpoint.log_marks``); None for a pipeline without a store."""
-    store = next(iter(core.stage_stores.values()), None)
+    from (``onceflow.checkpoint.log_marks``): its marks in the pipeline's first store, or
+    without one in its marks topic (``kafka.log_marks_topic``)."""
+    store = next(iter(core.stage_stores.values()), None) or core.log_marks
     if store is None:
         return None
     return LogCheck(store, tail_options(consumer_options(core.settings)), core.start_timeout)
