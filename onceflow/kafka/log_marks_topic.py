@@ -5,7 +5,7 @@ A stateless republisher keeps no store, so nothing held its log marks
 offsets went with the old topic, the worker read the new one from 0, and its
 outputs carried the old records' source chains, so the aggregates downstream
 discarded every one as a copy. Here the marks go to ``<pipeline>-log-marks``
-(one partition, ``cleanup.policy=compact``), created by the first worker:
+(one partition, compacted: ``TOPIC_CONFIGS``), created by the first worker:
 record key = the mark's row key (``topic|partition``), value = the encoded mark
 (or ``NO_MARK``, left by ``onceflow forget``). Loading reads the partition to its
 end (``topic_end.read_records``) and keeps each key's last value; saving produces
@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 _TOPIC_ALREADY_EXISTS = 36
 PARTITION = 0  # the topic's one partition: the last write of a key is the last in it
+#: Compacted, its segments rolled hourly: Kafka compacts only closed segments (a week's
+#: by default), and the whole topic is read at each assignment.
+TOPIC_CONFIGS = {"cleanup.policy": "compact", "segment.ms": "3600000"}
 
 
 class MarksTopicError(RuntimeError):
@@ -54,7 +57,7 @@ async def ensure_log_marks_topic(admin: AIOKafkaAdminClient, topic: str,
     if topic in await admin.list_topics():
         return
     response = await admin.create_topics([NewTopic(
-        topic, 1, replication_factor, topic_configs={"cleanup.policy": "compact"})])
+        topic, 1, replication_factor, topic_configs=TOPIC_CONFIGS)])
     for name, code, *_ in response.topic_errors:
         if code not in (0, _TOPIC_ALREADY_EXISTS):
             raise MarksTopicError(f"cannot create topic {name!r}: error {code}")
