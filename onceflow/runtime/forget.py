@@ -218,7 +218,7 @@ def cli(argv: list[str]) -> int:
         prog="onceflow forget",
         description="Drop what a deleted topic's old log left in the pipeline's stores "
                     "(watermarks, producer-dedup tables, log marks, a join table's rows) "
-                    "and merge log, so the events of a "
+                    "and merge log (without a store: its log marks topic), so the events of a "
                     "topic re-created under its name are counted. Stop every worker of "
                     "the pipeline first.")
     parser.add_argument("-c", "--config", required=True, help="application HOCON file")
