@@ -116,7 +116,8 @@ class StoreWriter:
     def _marks_store(self) -> MarkRows | None:
         """Where log marks go (``onceflow.checkpoint.log_marks``): the pipeline's first
         store, or without one the marks given (its topic, ``kafka.log_marks_topic``)."""
-        return next(iter(self._stores.values()), None) or self._marks
+        first = next(iter(self._stores.values()), None)
+        return self._marks if first is None else first
 
     def _fenced(self, error: Fenced, message: Snapshot) -> None:
         """Count and log a refused write; the caller fails the actor."""

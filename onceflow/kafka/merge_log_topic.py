@@ -138,4 +138,3 @@ class KafkaMergeLog:
         """The partition's records and the high watermark it was read to."""
         return (await read_to_end(self._consumer_options, self._topic, [partition],
                                   self._timeout * 2))[partition]
-

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from onceflow.actors.base import FatalHandler
-from onceflow.checkpoint.log_marks import LogCheck
+from onceflow.checkpoint.log_marks import LogCheck, MarkRows
 from onceflow.kafka.consumer import ConsumerActor
 from onceflow.kafka.continuity import GapCheck
 from onceflow.kafka.join_watch import JoinWatch
@@ -92,7 +92,9 @@ def log_check(core: PipelineCore) -> LogCheck | None:
     """The check on assignment that each input log is the one the states were folded
     from (``onceflow.checkpoint.log_marks``): its marks in the pipeline's first store, or
     without one in its marks topic (``kafka.log_marks_topic``)."""
-    store = next(iter(core.stage_stores.values()), None) or core.log_marks
+    store: MarkRows | None = next(iter(core.stage_stores.values()), None)
+    if store is None:
+        store = core.log_marks
     if store is None:
         return None
     return LogCheck(store, tail_options(consumer_options(core.settings)), core.start_timeout)

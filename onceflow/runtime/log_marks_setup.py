@@ -64,4 +64,3 @@ def forget_log_marks(settings: Settings, pipeline: Pipeline, topic: str) -> dict
     log.warning("forget %s: pipeline %r, log marks topic %s: %d partitions' marks dropped "
                 "(%s)", topic, pipeline.id, marks.topic, len(rows), sorted(rows))
     return rows
-
