@@ -123,6 +123,9 @@ class PipelineCore:
             self._merge_log = open_merge_log(s, pipeline, self.io, output_fence,
                                              self.start_timeout)  # joins only
         except BaseException:
+            if self.log_marks is not None:  # its producer, on the loop still running
+                with contextlib.suppress(Exception):
+                    self.log_marks.close()
             self._close_io()
             raise
         self.pipeline_actor = PipelineActor.start(
