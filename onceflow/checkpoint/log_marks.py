@@ -24,7 +24,10 @@ topic's events are new: another topic name, or ``onceflow forget --topic T``
 (``onceflow.runtime.forget``), which drops the old log's watermarks and marks.
 
 Mark rows live in the pipeline's first store (the one its stats go to),
-written after the snapshot's states under the same fencing guard.
+written after the snapshot's states under the same fencing guard. A pipeline
+without a store (a stateless republisher) keeps them in a compacted topic of
+its own instead (``kafka.log_marks_topic``), written once the snapshot's outputs
+are acknowledged and before its offsets commit: the same rows, the same check.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,7 +47,7 @@ from aiokafka.errors import OffsetOutOfRangeError
 from onceflow.kafka.continuity import PartitionRewound
 from onceflow.stages.declarations import LOGS_STAGE
 from onceflow.stages.state import TopicPartition
-from onceflow.stores.base import StateStore
+from onceflow.stores.fencing import Guard
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,17 @@ class LogMark:
     def decode(cls, row: bytes) -> LogMark:
         doc = json.loads(row)
         return cls(int(doc["o"]), int(doc["t"]), str(doc["d"]))
+
+
+class MarkRows(Protocol):
+    """Where marks are kept: a ``StateStore``, or a store-less pipeline's topic
+    (``kafka.log_marks_topic.KafkaLogMarks``). Blocking calls, from any thread but the
+    worker's event loop."""
+
+    def load(self, stage_id: str, keys: Sequence[str]) -> Mapping[str, bytes]: ...
+
+    def save(self, stage_id: str, rows: Mapping[str, bytes], *,
+             guard: Guard | None = None) -> None: ...
 
 
 class HasRecord(Protocol):
@@ -125,12 +139,12 @@ class LogCheck:
     """On assignment: does each assigned partition still hold its mark's record?
 
     Args:
-        store: where the marks are (the pipeline's first store).
+        store: where the marks are (the pipeline's first store, or its marks topic).
         options: a group-less consumer's options (``tail_reader.tail_options``).
         timeout: for the store read and the fetches together.
     """
 
-    def __init__(self, store: StateStore, options: Mapping[str, Any], timeout: float):
+    def __init__(self, store: MarkRows, options: Mapping[str, Any], timeout: float):
         self._store = store
         self._options = {**options, "auto_offset_reset": "none"}
         self._timeout = timeout
@@ -203,5 +217,5 @@ def judge(tp: TopicPartition, mark: LogMark, found: HasRecord) -> None:
                           f"{mark.digest})")
 
 
-__all__ = ["LOGS_STAGE", "NO_MARK", "LogCheck", "LogMark", "LogReplaced", "judge", "mark_of",
-           "mark_rows"]
+__all__ = ["LOGS_STAGE", "NO_MARK", "LogCheck", "LogMark", "LogReplaced", "MarkRows", "judge",
+           "mark_of", "mark_rows"]

@@ -34,7 +34,7 @@ from typing import Protocol
 from onceflow import faults
 from onceflow.actors import metrics
 from onceflow.actors.messages import Snapshot, StageRows
-from onceflow.checkpoint.log_marks import mark_rows
+from onceflow.checkpoint.log_marks import MarkRows, mark_rows
 from onceflow.stages.declarations import LOGS_STAGE
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
@@ -67,8 +67,10 @@ class StoreWriter:
         stats_store: StateStore | None,
         landing: WindowSink | None = None,
         fence: EpochFence | None = None,
+        marks: MarkRows | None = None,
     ):
         self._fence = fence
+        self._marks = marks
         self._stores = stores
         self._stats_store = stats_store
         self._landing = landing
@@ -100,7 +102,9 @@ class StoreWriter:
             if rows.stage_id == faults.KILL_AFTER_SAVE:
                 faults.die()
         marks = self._marks_store()
-        if checkpoint.marks and marks is not None:  # after the states: they hold these records
+        # After the states (they hold these records), and after the outputs of these
+        # records were acknowledged (the ledger's writable): never a mark ahead of them.
+        if checkpoint.marks and marks is not None:
             retrying("save log marks", lambda: marks.save(
                 LOGS_STAGE, mark_rows(checkpoint.marks), guard=guard))
         fenced = epoch_source(self._stores.values())
@@ -109,9 +113,11 @@ class StoreWriter:
             retrying("check epochs", lambda: fenced.check_epochs(guard))
         return landed
 
-    def _marks_store(self) -> StateStore | None:
-        """Where log marks go: the pipeline's first store (``onceflow.checkpoint.log_marks``)."""
-        return next(iter(self._stores.values()), None)
+    def _marks_store(self) -> MarkRows | None:
+        """Where log marks go (``onceflow.checkpoint.log_marks``): the pipeline's first
+        store, or without one the marks given (its topic, ``kafka.log_marks_topic``)."""
+        first = next(iter(self._stores.values()), None)
+        return self._marks if first is None else first
 
     def _fenced(self, error: Fenced, message: Snapshot) -> None:
         """Count and log a refused write; the caller fails the actor."""

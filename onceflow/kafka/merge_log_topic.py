@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from onceflow.actors.loop import EventLoopThread
+from onceflow.kafka.topic_end import read_to_end as read_to_end  # reconcile reads it here
 from onceflow.stages.merge_log import Append, Run, Start
 
 log = logging.getLogger(__name__)
@@ -148,43 +149,3 @@ class KafkaMergeLog:
         """The partition's records from ``start`` and the high watermark it was read to."""
         return (await read_to_end(self._consumer_options, self._topic, [partition],
                                   self._timeout * 2, {partition: start}))[partition]
-
-
-async def read_to_end(consumer_options: Mapping[str, Any], topic: str,
-                      partitions: Sequence[int], timeout: float,
-                      starts: Mapping[int, int] | None = None
-                      ) -> dict[int, tuple[list[tuple[int, bytes]], int]]:
-    """Each of ``partitions`` from its start (or from ``starts``' offset: one below the
-    log's start reads from there) to the high watermark of a fetch (never ListOffsets:
-    the local broker's end offsets are not to be trusted): its (offset, value) records
-    and that high watermark. By a consumer of no group."""
-    tps = [TopicPartition(topic, p) for p in partitions]
-    consumer = AIOKafkaConsumer(**{**consumer_options, "enable_auto_commit": False})
-    await consumer.start()
-    found: dict[int, list[tuple[int, bytes]]] = {p: [] for p in partitions}
-    ends: dict[int, int] = {}
-    try:
-        consumer.assign(tps)
-        for tp in tps:  # ``auto_offset_reset`` earliest: an offset below the log's start
-            start = (starts or {}).get(tp.partition, 0)
-            if start > 0:
-                consumer.seek(tp, start)
-            else:
-                await consumer.seek_to_beginning(tp)
-        deadline = asyncio.get_running_loop().time() + timeout
-        todo = set(tps)
-        while todo:
-            fetched = await consumer.getmany(*todo, timeout_ms=300)
-            for tp, records in fetched.items():
-                found[tp.partition] += [(r.offset, r.value) for r in records
-                                        if r.value is not None]
-            for tp in list(todo):
-                high = consumer.highwater(tp)
-                if high is not None and await consumer.position(tp) >= high:
-                    ends[tp.partition] = high
-                    todo.discard(tp)
-            if todo and asyncio.get_running_loop().time() > deadline:
-                raise TimeoutError(f"merge log {topic}: not read to its end in {timeout:.0f}s")
-        return {p: (found[p], ends[p]) for p in partitions}
-    finally:
-        await consumer.stop()

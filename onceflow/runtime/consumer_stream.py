@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from onceflow.actors.base import FatalHandler
-from onceflow.checkpoint.log_marks import LogCheck
+from onceflow.checkpoint.log_marks import LogCheck, MarkRows
 from onceflow.kafka.consumer import ConsumerActor
 from onceflow.kafka.continuity import GapCheck
 from onceflow.kafka.join_watch import JoinWatch
@@ -90,8 +90,11 @@ def exclusive_resume(core: PipelineCore, on_fatal: FatalHandler) -> ExclusiveRes
 
 def log_check(core: PipelineCore) -> LogCheck | None:
     """The check on assignment that each input log is the one the states were folded
-    from (``onceflow.checkpoint.log_marks``); None for a pipeline without a store."""
-    store = next(iter(core.stage_stores.values()), None)
+    from (``onceflow.checkpoint.log_marks``): its marks in the pipeline's first store, or
+    without one in its marks topic (``kafka.log_marks_topic``)."""
+    store: MarkRows | None = next(iter(core.stage_stores.values()), None)
+    if store is None:
+        store = core.log_marks
     if store is None:
         return None
     return LogCheck(store, tail_options(consumer_options(core.settings)), core.start_timeout)

@@ -11,7 +11,8 @@ the old log left behind, and nothing else:
 - in the windows' partition watermarks, ``T``'s roots (a partition watermark
   left with no root starts over);
 - the producer-dedup table of each partition of ``T`` (its duplicate count stays);
-- the log mark of each partition of ``T``;
+- the log mark of each partition of ``T`` (for a pipeline without a store, in its
+  marks topic: ``kafka.log_marks_topic``, ``NO_MARK`` appended for each);
 - in a join's table fed by ``T``, each row (its versions are the old log's offsets: the
   row is empty until the new topic's records fill it), and ``T``'s runs in the merge
   log (a forget record appended to each of its partitions: ``kafka.merge_log_topic``),
@@ -180,11 +181,20 @@ def forget_topic(stores: Mapping[str, StateStore], pipeline: Pipeline,
 
 def forget(settings: Settings, pipeline: Pipeline, topic: str) -> Forgotten:
     """``forget_topic`` on the configured stores, then the topic's runs in the merge log
-    (its forget record carries an epoch just taken: above every append before it)."""
+    (its forget record carries an epoch just taken: above every append before it); for a
+    pipeline without a store, the topic's marks in its marks topic."""
     from onceflow.runtime.join_setup import forget_merge_log
     from onceflow.runtime.wiring import open_stores
 
     stores = open_stores(settings, pipeline)
+    if not stores:  # a stateless republisher: its marks are all it keeps of T
+        from onceflow.runtime.log_marks_setup import forget_log_marks
+
+        done = Forgotten(topic)
+        for key, row in forget_log_marks(settings, pipeline, topic).items():
+            done.partitions.add(int(key.rpartition("|")[2]))
+            done.add("kafka", LOGS_STAGE, key, row)
+        return done
     try:
         done = forget_topic(stores, pipeline, topic, settings.state.expire_after)
         source = epoch_source(stores.values())
@@ -208,7 +218,7 @@ def cli(argv: list[str]) -> int:
         prog="onceflow forget",
         description="Drop what a deleted topic's old log left in the pipeline's stores "
                     "(watermarks, producer-dedup tables, log marks, a join table's rows) "
-                    "and merge log, so the events of a "
+                    "and merge log (without a store: its log marks topic), so the events of a "
                     "topic re-created under its name are counted. Stop every worker of "
                     "the pipeline first.")
     parser.add_argument("-c", "--config", required=True, help="application HOCON file")

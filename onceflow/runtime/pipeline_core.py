@@ -27,6 +27,7 @@ from onceflow.kafka.producer import ProducerActor
 from onceflow.kafka.tail_reader import resumed_outputs
 from onceflow.runtime.config import Settings
 from onceflow.runtime.join_setup import open_merge_log
+from onceflow.runtime.log_marks_setup import open_log_marks
 from onceflow.runtime.topics import ensure_repartition_topics
 from onceflow.runtime.wiring import (
     delivery_settings,
@@ -74,6 +75,12 @@ class PipelineCore:
         self._stores = [open_stores(s, pipeline), open_stores(s, pipeline)]
         stage_stores, write_stores = self._stores
         self.stage_stores = stage_stores  # read on assignment too (log marks)
+        try:  # without a store, the log marks live in a topic of the pipeline's own
+            self.log_marks = None if stage_stores else open_log_marks(
+                s, pipeline, self.io, self.start_timeout)
+        except BaseException:
+            self.io.stop()  # no store was opened
+            raise
         # Stats go to the first store the pipeline uses; a stateless republisher has none.
         stats_store = next(iter(write_stores.values()), None)
         # Fencing: ONE store keeps the epochs; guards carry them to every store.
@@ -98,7 +105,8 @@ class PipelineCore:
                                   [a.id for a in pipeline.aggregates if a.window is None])
         # The one owner of the ledger (on the loop); persistence is its thread for writes.
         self.checkpoints = Checkpoints(self.io, on_fatal, StoreWriter(
-            stores=write_stores, stats_store=stats_store, landing=landing, fence=fence))
+            stores=write_stores, stats_store=stats_store, landing=landing, fence=fence,
+            marks=self.log_marks))
         self.producer = ProducerActor(
             options=producer_options(s), delivery=delivery_settings(s),
             max_block=s.kafka.producer.max_block, outbox=self._outbox,
@@ -115,6 +123,9 @@ class PipelineCore:
             self._merge_log = open_merge_log(s, pipeline, self.io, output_fence,
                                              self.start_timeout)  # joins only
         except BaseException:
+            if self.log_marks is not None:  # its producer, on the loop still running
+                with contextlib.suppress(Exception):
+                    self.log_marks.close()
             self._close_io()
             raise
         self.pipeline_actor = PipelineActor.start(
@@ -173,6 +184,8 @@ class PipelineCore:
         try:
             if self._merge_log is not None:
                 self._merge_log.close()
+            if self.log_marks is not None:
+                self.log_marks.close()
             self.producer.stop()
         except Exception as error:  # a loop already gone, a close that failed
             log.warning("stopping the producer: %r", error)

@@ -14,6 +14,7 @@ from typing import Any
 
 from onceflow.kafka.connection_check import ConnectionCheck
 from onceflow.kafka.delivery import DeliverySettings
+from onceflow.kafka.log_marks_topic import log_marks_topic
 from onceflow.runtime import extras
 from onceflow.runtime.app_path import import_hint
 from onceflow.runtime.config import ConfigError, Settings
@@ -334,8 +335,8 @@ def store_uses(settings: Settings, pipeline: Pipeline) -> dict[str, str | None]:
     States and history rows are the aggregates'; log marks and stats go to the
     pipeline's first store (``persistence.StoreWriter``), epochs to one store
     (``epoch_store``). A pipeline without a store has none of them: no epochs
-    (its exclusive outputs are not fenced) and no log marks (a re-created input
-    topic is not detected by it: only its downstream aggregates hold watermarks).
+    (its exclusive outputs are not fenced), and its log marks go to a topic of its
+    own (``kafka.log_marks_topic``: not a store, so None here).
     """
     first = next(iter(_store_names(pipeline)), None)
     return {
@@ -351,15 +352,17 @@ def store_uses(settings: Settings, pipeline: Pipeline) -> dict[str, str | None]:
 def describe_store_uses(settings: Settings, pipeline: Pipeline) -> str:
     """The start-up line that says which store each part uses, or why none."""
     uses = store_uses(settings, pipeline)
-    parts = "; ".join(f"{part} {store or 'none'}" for part, store in uses.items())
+    marks_topic = f"topic {log_marks_topic(pipeline.id)}"
+    parts = "; ".join(f"{part} {store or (marks_topic if part == 'log marks' else 'none')}"
+                      for part, store in uses.items())
     if any(uses.values()):
         return f"stores: {parts}"
     return (f"stores: none ({parts}): a pipeline without aggregates or producer dedup "
             "tables needs no store. A delivery that fails past its bounds restarts the "
-            "pipeline, which replays from the last commit; without log marks a re-created "
-            "input topic is not detected here; without epochs its dead letters and exclusive "
-            "outputs are not fenced against a paused worker (docs/guide/"
-            "republish-and-rekeying.md, \"Which steps need a store\")")
+            "pipeline, which replays from the last commit; its log marks go to a topic of "
+            "its own, so a re-created input topic is refused as with a store; without "
+            "epochs its dead letters and exclusive outputs are not fenced against a paused "
+            "worker (docs/guide/republish-and-rekeying.md, \"Which steps need a store\")")
 
 
 def delivery_settings(settings: Settings) -> DeliverySettings:

@@ -67,9 +67,10 @@ def test_a_stateless_republisher_uses_no_store_at_all(settings: Make, exclusive:
     assert unfenced_stores(s, pipeline) == []
     line = describe_store_uses(s, pipeline)
     assert line.startswith("stores: none (states none; producer dedup none; fencing epochs "
-                           "none; log marks none; stats none; outbox none): ")
-    for consequence in ("replays from the last commit", "re-created input topic is not "
-                        "detected", "not fenced against a paused worker"):
+                           f"none; log marks topic {pipeline.id}-log-marks; stats none; "
+                           "outbox none): ")
+    for consequence in ("replays from the last commit", "re-created input topic is "
+                        "refused", "not fenced against a paused worker"):
         assert consequence in line
 
 
@@ -79,8 +80,8 @@ def test_an_outbox_stays_a_choice_for_a_stateless_republisher(settings: Make) ->
         assert outbox_store(s, republisher()) == kind
         assert store_uses(s, republisher()) == {**dict.fromkeys(PARTS), "outbox": kind}
         assert describe_store_uses(s, republisher()) == (
-            "stores: states none; producer dedup none; fencing epochs none; log marks none; "
-            f"stats none; outbox {kind}")
+            "stores: states none; producer dedup none; fencing epochs none; log marks "
+            f"topic {republisher().id}-log-marks; stats none; outbox {kind}")
     assert outbox_store(settings("none"), republisher()) is None
 
 
