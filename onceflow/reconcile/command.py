@@ -27,7 +27,7 @@ __all__ = ["cli", "print_result", "write_report"]
 
 SHOWN = 50  # rows of differences printed; the report has them all
 VERDICTS = ("equal", "expired", "drifted", "missing", "unexpected", "ahead", "not retained",
-            "order unknown")
+            "order unknown", "maybe restarted")
 
 
 def cli(argv: list[str]) -> int:

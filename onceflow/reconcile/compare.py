@@ -19,6 +19,9 @@ interleaved the partitions otherwise than the worker.
 A recomputed row the store may have dropped on purpose (``reconcile.expiry``: a state
 past ``expire_after``, a history row past ``history-retention``) is ``expired``, with
 the rule that allowed it (``Entry.rule``), not ``missing``.
+A state that differs where the input shows a gap of ``expire-after`` or more (it may
+have expired and started again: ``reconcile.expiry.restart_rule``) is ``maybe
+restarted``, with that rule: undecided, not drifted.
 A drifted state names the input records the replay folded into it and the store did
 not (``unfolded``), as far as the two sets of watermarks tell.
 A stored row that is no onceflow state (``decode_state`` refuses it) is ``drifted``,
@@ -40,7 +43,7 @@ from onceflow.stages.state import AggregateState, decode_state
 __all__ = ["DIFFERENT", "UNDECIDED", "Entry", "compare_stage", "route_heights", "unfolded"]
 
 DIFFERENT = ("drifted", "missing", "unexpected")
-UNDECIDED = ("ahead", "not retained", "order unknown")
+UNDECIDED = ("ahead", "not retained", "order unknown", "maybe restarted")
 
 
 @dataclass(frozen=True)
@@ -92,13 +95,14 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
                   inputs: Collection[Route], keys: Collection[str] = (),
                   retained: bool = True, ordered: bool = True,
                   aged: Callable[[str, int | None], str | None] | None = None,
-                  lost: Collection[tuple[str, int]] = (), cut: bool = False
-                  ) -> Iterator[Entry]:
+                  lost: Collection[tuple[str, int]] = (), cut: bool = False,
+                  restarted: Mapping[str, str] | None = None) -> Iterator[Entry]:
     """Every entry of one stage; ``keys``: only those keys (empty: all); ``aged``: the
     rule that lets a recomputed row be gone from the store (None: it must be there);
     ``lost``: root partitions whose head is gone (a key fed from one is never called
     equal); ``cut``: the replay stopped before the commits (``--from-offsets``), so a
-    window the store closed and the replay did not is ``ahead``."""
+    window the store closed and the replay did not is ``ahead``; ``restarted``: keys whose
+    state may have expired and started again -> why (``reconcile.expiry.restart_rule``)."""
     blind = None if retained and ordered else "not retained" if not retained else "order unknown"
 
     def wanted(key: str) -> bool:
@@ -142,7 +146,9 @@ def compare_stage(spec: Aggregate, stored: Iterable[tuple[str, bytes]],
             continue
         again = _comparable(spec, key, mine.value, closed if cut else {})
         entry = judged(key, None, value, again, ahead)
-        if entry.verdict == "drifted":
+        if entry.verdict == "drifted" and restarted and key in restarted:
+            entry = replace(entry, verdict="maybe restarted", rule=restarted[key])
+        elif entry.verdict == "drifted":
             entry = replace(entry, records=unfolded(state, mine))
         yield entry
 

@@ -17,8 +17,12 @@ the newest record the replay applied before the chunk in which the window closed
 (``Replay.closed_after``; none before the first chunk: no bound, the row may be gone).
 A timestamp from a producer's clock that runs behind makes a bound too early: such a
 row may be called expired though it was lost (the lifetime is still the rule).
-A state that expired and was started afresh by later records is not recognised: it
-shows as drifted.
+A state may also have expired and been started afresh by later records: then it holds
+only those. The input tells where that could have happened (``Replay.gaps``: two
+records of the key ``expire-after`` or more apart, as far as the replay's chunks
+show), not whether it did; a state that differs from the replay and has such a gap is
+``maybe restarted`` (``restart_rule``: cannot decide, exit 2), never ``equal``, and
+never ``drifted`` on that ground alone.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from onceflow.stages.pipeline import Aggregate
 from onceflow.stages.state import AggregateState
 from onceflow.stages.state_table import has_open_window
 
-__all__ = ["Aged", "Lifetimes", "aged", "lifetimes", "root_of_route"]
+__all__ = ["Aged", "Lifetimes", "aged", "lifetimes", "restart_rule", "root_of_route"]
 
 #: A recomputed row the store does not hold -> the rule that lets it be gone (None: missing).
 Aged = Callable[[str, "int | None"], "str | None"]
@@ -94,6 +98,14 @@ def aged(life: Lifetimes, recomputed: Mapping[str, AggregateState], stamp: Stamp
                      "last folded")
 
     return rule
+
+
+def restart_rule(seconds: float, before: int, after: int) -> str:
+    """Why a key whose state differs may have expired and started again (ms bounds)."""
+    at = [datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds")
+          for ms in (before, after)]
+    return (f"expire-after {seconds:g} s <= {(after - before) / 1000:.0f} s between input of "
+            f"{at[0]} and of {at[1]}: the state may have expired and started again")
 
 
 def _past(name: str, seconds: float, bound: int | None, now: float, what: str) -> str | None:

@@ -24,7 +24,10 @@ whatever order the partitions are fetched in.
 For ``reconcile.expiry`` (``timed``: a stage whose rows expire) it keeps each
 record's Kafka timestamp (8 bytes a record, ``timestamp``), and for each closed
 window the newest timestamp applied before the chunk in which it closed
-(``closed_after``): lower bounds on when the worker wrote.
+(``closed_after``): lower bounds on when the worker wrote. And per key of a stage
+whose states expire, the newest timestamp folded as of each chunk: where two
+successive ones lie ``expire-after`` or more apart, the worker may have let the state
+expire between them and started it afresh (``gaps``: the last such pair per key).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from onceflow.reconcile.expiry import lifetimes, newest_input
 from onceflow.reconcile.order import Order
 from onceflow.runtime.settings import Settings
 from onceflow.stages.join_runner import JoinRunner
@@ -57,6 +61,12 @@ class Replay(TestRun):
     def __init__(self, pipeline: Pipeline, settings: Settings, homes: HomeReader | None = None,
                  order: Order | None = None, timed: bool = True):
         self._settings = settings  # read by _new_runner, which TestRun.__init__ calls
+        self._lives = {spec.id: life for spec in pipeline.aggregates
+                       if (life := lifetimes(settings, spec).states)}  # seconds
+        self._newest: dict[tuple[str, str], int] = {}  # (stage, key) -> ms, as of a chunk
+        #: (stage, key) -> the newest timestamps (ms) of two successive chunks that folded
+        #: into it ``expire-after`` or more apart: the state may have expired between.
+        self.gaps: dict[tuple[str, str], tuple[int, int]] = {}
         self._stored_homes = homes
         self._order = order
         super().__init__(pipeline, single_worker=settings.single_worker,
@@ -111,7 +121,22 @@ class Replay(TestRun):
         for table in self.runner.tables:
             for key, start in table.closed:
                 self.closed_after[(table.spec.id, key, start)] = self._floor
+            life = self._lives.get(table.spec.id)
+            if life and self._timed:
+                self._note_gaps(table.spec.id, life * 1000, table.dirty, table.states)
         super().persist()
+
+    def _note_gaps(self, stage: str, life_ms: float, changed: Iterable[str],
+                   states: Mapping[str, AggregateState]) -> None:
+        for key in changed:
+            state = states.get(key)
+            newest = None if state is None else newest_input(state, self.timestamp)
+            if newest is None:
+                continue
+            before = self._newest.get((stage, key))
+            if before is not None and newest - before >= life_ms:
+                self.gaps[(stage, key)] = (before, newest)
+            self._newest[(stage, key)] = newest
 
     def timestamp(self, topic: str, partition: int, offset: int) -> int | None:
         """The Kafka timestamp (ms) of the record read at ``offset`` (None: not read)."""

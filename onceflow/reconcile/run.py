@@ -17,7 +17,7 @@ from typing import Any
 
 from onceflow.reconcile.compare import DIFFERENT, UNDECIDED, Entry, compare_stage
 from onceflow.reconcile.cut import stopping_offsets
-from onceflow.reconcile.expiry import aged, lifetimes
+from onceflow.reconcile.expiry import aged, lifetimes, restart_rule
 from onceflow.reconcile.order import Order, logged_order, ordered_inputs, read_merge_log
 from onceflow.reconcile.replay import Replay
 from onceflow.reconcile.source import Horizon, horizon, records_until
@@ -146,10 +146,13 @@ def reconcile(settings: Settings, pipeline: Pipeline, stages: Sequence[str] = ()
             mine = replay.recomputed(spec.id)
             closed = {(key, start): ms for (stage, key, start), ms
                       in replay.closed_after.items() if stage == spec.id}
-            rule = aged(lifetimes(settings, spec), mine, replay.timestamp, closed)
+            life = lifetimes(settings, spec)
+            rule = aged(life, mine, replay.timestamp, closed)
+            restarted = {key: restart_rule(life.states, *gap)
+                         for (stage, key), gap in replay.gaps.items() if stage == spec.id}
             for entry in compare_stage(spec, store.scan(spec.id), history, mine,
                                        replay.history(spec.id), inputs, set(keys), retained,
-                                       not result.unordered, rule, lost, cut):
+                                       not result.unordered, rule, lost, cut, restarted):
                 tally[entry.verdict] += 1
                 if entry.verdict != "equal":
                     result.entries.append(entry)

@@ -9,11 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from onceflow.reconcile.compare import compare_stage
-from onceflow.reconcile.expiry import Lifetimes, aged, root_of_route
+from onceflow.reconcile.expiry import Lifetimes, aged, restart_rule, root_of_route
 from onceflow.reconcile.replay import Replay
 from onceflow.runtime.config import load_settings
 from onceflow.runtime.settings import Settings
 from onceflow.stages import Pipeline, Tumbling
+from onceflow.stages.state import AggregateState, encode_state
 from onceflow.testing import Record
 
 COUNTS = (Pipeline("p", topics=("in",), format="json")
@@ -91,3 +92,37 @@ def test_history_rows_past_their_retention_and_states_with_an_open_window(
 def test_the_root_of_a_longer_route() -> None:
     assert root_of_route(("in", 3)) == ("in", 3)
     assert root_of_route(("in/3>hop", 1)) == ("in", 3)
+
+
+def test_a_state_that_differs_after_a_gap_of_expire_after_may_have_restarted(
+        tmp_path: Path) -> None:
+    """Robot r went quiet for an hour (expire-after 10 min): its state may have expired
+    and been started again by the next record, so a stored count of 1 is undecided, not
+    drifted. Robot s, fed without such a gap, stored wrong, is drifted."""
+    conf = tmp_path / "app.conf"
+    conf.write_text('onceflow.pipeline = "unused:pipeline"\n'
+                    "onceflow.state.expire-after = 10m\n")
+    replay = Replay(COUNTS, load_settings(conf))
+    chunks = [[Record({"k": "r"}, key="r", timestamp=HOUR_AGO),
+               Record({"k": "r"}, key="r", timestamp=HOUR_AGO),
+               Record({"k": "s"}, key="s", timestamp=MINUTE_AGO - 300_000)],
+              [Record({"k": "r"}, key="r", timestamp=MINUTE_AGO),
+               Record({"k": "s"}, key="s", timestamp=MINUTE_AGO)]]
+    for chunk in chunks:
+        replay.feed(chunk)
+        replay.persist()
+    assert replay.gaps == {("n", "r"): (HOUR_AGO, MINUTE_AGO)}
+    mine = replay.recomputed("n")
+    assert {key: state.value for key, state in mine.items()} == {"r": 3, "s": 2}
+    stored = [(key, encode_state(AggregateState(value, mine[key].watermarks, mine[key].home)))
+              for key, value in (("r", 1), ("s", 5))]
+    restarted = {key: restart_rule(600, *gap) for (_, key), gap in replay.gaps.items()}
+    found = {e.key: e for e in compare_stage(COUNTS.aggregates[0], stored, (), mine, (),
+                                             {("in", 0)}, restarted=restarted)}
+    assert found["r"].verdict == "maybe restarted"
+    assert found["r"].rule is not None and found["r"].rule.startswith(
+        "expire-after 600 s <= 3540 s between input of")
+    assert found["s"].verdict == "drifted"
+    equal = [(key, encode_state(mine[key])) for key in mine]  # a gap never hides equality
+    assert {e.verdict for e in compare_stage(COUNTS.aggregates[0], equal, (), mine, (),
+                                             {("in", 0)}, restarted=restarted)} == {"equal"}
