@@ -192,7 +192,8 @@ class JoinRunner:
         for (topic, partition), offset in offsets.items():
             if topic in self._tables:
                 self._tables[topic].committed(partition, offset)
-        self._starts.committed(offsets)
+        # an input idle since the assignment is at its position (committed before it)
+        self._starts.committed({**self._positions, **offsets})
 
     def take_log_starts(self) -> dict[int, Start]:
         """Where each co-partition's log may be read from next, where that moved."""

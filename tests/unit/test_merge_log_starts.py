@@ -104,3 +104,19 @@ def test_after_commits_a_restart_reads_the_log_from_past_its_committed_appends()
     assert replayed[6] == "cat5" and replayed[7] == "late"
     assert run.states("totals") == {**{f"cat{n}": n for n in range(6)}, "cat5": 105,
                                     "late": 200}
+
+
+def test_an_input_idle_since_the_assignment_does_not_hold_the_start_back() -> None:
+    """The worker's committed offsets name only what this incarnation committed: a table
+    partition with no record since the assignment is at its position all the same."""
+    from onceflow.stages.join_runner import JoinRunner
+    from onceflow.testing import Consumed
+
+    log = MemoryMergeLog()
+    log.append({0: [Run("merchants", 0, 0)]})
+    log.append({0: [Run("payments", 0, 0)]})
+    runner = JoinRunner(payments(), lambda spec, keys: {}, "dead", merge_log=log,
+                        positions={("merchants", 0): 1, ("payments", 0): 1})
+    runner.process([Consumed("payments", 0, 1, b'{"merchant": "m1", "amount": 3}', b"m1")])
+    runner.committed({("payments", 0): 2})  # merchants: nothing new to commit
+    assert runner.take_log_starts() == {0: Start(3, 0)}  # past all three appends
