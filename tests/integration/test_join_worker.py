@@ -175,6 +175,11 @@ def run_and_replay(setup: Setup, naive: bool) -> None:
         async with harness.CommittedOffsets(kafka_service.address, setup.group) as offsets:
             return await offsets.wait_for(setup.pay, ends, 90, third)
     assert asyncio.run(drained_again()), third.log_tail()
+    # and its own commits move the start on (the table idle all the while)
+    def moved() -> bool:
+        now = decode_start(dict(setup.store.scan(MERGE_LOG_STAGE))["0"])
+        return now is not None and now.offset > start.offset
+    setup.wait("the merge log's start moved on", moved, third, timeout=30)
     assert third.terminate(15) == 0
     assert f"[0] read from offset {start.offset} to" in third.logs[-1].read_text(), \
         third.log_tail()
