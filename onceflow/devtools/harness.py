@@ -144,11 +144,12 @@ def worker_command(config: Path, settings: Mapping[str, str]) -> list[str]:
 
 
 async def create_topic(bootstrap: str, topic: str, partitions: int,
-                       security: KafkaSecurity = PLAINTEXT) -> None:
+                       security: KafkaSecurity = PLAINTEXT,
+                       configs: dict[str, str] | None = None) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **client_kwargs(security))
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topic, partitions, 1)])
+        await admin.create_topics([NewTopic(topic, partitions, 1, topic_configs=configs or {})])
     finally:
         await admin.close()
 

@@ -93,6 +93,16 @@ class Setup:
             if process.exited() is None:
                 process.kill()
 
+    def pay_and_wait(self, messages: list[tuple[bytes | None, bytes]],
+                     worker: harness.WorkerProcess) -> None:
+        """Produce payments, then wait until the group committed past them."""
+        ends = asyncio.run(harness.produce(self.kafka.address, self.pay, messages))
+
+        async def drained() -> bool:
+            async with harness.CommittedOffsets(self.kafka.address, self.group) as offsets:
+                return await offsets.wait_for(self.pay, ends, 90, worker)
+        assert asyncio.run(drained()), worker.log_tail()
+
     def states(self, stage: str) -> dict[str, object]:
         return {key: decode_state(value).value for key, value in self.store.scan(stage)}
 
@@ -142,11 +152,7 @@ def run_and_replay(setup: Setup, naive: bool) -> None:
 
     successor = setup.worker("successor", "300ms", naive)
     later = payments(200, 40)
-    ends = asyncio.run(harness.produce(kafka_service.address, setup.pay, later))
-    async def drained() -> bool:
-        async with harness.CommittedOffsets(kafka_service.address, setup.group) as offsets:
-            return await offsets.wait_for(setup.pay, ends, 90, successor)
-    assert asyncio.run(drained()), successor.log_tail()
+    setup.pay_and_wait(later, successor)
     assert successor.terminate(15) == 0
     outputs = asyncio.run(harness.read_all(kafka_service.address, setup.out, PARTITIONS,
                                            quiet=1.0))
@@ -170,11 +176,7 @@ def run_and_replay(setup: Setup, naive: bool) -> None:
     assert start is not None and start.offset > 0, stored
     third = setup.worker("third", "300ms", naive)
     more = payments(240, 16)
-    ends = asyncio.run(harness.produce(kafka_service.address, setup.pay, more))
-    async def drained_again() -> bool:
-        async with harness.CommittedOffsets(kafka_service.address, setup.group) as offsets:
-            return await offsets.wait_for(setup.pay, ends, 90, third)
-    assert asyncio.run(drained_again()), third.log_tail()
+    setup.pay_and_wait(more, third)
     # and its own commits move the start on (the table idle all the while)
     def moved() -> bool:
         now = decode_start(dict(setup.store.scan(MERGE_LOG_STAGE))["0"])

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic, RecordsToDelete
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from helpers import caught_up, run_reconcile
 
-from onceflow.devtools import services
+from onceflow.devtools import harness, services
 from onceflow.devtools.chaos import store_settings
 from onceflow.devtools.harness import WorkerProcess, packaged_config, worker_command
 from onceflow.devtools.noida_kafka import start_noida_kafka
@@ -68,15 +68,6 @@ def reports(plan: Sequence[tuple[str, int]], seqs: dict[str, int]) -> list[tuple
         results = [{"ok": True, "ts": START_MS + 1000 * seq + i} for i in range(n)]
         out.append((serial.encode(), encode_report(serial, seq, results)))
     return out
-
-
-async def create(bootstrap: str, topic: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 2, 1, topic_configs=SEGMENT)])
-    finally:
-        await admin.close()
 
 
 async def send(bootstrap: str, topic: str, messages: Sequence[tuple[bytes, bytes]],
@@ -135,7 +126,7 @@ def test_reconcile_names_every_key_fed_from_a_deleted_head_not_retained(
     topic, group = unique_name("robots"), unique_name("g")
     a0, a1, b, c = (robot(name, 0) for name in ("a0", "a1", "b", "c"))
     d0, d1 = robot("d0", 1), robot("d1", 1)
-    asyncio.run(create(broker, topic))
+    asyncio.run(harness.create_topic(broker, topic, 2, configs=SEGMENT))
     seqs: dict[str, int] = {}
     old = int(time.time() * 1000) - HOUR_MS  # only partition 0's head is this old
     head = asyncio.run(send(broker, topic, reports([(a0, 2), (a1, 1), (b, 3), (a0, 1)], seqs),

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 import redis
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from cassandra.cluster import Cluster
 from helpers import (
     cassandra_state_ttl,
@@ -35,6 +34,7 @@ from helpers import (
 
 from onceflow.actors.snapshot_rows import snapshot_rows
 from onceflow.checkpoint.persistence import save_states
+from onceflow.devtools import harness
 from onceflow.devtools.robot_stream import generate
 from onceflow.devtools.services import ServiceInfo
 from onceflow.stages import Aggregate, Pipeline, Tumbling
@@ -182,15 +182,6 @@ def test_a_windowed_state_expires_only_once_its_last_window_closed(opened: Opene
 # --- a worker -----------------------------------------------------------------------------
 
 
-async def create_topic(bootstrap: str, topic: str, configs: dict[str, str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=configs)])
-    finally:
-        await admin.close()
-
-
 def states_of(redis_url: str, prefix: str) -> dict[str, Any]:
     store = RedisStore(redis_url, prefix, "robots")
     try:
@@ -215,7 +206,8 @@ def test_a_worker_expires_idle_states_and_their_keys_count_again_from_zero(
     their first counts, which the worker's cache would give)."""
     topic, group, prefix = unique_name("robots"), unique_name("g"), unique_name("p")
     redis_url = f"redis://{redis_service.address}/0"
-    asyncio.run(create_topic(kafka_service.address, topic, {"retention.ms": "86400000"}))
+    asyncio.run(harness.create_topic(kafka_service.address, topic, 1,
+                                    configs={"retention.ms": "86400000"}))
     first = generate(300, robots=10, seed=11)
     produce(kafka_service.address, topic, first.messages)
     log = tmp_path / "worker.log"
