@@ -156,8 +156,11 @@ def _verdict(result: Result) -> str:
 
 def print_result(result: Result, console: Any = None) -> None:
     """The tables and the verdict, on ``console`` (a rich Console; default: stdout)."""
-    headers = ["stage", *VERDICTS]
-    tables = [(f"onceflow reconcile: {result.pipeline}", headers, _summary_rows(result))]
+    # a row per verdict, a column per stage: ten verdicts side by side do not fit a terminal
+    stages = list(result.counts)
+    tables = [(f"onceflow reconcile: {result.pipeline}", ["verdict", *stages],
+               [[verdict, *(f"{result.counts[stage].get(verdict, 0):,}" for stage in stages)]
+                for verdict in VERDICTS])]
     if result.entries:
         shown = min(SHOWN, len(result.entries))
         tables.append((f"rows that differ ({shown} of {len(result.entries)})",
