@@ -66,7 +66,8 @@ class JoinRunner:
         self.pipeline = pipeline
         self.naive = faults.NO_MERGE_LOG  # arrival order, the newest row: what the log fixes
         max_bytes = kwargs.get("max_state_bytes", MAX_STATE_BYTES)
-        self.joins = {join.id: JoinTable(join, load, max_bytes, self.naive)
+        self.joins = {join.id: JoinTable(join, load, max_bytes, self.naive,
+                                         kwargs.get("max_states"))
                       for join, _ in pipeline.joins}
         self._tables = {t.join.table.topic: t for t in self.joins.values()}
         self._streams = {topic for _, topics in pipeline.joins for topic in topics}

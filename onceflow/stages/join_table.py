@@ -43,11 +43,13 @@ def _no_fold(state: Any, value: Any) -> Any:
 class JoinTable:
     """The rows of one join's table, as the join's stage ``join.id`` in ``table.store``."""
 
-    def __init__(self, join: Join, load: Loader, max_state_bytes: int, latest: bool = False):
+    def __init__(self, join: Join, load: Loader, max_state_bytes: int, latest: bool = False,
+                 max_states: int | None = None):
         self.join = join
         self.spec = Aggregate(join.id, key=str, init=_no_state, fold=_no_fold,
                               store=join.table.store)
-        self.table = StateTable(self.spec, None, max_state_bytes)
+        # bounded as the aggregates' caches (``evict``: written rows, least recently used)
+        self.table = StateTable(self.spec, max_states, max_state_bytes)
         self._load = load
         self._parse = parser_for(join.table.topic, join.table.format)
         self.cursor: dict[int, int] = {}  # table partition -> next table offset, merge order
@@ -113,6 +115,7 @@ class JoinTable:
             state.value = versions
             state.watermarks = {**state.watermarks, route: (record.offset,)}
             self.table.dirty.add(key)
+            self.table.states.move_to_end(key)
             outcome.folded[stage] += 1
 
     def committed(self, partition: int, offset: int) -> None:
@@ -137,10 +140,13 @@ class JoinTable:
         return versions[below[-1]:] if below else versions
 
     def _state(self, key: str) -> AggregateState:
-        state = self.table.states.get(key)
+        """``key``'s row versions, loaded if not cached; now the most recently used."""
+        states = self.table.states
+        state = states.get(key)
         if state is None:
             self._install([key])
-            state = self.table.states[key]
+            return states[key]
+        states.move_to_end(key)
         return state
 
     def _install(self, keys: list[str]) -> None:

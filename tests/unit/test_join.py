@@ -264,3 +264,34 @@ def test_what_a_join_may_not_combine_is_refused_when_built() -> None:
         Pipeline("p", topics=("payments",)).join(
             "j", table=MERCHANTS, on=str, merge=lambda v, row: v, missing="keep")  # type: ignore[arg-type]
     assert payments().consumed_topics == ("payments", "merchants")
+
+
+def test_a_join_tables_rows_are_bounded_by_the_state_cache_and_reloaded_on_a_miss() -> None:
+    """``max_states`` bounds a join's rows as it does an aggregate's: written rows beyond it
+    are evicted (least recently used first), and a stream value meeting one loads it."""
+    from onceflow.protos.envelope_pb2 import Envelope
+    from onceflow.stages.join_runner import JoinRunner
+    from onceflow.stages.merge_log import MemoryMergeLog
+    from onceflow.stages.state import decode_state
+    from onceflow.testing import Consumed
+
+    stored: dict[tuple[str, str], bytes] = {}
+
+    def load(spec: Any, keys: Any) -> dict[str, Any]:
+        return {k: decode_state(stored[(spec.id, k)]) for k in keys if (spec.id, k) in stored}
+
+    runner = JoinRunner(payments(), load, "dead", merge_log=MemoryMergeLog(), max_states=2)
+    merchants = [Consumed("merchants", 0, n, json.dumps({"cat": f"c{n}"}).encode(),
+                          f"m{n}".encode()) for n in range(5)]
+    runner.process(merchants)
+    table = runner.joins["merchant"].table
+    for key, row in table.take_dirty(1).items():
+        stored[("merchant", key)] = row
+    table.written(1)
+    assert table.evict() == 3 and len(table.states) == 2
+    paid = [Consumed("payments", 0, n, json.dumps({"merchant": f"m{n}", "amount": 1}).encode(),
+                     f"m{n}".encode()) for n in range(5)]
+    outcome = runner.process(paid)
+    cats = sorted(json.loads(Envelope.FromString(out.value).payload)["category"]
+                  for out in outcome.outputs if out.topic == "enriched")
+    assert cats == [f"c{n}" for n in range(5)]  # every row as written, evicted or not
