@@ -128,6 +128,12 @@ class KafkaMergeLog:
         landing later no longer counts."""
         records, end = self._io.run(self._read(partition, 0 if start is None else start.offset),
                                     timeout=self._timeout * 3)
+        if start is not None and end < start.offset:  # the log restarted below the start
+            log.warning("merge log %s[%d] ends at %d, below where it was to be read from "
+                        "(%d): the topic was re-created; reading it whole", self._topic,
+                        partition, end, start.offset)
+            start = None
+            records, end = self._io.run(self._read(partition, 0), timeout=self._timeout * 3)
         epoch = self._check([partition])
         self._io.run(self._producer.send_and_wait(self._topic, encode(epoch, [], end),
                                                   partition=partition), timeout=self._timeout)

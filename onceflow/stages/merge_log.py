@@ -157,7 +157,7 @@ class LogStarts:
                 start = appends.popleft().offset + 1
             if appends:
                 start = appends[0].offset
-            if start > self._next[number]:
+            if start != self._next[number]:  # lower only where the log was re-created
                 self._next[number] = start
                 self._dirty[number] = Start(start, self._epochs[number])
 

@@ -120,3 +120,14 @@ def test_an_input_idle_since_the_assignment_does_not_hold_the_start_back() -> No
     runner.process([Consumed("payments", 0, 1, b'{"merchant": "m1", "amount": 3}', b"m1")])
     runner.committed({("payments", 0): 2})  # merchants: nothing new to commit
     assert runner.take_log_starts() == {0: Start(3, 0)}  # past all three appends
+
+
+def test_a_start_moves_back_where_the_log_restarted_below_it() -> None:
+    """A merge log topic re-created while the store kept its start: the appends now lie
+    below the stored start, and the start follows them down (reading more is safe)."""
+    starts = LogStarts()
+    starts.read(0, Start(100, 3), [])  # the new log ended below 100: nothing read there
+    starts.appended(0, Append(0, 4, [Run("payments", 0, 4)]))
+    starts.appended(0, Append(1, 4, [Run("payments", 5, 9)]))
+    starts.committed({("payments", 0): 5})
+    assert starts.take() == {0: Start(1, 4)}
