@@ -121,6 +121,7 @@ def install_key(table: StateTable, clock: WindowClock | None, staged: Staged, ro
     state.watermarks[route] = mark
     table.dirty.add(key)
     if clock is not None:
+        state.home = fed_from  # the partition whose watermark closes its windows, stored
         clock.note(key, fed_from, staged.value, staged.reopened)
     closing = staged.closing
     if closing:

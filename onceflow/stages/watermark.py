@@ -252,7 +252,8 @@ class OpenWindows:
         """Keys fed from ``tp`` whose earliest window closes at or before ``watermark``, or
         is unknown (taken: the caller notes each again)."""
         keys = self.keys
-        due = {key for key in self._unknown.pop(tp, ()) if key in keys}
+        # A key read back for ``tp`` and since fed from another partition is that one's.
+        due = {key for key in self._unknown.pop(tp, ()) if key in keys and keys[key][0] == tp}
         heap = self._heaps.get(tp, [])
         while heap and heap[0][0] <= watermark:
             closes_at, key = heapq.heappop(heap)

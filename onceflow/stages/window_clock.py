@@ -8,6 +8,11 @@ went silent has its windows closed there, its state read back from the store fir
 dropped it (or this worker never held it: the index is read back per input
 partition when the worker first meets it). Each closing is a history row
 plus a changed state, written by the next snapshot like any other.
+
+With ``single-worker`` a key may be fed from several input partitions: the
+last one to feed it closes its windows, and its state names it (``home``), so
+a restart closes them there too, even where a read-back index row (which keeps a
+key one snapshot after it moved) lists it under another.
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ class WindowClock:
         self.watermark = StageWatermark(table.spec.id, round(idle_timeout * 1000), hold_new)
         self.open = OpenWindows(table.spec.id)
         self._swept: dict[TopicPartition, int] = {}  # the watermark each partition swept at
+        # Partitions given keys by a sweep: a key read back under one partition whose state
+        # names another (``AggregateState.home``: the last to feed it, ``single-worker``).
+        self._moved: set[TopicPartition] = set()
         self._load_rows = load_rows
 
     def meet(self, tp: TopicPartition) -> None:
@@ -87,6 +95,11 @@ class WindowClock:
             if now is not None and now > self._swept.get(tp, now - 1):
                 self._swept[tp] = now
                 closed += self._close(tp, now, load)
+        while self._moved:  # keys read back under another partition than their state's
+            tp = self._moved.pop()
+            met = self.watermark.partitions.get(tp)
+            if met is not None and met.value is not None:  # else swept once it is met
+                closed += self._close(tp, met.value, load)
         return closed
 
     def _close(self, tp: TopicPartition, now: int, load: StateLoader) -> int:
@@ -104,6 +117,11 @@ class WindowClock:
         for key in due:
             state = table.states.get(key)
             if state is None:
+                continue
+            home = state.home
+            if home is not None and home != tp:  # listed here, last fed from elsewhere
+                self.open.note(key, home, None, known=False)
+                self._moved.add(home)
                 continue
             step = close_due(self.window, state.value, now)
             if step.state is not state.value:
@@ -128,6 +146,7 @@ class WindowClock:
         self.watermark.forget()
         self.open.forget()
         self._swept.clear()
+        self._moved.clear()
 
 
 __all__ = ["IDLE_TIMEOUT", "MAX_FUTURE", "WINDOWS_STAGE", "WindowClock"]
