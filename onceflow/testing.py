@@ -105,9 +105,10 @@ class TestRun:
                  batch_size: int | None = None, persist_every: int | None = None,
                  commit_every: int | None = None, dead_letter_topic: str = DEAD_LETTER_TOPIC,
                  late_events_topic: str = LATE_EVENTS_TOPIC, idle_timeout: float = IDLE_TIMEOUT,
-                 max_future: float = MAX_FUTURE):
+                 max_future: float = MAX_FUTURE, first_start_waits: bool = False):
         self.pipeline = pipeline
         self.idle_timeout = idle_timeout  # window watermarks, seconds of event time
+        self.first_start_waits = first_start_waits  # as the worker: hold_new (watermark)
         self.max_future = max_future  # seconds an event time may lead its record's timestamp
         self.single_worker = single_worker
         self.dead_letter_topic, self.late_events_topic = dead_letter_topic, late_events_topic
@@ -307,7 +308,8 @@ class TestRun:
             self.pipeline, self._load, self.dead_letter_topic, self.late_events_topic,
             claim=None if self.single_worker else self._claim,
             load_sequences=self._load_sequences, load_rows=self._load_rows,
-            idle_timeout=self.idle_timeout, max_future=self.max_future, **joins)
+            idle_timeout=self.idle_timeout, max_future=self.max_future,
+            hold_new=self.first_start_waits, **joins)
         return runner
 
     def _load_log_starts(self, numbers: list[int]) -> dict[int, Start]:

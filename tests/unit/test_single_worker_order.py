@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from onceflow import Pipeline, faults
 from onceflow.stages import Tumbling
 from onceflow.stages.merge_log import Run, needs_merge_log
+from onceflow.stages.window_clock import IDLE_TIMEOUT
 from onceflow.testing import Consumed, LateEvent, Record, TestRun
 
 MINUTE = 60_000
@@ -113,9 +114,13 @@ def histories(draw: st.DrawFn) -> list[tuple[str, Any]]:
     return draw(st.lists(steps, max_size=25))
 
 
-def played(history: list[tuple[str, Any]], batch_size: int | None) -> tuple[TestRun, TestRun]:
-    """The history on a run that crashes as it says, and on one fed the same events only."""
-    run, calm = TestRun(windowed(), batch_size=batch_size), TestRun(windowed())
+def played(history: list[tuple[str, Any]], batch_size: int | None,
+           waits: tuple[bool, float] = (False, IDLE_TIMEOUT)) -> tuple[TestRun, TestRun]:
+    """The history on a run that crashes as it says, and on one fed the same events only;
+    ``waits``: whether a first start waits (as the worker's does), and the idle timeout."""
+    first, idle = waits
+    run = TestRun(windowed(), batch_size=batch_size, first_start_waits=first, idle_timeout=idle)
+    calm = TestRun(windowed(), first_start_waits=first, idle_timeout=idle)
     orders: dict[str, Order | None] = {"fed": None, "low": low_partitions_first,
                                        "high": high_partitions_first}
     for kind, arg in history:
@@ -145,16 +150,19 @@ LISTED_BY_TWO_PARTITIONS = [("event", ("b", 0, 0)), ("persist", None), ("event",
                             ("event", ("b", 0, 1))]
 
 
-@settings(max_examples=150, deadline=None)
-@given(histories(), st.sampled_from([None, 1, 2]))
-@example(COMMITTED_BEFORE_A_CRASH, None)
-@example(LISTED_BY_TWO_PARTITIONS, None)
-def test_every_replay_ends_as_the_run_without_crashes(history: list[tuple[str, Any]],
-                                                      batch_size: int | None) -> None:
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.sampled_from([None, 1, 2]),
+       st.tuples(st.booleans(), st.sampled_from([IDLE_TIMEOUT, 60.0, 150.0])))
+@example(COMMITTED_BEFORE_A_CRASH, None, (False, IDLE_TIMEOUT))
+@example(LISTED_BY_TWO_PARTITIONS, None, (False, IDLE_TIMEOUT))
+def test_every_replay_ends_as_the_run_without_crashes(
+        history: list[tuple[str, Any]], batch_size: int | None,
+        waits: tuple[bool, float]) -> None:
     """Events over three partitions (event times in minutes 0..5, out of order across
-    partitions), crashes replayed in any interleaving: the windows and the late events
+    partitions), crashes replayed in any interleaving, with and without the worker's
+    first-start wait, idle timeouts of 1 to 5 minutes: the windows and the late events
     end as in the same run without a crash."""
-    run, calm = played(history, batch_size)
+    run, calm = played(history, batch_size, waits)
     assert run.windows("per_minute") == calm.windows("per_minute")
     assert set(late_sources(run.late)) == set(late_sources(calm.late))
 

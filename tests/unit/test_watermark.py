@@ -66,6 +66,16 @@ def test_a_first_start_waits_for_root_partitions_it_has_not_met() -> None:
     assert back.partitions[("in", 0)].value == 700
 
 
+def test_a_test_run_waits_at_its_first_start_as_the_worker_does_when_asked() -> None:
+    def closed(first_start_waits: bool) -> dict[Any, Any]:
+        run = TestRun(counting(), idle_timeout=1, first_start_waits=first_start_waits)
+        run.feed([Record({"k": "a", "ts": 50}), Record({"k": "a", "ts": 300})])
+        return run.closed_windows("per_window")
+
+    assert closed(False) == {("a", 0): 1}  # 300 passed window 0's end plus lateness (160)
+    assert closed(True) == {}  # held until 1 s of event time past the first event
+
+
 def test_an_empty_partition_row_is_written_and_holds_nothing_after_a_restart() -> None:
     mark = StageWatermark("s", idle_ms=1_000, hold_new=True)
     mark.install(("in", 0), None)
