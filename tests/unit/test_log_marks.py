@@ -28,7 +28,7 @@ from onceflow.checkpoint.log_marks import (
 )
 from onceflow.checkpoint.persistence import StoreWriter
 from onceflow.kafka.continuity import PartitionRewound
-from onceflow.runtime.forget import forget_topic
+from onceflow.runtime.forget import downstream_warning, forget_topic
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
@@ -197,3 +197,13 @@ def test_an_offset_a_real_broker_refuses_is_judged_by_the_log_ends(
         asyncio.run(check._out_of_range(OffsetsOnly(0, 12), tp, mark))  # type: ignore[arg-type]
     asyncio.run(check._out_of_range(OffsetsOnly(100, 500), tp, mark))  # type: ignore[arg-type]
     assert "cannot tell whether the topic was re-created" in caplog.text
+
+
+def test_forget_on_a_republisher_names_the_outputs_whose_readers_must_forget_too() -> None:
+    republisher = (Pipeline("norm", topics=("raw",)).map("m", str)
+                   .republish("out", "normalized"))
+    warning = downstream_warning(republisher, "raw")
+    assert warning is not None
+    assert "republishes to normalized" in warning
+    assert "onceflow forget --topic raw" in warning
+    assert downstream_warning(Pipeline("sum", topics=("raw",)).map("m", str), "raw") is None
