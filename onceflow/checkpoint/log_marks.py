@@ -120,7 +120,7 @@ class LogReplaced(PartitionRewound):
     """A partition's log is not the one the states were folded from (a permanent failure,
     as every ``PartitionRewound``: a restart cannot fix it)."""
 
-    def __init__(self, tp: TopicPartition, mark: LogMark, why: str):
+    def __init__(self, tp: TopicPartition, mark: LogMark, why: str, downstream: str = ""):
         RuntimeError.__init__(
             self,
             f"{tp[0]}[{tp[1]}] is not the log this pipeline's states were folded from: "
@@ -130,9 +130,22 @@ class LogReplaced(PartitionRewound):
             f"the worker stops. Either give the new topic a new name, or, if its events are "
             f"new and must be counted, stop every worker of the pipeline and run "
             f"`onceflow forget --topic {tp[0]} -c <app.conf>` "
-            f"(docs/guide/operations-and-health.md: \"A topic re-created under its name\")")
+            f"(docs/guide/operations-and-health.md: \"A topic re-created under its name\")"
+            f"{downstream and f'. {downstream}'}")
         self.tp, self.committed, self.found = tp, mark.offset + 1, -1
-        self.mark = mark
+        self.mark, self.why = mark, why
+
+
+def downstream_note(republished_to: Sequence[str], topic: str) -> str:
+    """What else a forget of ``topic`` needs when the pipeline republishes ("" if nothing):
+    its outputs carry chains rooted at ``topic``, and a pipeline reading them keeps its own
+    watermarks of those roots, which the pipeline's forget does not reach."""
+    if not republished_to:
+        return ""
+    return (f"This pipeline republishes to {', '.join(republished_to)}: a pipeline reading "
+            f"those holds watermarks rooted at {topic} too and discards the new records as "
+            f"copies until `onceflow forget --topic {topic}` is run with its own config "
+            f"(its workers stopped first)")
 
 
 class LogCheck:
@@ -144,10 +157,12 @@ class LogCheck:
         timeout: for the store read and the fetches together.
     """
 
-    def __init__(self, store: MarkRows, options: Mapping[str, Any], timeout: float):
+    def __init__(self, store: MarkRows, options: Mapping[str, Any], timeout: float,
+                 republished_to: Sequence[str] = ()):
         self._store = store
         self._options = {**options, "auto_offset_reset": "none"}
         self._timeout = timeout
+        self._republished_to = republished_to  # what else to forget: the refusal says
 
     async def verify(self, assigned: set[KafkaPartition]) -> None:
         """Raise ``LogReplaced`` for the first assigned partition whose log changed."""
@@ -156,8 +171,15 @@ class LogCheck:
         rows = await loop.run_in_executor(
             None, lambda: self._store.load(LOGS_STAGE, sorted(keys)))
         marks = {keys[key]: LogMark.decode(row) for key, row in rows.items() if row != NO_MARK}
-        if marks:
+        if not marks:
+            return
+        try:
             await asyncio.wait_for(self._probe(marks), self._timeout)
+        except LogReplaced as refused:
+            if not self._republished_to:
+                raise
+            raise LogReplaced(refused.tp, refused.mark, refused.why, downstream_note(
+                self._republished_to, refused.tp[0])) from None
 
     async def _probe(self, marks: dict[KafkaPartition, LogMark]) -> None:
         consumer = AIOKafkaConsumer(**self._options)

@@ -97,4 +97,5 @@ def log_check(core: PipelineCore) -> LogCheck | None:
         store = core.log_marks
     if store is None:
         return None
-    return LogCheck(store, tail_options(consumer_options(core.settings)), core.start_timeout)
+    return LogCheck(store, tail_options(consumer_options(core.settings)), core.start_timeout,
+                    core.pipeline.republished_to)

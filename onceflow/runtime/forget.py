@@ -35,12 +35,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onceflow.actors.messages import StageRows
-from onceflow.checkpoint.log_marks import NO_MARK
+from onceflow.checkpoint.log_marks import NO_MARK, downstream_note
 from onceflow.checkpoint.persistence import split_states
 from onceflow.runtime.config import ConfigError, Settings, load_settings, split_assignment
 from onceflow.stages.declarations import LOGS_STAGE
 from onceflow.stages.lineage import Route
-from onceflow.stages.pipeline import Pipeline, Republish
+from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.state import AggregateState, decode_state, encode_state
 from onceflow.stages.state_table import has_open_window
@@ -212,19 +212,6 @@ def forget(settings: Settings, pipeline: Pipeline, topic: str) -> Forgotten:
     return done
 
 
-def downstream_warning(pipeline: Pipeline, topic: str) -> str | None:
-    """What the operator must also do when the pipeline republishes (None: nothing): its
-    outputs carry chains rooted at ``topic``, and a pipeline reading them keeps its own
-    watermarks of those roots, which this forget does not reach."""
-    outputs = sorted({step.topic for step in pipeline.steps if isinstance(step, Republish)})
-    if not outputs:
-        return None
-    return (f"forget {topic}: pipeline {pipeline.id!r} republishes to {', '.join(outputs)}; "
-            f"a pipeline reading those holds watermarks rooted at {topic} too and discards "
-            f"the new records as copies until `onceflow forget --topic {topic}` is run with "
-            f"its own config (stop its workers first)")
-
-
 def cli(argv: list[str]) -> int:
     """``onceflow forget -c app.conf --topic T``: exit 0 done, 2 bad configuration."""
     parser = argparse.ArgumentParser(
@@ -252,9 +239,9 @@ def cli(argv: list[str]) -> int:
         log.warning("forget %s: not an input topic of pipeline %r (%s); its routes are "
                     "dropped all the same", args.topic, pipeline.id, sorted(pipeline.topics))
     done = forget(settings, pipeline, args.topic)
-    downstream = downstream_warning(pipeline, args.topic)
-    if downstream is not None:
-        log.warning("%s", downstream)
+    downstream = downstream_note(pipeline.republished_to, args.topic)
+    if downstream:
+        log.warning("forget %s: %s", args.topic, downstream)
     print(json.dumps({"topic": args.topic, "watermarks": done.watermarks,
                       "partitions": sorted(done.partitions),
                       "merge_log_partitions": done.merge_log_partitions,

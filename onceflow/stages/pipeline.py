@@ -306,6 +306,11 @@ class Pipeline(Generic[T]):
         return tuple(s for s in self.steps if isinstance(s, Repartition))
 
     @property
+    def republished_to(self) -> tuple[str, ...]:
+        """The topics its republish steps write (sorted): what pipelines downstream read."""
+        return tuple(sorted({s.topic for s in self.steps if isinstance(s, Republish)}))
+
+    @property
     def exclusive_outputs(self) -> tuple[tuple[Republish, tuple[str, ...]], ...]:
         """Each exclusive republish step with the topics its input records come from."""
         found = []

@@ -116,6 +116,7 @@ def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
     else:
         assert "differs" in found[4]
     assert f"onceflow forget --topic {topic}" in text
+    assert f"This pipeline republishes to {output}: a pipeline reading those" in text
     assert committed(bootstrap, group, topic, PARTITIONS) == {0: 0, 1: 0}  # nothing committed
     assert "new" not in generations(bootstrap, output)  # nothing of the new log republished
 
@@ -124,6 +125,7 @@ def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
                             env=env, timeout=120)
     assert forgot.returncode == 0, forgot.stderr[-3000:]
     assert f"forget {topic}: pipeline {pipeline_id!r}, log marks topic" in forgot.stderr
+    assert f"forget {topic}: This pipeline republishes to {output}" in forgot.stderr
     summary = json.loads(forgot.stdout)
     assert summary["partitions"] == [0, 1], summary
     assert summary["rows"] == {"kafka/__logs__": 2}, summary

@@ -23,12 +23,13 @@ from onceflow.checkpoint.log_marks import (
     LogCheck,
     LogMark,
     LogReplaced,
+    downstream_note,
     judge,
     mark_of,
 )
 from onceflow.checkpoint.persistence import StoreWriter
 from onceflow.kafka.continuity import PartitionRewound
-from onceflow.runtime.forget import downstream_warning, forget_topic
+from onceflow.runtime.forget import forget_topic
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.state import AggregateState, TopicPartition, decode_state, encode_state
@@ -199,11 +200,13 @@ def test_an_offset_a_real_broker_refuses_is_judged_by_the_log_ends(
     assert "cannot tell whether the topic was re-created" in caplog.text
 
 
-def test_forget_on_a_republisher_names_the_outputs_whose_readers_must_forget_too() -> None:
+def test_a_republisher_names_the_outputs_whose_readers_must_forget_too() -> None:
     republisher = (Pipeline("norm", topics=("raw",)).map("m", str)
-                   .republish("out", "normalized"))
-    warning = downstream_warning(republisher, "raw")
-    assert warning is not None
-    assert "republishes to normalized" in warning
-    assert "onceflow forget --topic raw" in warning
-    assert downstream_warning(Pipeline("sum", topics=("raw",)).map("m", str), "raw") is None
+                   .republish("out", "normalized").republish("copy", "audit"))
+    note = downstream_note(republisher.republished_to, "raw")
+    assert "republishes to audit, normalized" in note
+    assert "onceflow forget --topic raw" in note
+    refused = LogReplaced(("raw", 0), LogMark(4, 1, "d"), "it now ends at offset 0", note)
+    assert str(refused).endswith(note)
+    assert downstream_note(Pipeline("sum", topics=("raw",)).map("m", str).republished_to,
+                           "raw") == ""
