@@ -54,6 +54,8 @@ class Assigned:
 
     partitions: frozenset[TopicPartition]
     positions: Mapping[TopicPartition, int] | None = None  # where each resumes (joins)
+    #: Root logs forgotten at least once: their generation (``lineage.root_offset``).
+    generations: Mapping[TopicPartition, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -197,7 +197,7 @@ class PipelineActor(ReportingActor):
                     self._on_fatal(type(self).__name__, error)
                     raise
             case Assigned():
-                self._runner.assigned(message.partitions)
+                self._runner.assigned(message.partitions, message.generations)
                 if isinstance(self._runner, JoinRunner) and message.positions is not None:
                     self._runner.start(message.positions)
             case ResumeOutputs():

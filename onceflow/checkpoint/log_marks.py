@@ -21,7 +21,10 @@ for the pipeline. A log whose record at the mark is gone while the log goes
 on past it (compacted, or deleted by retention) cannot be told apart and is
 accepted with a warning. The way out, once the operator decided the new
 topic's events are new: another topic name, or ``onceflow forget --topic T``
-(``onceflow.runtime.forget``), which drops the old log's watermarks and marks.
+(``onceflow.runtime.forget``), which drops the old log's watermarks and marks
+and counts the log's generation up (a ``topic|partition|generation`` row that only
+forget writes): republish steps write the new log's roots above the old log's
+(``lineage.root_offset``), so pipelines downstream take them as new.
 
 Mark rows live in the pipeline's first store (the one its stats go to),
 written after the snapshot's states under the same fencing guard. A pipeline
@@ -112,6 +115,17 @@ def row_key(tp: TopicPartition) -> str:
     return f"{tp[0]}|{tp[1]}"
 
 
+#: The suffix of a partition's generation row (``generation_key``).
+GENERATION = "|generation"
+
+
+def generation_key(tp: TopicPartition) -> str:
+    """The row of the partition's log generation: how many times ``onceflow forget`` let a
+    new log of it be counted (``lineage.root_offset``). Only forget writes it; a missing
+    row is generation 0."""
+    return row_key(tp) + GENERATION
+
+
 def mark_rows(marks: Mapping[TopicPartition, LogMark]) -> dict[str, bytes]:
     return {row_key(tp): mark.encode() for tp, mark in marks.items()}
 
@@ -136,16 +150,32 @@ class LogReplaced(PartitionRewound):
         self.mark, self.why = mark, why
 
 
+def forgotten_rows(rows: Mapping[str, bytes], topic: str) -> dict[str, bytes]:
+    """What ``onceflow forget --topic`` writes over a pipeline's mark ``rows``: for each
+    partition of ``topic`` holding a mark, ``NO_MARK`` (the worker takes the new log from
+    its start) and the next generation (``generation_key``: its roots are republished
+    above the old log's)."""
+    out: dict[str, bytes] = {}
+    for key, row in rows.items():
+        name, _, partition = key.rpartition("|")
+        if name == topic and row != NO_MARK:
+            tp = (topic, int(partition))
+            generation = int(rows.get(generation_key(tp), b"0"))
+            out[key] = NO_MARK
+            out[generation_key(tp)] = str(generation + 1).encode()
+    return out
+
+
 def downstream_note(republished_to: Sequence[str], topic: str) -> str:
-    """What else a forget of ``topic`` needs when the pipeline republishes ("" if nothing):
-    its outputs carry chains rooted at ``topic``, and a pipeline reading them keeps its own
-    watermarks of those roots, which the pipeline's forget does not reach."""
+    """What a forget of ``topic`` means for the pipeline's readers ("" if it republishes
+    nothing): its new records are republished with roots in the next generation of the
+    log (``lineage.root_offset``), above the old log's, so readers need no forget."""
     if not republished_to:
         return ""
-    return (f"This pipeline republishes to {', '.join(republished_to)}: a pipeline reading "
-            f"those holds watermarks rooted at {topic} too and discards the new records as "
-            f"copies until `onceflow forget --topic {topic}` is run with its own config "
-            f"(its workers stopped first)")
+    return (f"This pipeline republishes to {', '.join(republished_to)}: after the forget "
+            f"the new records of {topic} go there with roots in the log's next generation, "
+            f"above the old log's, so pipelines reading those count them without a forget "
+            f"of their own")
 
 
 class LogCheck:
@@ -164,15 +194,23 @@ class LogCheck:
         self._timeout = timeout
         self._republished_to = republished_to  # what else to forget: the refusal says
 
-    async def verify(self, assigned: set[KafkaPartition]) -> None:
-        """Raise ``LogReplaced`` for the first assigned partition whose log changed."""
+    async def verify(self, assigned: set[KafkaPartition]) -> dict[TopicPartition, int]:
+        """Raise ``LogReplaced`` for the first assigned partition whose log changed; answer
+        the generation of each assigned partition whose log was forgotten."""
         keys = {row_key((tp.topic, tp.partition)): tp for tp in assigned}
+        numbered = {generation_key((tp.topic, tp.partition)): tp for tp in assigned}
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(
-            None, lambda: self._store.load(LOGS_STAGE, sorted(keys)))
-        marks = {keys[key]: LogMark.decode(row) for key, row in rows.items() if row != NO_MARK}
+            None, lambda: self._store.load(LOGS_STAGE, sorted([*keys, *numbered])))
+        marks = {keys[key]: LogMark.decode(row) for key, row in rows.items()
+                 if key in keys and row != NO_MARK}
+        generations = {(numbered[key].topic, numbered[key].partition): int(row)
+                       for key, row in rows.items() if key in numbered}
+        if generations:
+            log.info("root logs forgotten before, republished in their generation: %s",
+                     sorted(generations.items()))
         if not marks:
-            return
+            return generations
         try:
             await asyncio.wait_for(self._probe(marks), self._timeout)
         except LogReplaced as refused:
@@ -180,6 +218,7 @@ class LogCheck:
                 raise
             raise LogReplaced(refused.tp, refused.mark, refused.why, downstream_note(
                 self._republished_to, refused.tp[0])) from None
+        return generations
 
     async def _probe(self, marks: dict[KafkaPartition, LogMark]) -> None:
         consumer = AIOKafkaConsumer(**self._options)
@@ -239,5 +278,5 @@ def judge(tp: TopicPartition, mark: LogMark, found: HasRecord) -> None:
                           f"{mark.digest})")
 
 
-__all__ = ["LOGS_STAGE", "NO_MARK", "LogCheck", "LogMark", "LogReplaced", "MarkRows", "judge",
-           "mark_of", "mark_rows"]
+__all__ = ["LOGS_STAGE", "NO_MARK", "LogCheck", "LogMark", "LogReplaced", "MarkRows",
+           "forgotten_rows", "generation_key", "judge", "mark_of", "mark_rows"]

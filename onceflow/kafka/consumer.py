@@ -84,6 +84,7 @@ class ConsumerActor(LoopActor):
     ):
         super().__init__(on_fatal)
         self._log_check = log_check  # on assignment, before anything else
+        self.generations: dict[TopicPartition, int] = {}  # of forgotten root logs: log_check's
         self._fencing, self._exclusive = fencing, exclusive  # both act on assignment
         self._single_worker = single_worker
         self._settling: set[KafkaPartition] = set()  # assigned, paused until adoption is done
@@ -215,7 +216,7 @@ class ConsumerActor(LoopActor):
         if self._log_check is None:
             return True
         try:
-            await self._log_check.verify(assigned)
+            self.generations = await self._log_check.verify(assigned)
         except Exception as error:
             log.error("%s", error)
             self._on_fatal("ConsumerActor.log_check", error)
@@ -268,7 +269,8 @@ class ConsumerActor(LoopActor):
             lost = frozenset(stale)
             await asyncio.get_running_loop().run_in_executor(
                 None, lambda: self._pipeline.ask(Forget(lost)))
-        self._pipeline.tell(Assigned(frozenset(positions), positions))  # before any record
+        self._pipeline.tell(Assigned(frozenset(positions), positions,  # before any record
+                                     dict(self.generations)))
 
     async def adopt(self) -> None:
         """Queue the outbox rows of lanes that left other workers, before anything new."""

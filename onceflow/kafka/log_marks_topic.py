@@ -7,7 +7,8 @@ outputs carried the old records' source chains, so the aggregates downstream
 discarded every one as a copy. Here the marks go to ``<pipeline>-log-marks``
 (one partition, compacted: ``TOPIC_CONFIGS``), created by the first worker:
 record key = the mark's row key (``topic|partition``), value = the encoded mark
-(or ``NO_MARK``, left by ``onceflow forget``). Loading reads the partition to its
+(or ``NO_MARK``, left by ``onceflow forget``, beside its ``topic|partition|generation``
+row). Loading reads the partition to its
 end (``topic_end.read_records``) and keeps each key's last value; saving produces
 one record per partition a snapshot advanced (acks=all) and waits for them.
 

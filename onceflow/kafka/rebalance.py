@@ -38,6 +38,8 @@ class Rebalancing(Protocol):
     def settled(self) -> None: ...
     def check_single_worker(self, assigned: set[KafkaPartition]) -> None: ...
     async def check_logs(self, assigned: set[KafkaPartition]) -> bool: ...
+    @property
+    def generations(self) -> dict[TopicPartition, int]: ...  # of forgotten root logs
     async def learn_positions(self, assigned: set[KafkaPartition]
                               ) -> dict[TopicPartition, int]: ...
     async def resume(self, positions: dict[TopicPartition, int],
@@ -89,7 +91,8 @@ class RebalanceListener(ConsumerRebalanceListener):  # type: ignore[misc]
             raise
         # After the adoption: outbox rows count as written. If this fails, the stream
         # is failed and the partitions stay paused (replayed without it, outputs double).
-        if self._exclusive is None or await self._exclusive.resume(positions):
+        if self._exclusive is None or await self._exclusive.resume(
+                positions, self._actor.generations):
             self._actor.settled()
 
 

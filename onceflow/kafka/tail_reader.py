@@ -174,10 +174,14 @@ class TailReader:
 
     async def written(self, out: ExclusiveOutput,
                       plan: Mapping[TopicPartition, Mapping[TopicPartition, int]],
-                      pending: Mapping[TopicPartition, Sequence[Output]]
+                      pending: Mapping[TopicPartition, Sequence[Output]],
+                      generations: Mapping[TopicPartition, int] | None = None,
                       ) -> dict[TopicPartition, tuple[Written, LateFound]]:
         """Per output partition of ``plan``: what its input partitions already have there,
-        and for a side output the late events past their committed offsets."""
+        and for a side output the late events past their committed offsets. A republish
+        output's roots are read in their logs' ``generations`` (``written_origin``)."""
+        origin = (partial(written_origin, generations=generations)
+                  if generations and out.origin is written_origin else out.origin)
         consumer = AIOKafkaConsumer(**self._options)
         await consumer.start()
         try:
@@ -193,7 +197,7 @@ class TailReader:
             highs = await self._high_watermarks([KafkaPartition(*tp) for tp in plan])
             found = {}
             for (topic, partition), committed in plan.items():
-                scan = TailScan(committed, out.origin,
+                scan = TailScan(committed, origin,
                                 late_of=late_value if out.side else None)
                 scan.feed((o.value, o.headers) for o in pending.get((topic, partition), ()))
                 tp = KafkaPartition(topic, partition)
@@ -256,9 +260,11 @@ class ExclusiveResume:
         self._producer = producer
         self._on_fatal = on_fatal
 
-    async def resume(self, positions: Mapping[TopicPartition, int]) -> bool:
+    async def resume(self, positions: Mapping[TopicPartition, int],
+                     generations: Mapping[TopicPartition, int] | None = None) -> bool:
         """Settle what was processed, then tell the pipeline actor, per exclusive output
-        partition of the newly assigned inputs, what is written there already.
+        partition of the newly assigned inputs, what is written there already
+        (``generations``: of the root logs forgotten at least once, ``log_marks``).
 
         False when it failed: the stream is reported failed (aiokafka would
         only log an exception from the assignment callback).
@@ -270,7 +276,7 @@ class ExclusiveResume:
                 await self._ask(Flush())
             for out, plan in plans:
                 pending = self._producer.pending(frozenset(plan))  # on the loop, as the lanes
-                found = await self._reader.written(out, plan, pending)
+                found = await self._reader.written(out, plan, pending, generations)
                 for out_tp, (written, late) in found.items():
                     marks = late if late or out.step_id == "late-events" else None
                     await self._ask(ResumeOutputs(out.topic, written, frozenset(plan[out_tp]),

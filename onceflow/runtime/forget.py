@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from onceflow.actors.messages import StageRows
-from onceflow.checkpoint.log_marks import NO_MARK, downstream_note
+from onceflow.checkpoint.log_marks import NO_MARK, downstream_note, forgotten_rows
 from onceflow.checkpoint.persistence import split_states
 from onceflow.runtime.config import ConfigError, Settings, load_settings, split_assignment
 from onceflow.stages.declarations import LOGS_STAGE
@@ -108,11 +108,10 @@ def plan(stores: Mapping[str, StateRows], pipeline: Pipeline, topic: str) -> For
                         PartitionSequences(duplicates=old.duplicates).encode())
     first = next(iter(stores), None)
     if first is not None:
-        for key, data in stores[first].scan(LOGS_STAGE):
-            name, _, partition = key.rpartition("|")
-            if name == topic and data != NO_MARK:
-                out.partitions.add(int(partition))
-                out.add(first, LOGS_STAGE, key, NO_MARK)
+        for key, row in forgotten_rows(dict(stores[first].scan(LOGS_STAGE)), topic).items():
+            if row == NO_MARK:
+                out.partitions.add(int(key.rpartition("|")[2]))
+            out.add(first, LOGS_STAGE, key, row)
     return out
 
 
@@ -192,7 +191,8 @@ def forget(settings: Settings, pipeline: Pipeline, topic: str) -> Forgotten:
 
         done = Forgotten(topic)
         for key, row in forget_log_marks(settings, pipeline, topic).items():
-            done.partitions.add(int(key.rpartition("|")[2]))
+            if row == NO_MARK:
+                done.partitions.add(int(key.rpartition("|")[2]))
             done.add("kafka", LOGS_STAGE, key, row)
         return done
     try:

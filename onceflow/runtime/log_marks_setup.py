@@ -12,7 +12,7 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient
 
 from onceflow.actors.loop import EventLoopThread
-from onceflow.checkpoint.log_marks import NO_MARK
+from onceflow.checkpoint.log_marks import forgotten_rows
 from onceflow.kafka.log_marks_topic import KafkaLogMarks, ensure_log_marks_topic, log_marks_topic
 from onceflow.kafka.tail_reader import tail_options
 from onceflow.runtime.config import Settings
@@ -45,22 +45,23 @@ def open_log_marks(settings: Settings, pipeline: Pipeline, io: EventLoopThread,
 
 
 def forget_log_marks(settings: Settings, pipeline: Pipeline, topic: str) -> dict[str, bytes]:
-    """``onceflow forget --topic`` for a pipeline without a store: ``NO_MARK`` for each of
-    ``topic``'s partitions holding a mark, so the worker takes the new log from its
-    start; answers the rows written (none: the topic holds no mark of it)."""
+    """``onceflow forget --topic`` for a pipeline without a store: ``NO_MARK`` and the next
+    generation for each of ``topic``'s partitions holding a mark
+    (``log_marks.forgotten_rows``); answers the rows written (none: the topic holds no
+    mark of it)."""
     timeout = settings.kafka.request_timeout + 10
     io = EventLoopThread("onceflow-forget")
     try:
         marks = open_log_marks(settings, pipeline, io, timeout)
         try:
-            rows = {key: NO_MARK for key, row in marks.rows().items()
-                    if key.rpartition("|")[0] == topic and row != NO_MARK}
+            rows = forgotten_rows(marks.rows(), topic)
             if rows:
                 marks.save(LOGS_STAGE, rows)
         finally:
             marks.close()
     finally:
         io.stop()
-    log.warning("forget %s: pipeline %r, log marks topic %s: %d partitions' marks dropped "
-                "(%s)", topic, pipeline.id, marks.topic, len(rows), sorted(rows))
+    log.warning("forget %s: pipeline %r, log marks topic %s: %d partitions' marks dropped, "
+                "their logs' generations counted up (%s)", topic, pipeline.id, marks.topic,
+                len(rows) // 2, sorted(rows))
     return rows

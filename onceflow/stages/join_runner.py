@@ -152,8 +152,9 @@ class JoinRunner:
     def side(self) -> SideOutputs:
         return self.inner.side
 
-    def assigned(self, partitions: Iterable[TopicPartition]) -> None:
-        self.inner.assigned(partitions)
+    def assigned(self, partitions: Iterable[TopicPartition],
+                 generations: Mapping[TopicPartition, int] | None = None) -> None:
+        self.inner.assigned(partitions, generations)
 
     def start(self, positions: Mapping[TopicPartition, int]) -> None:
         """An assignment (the worker's): where each input partition resumes. Partition ``p``

@@ -35,6 +35,31 @@ RootPartition = tuple[str, int]
 Route = tuple[str, int]
 Position = tuple[int, ...]
 
+#: A root offset's bits below its log's generation (``root_offset``): 2**40 offsets per
+#: partition and generation, 2**23 generations within an int64.
+GENERATION_BITS = 40
+
+
+def root_offset(generation: int, offset: int) -> int:
+    """The offset a republisher writes in a chain's root for ``offset`` of a root
+    partition whose log is in ``generation``.
+
+    A root topic deleted and re-created under its name restarts at offset 0,
+    below every position downstream watermarks hold of its old log: its new
+    events would be discarded as copies by every pipeline that reads what was
+    republished from it. ``onceflow forget --topic T`` on the pipeline reading
+    ``T`` counts the log's generation up (``checkpoint.log_marks``), and its roots
+    continue above the old ones, so readers further down need nothing.
+    Generation 0 (never forgotten) writes offsets as they are.
+    """
+    return (generation << GENERATION_BITS) | offset
+
+
+def split_root_offset(written: int) -> tuple[int, int]:
+    """``root_offset``'s generation and offset back (the tail scan of an exclusive output,
+    whose positions are its input's offsets)."""
+    return written >> GENERATION_BITS, written & ((1 << GENERATION_BITS) - 1)
+
 
 def root_of(envelope: Envelope | None, topic: str, partition: int, offset: int) -> tuple[
     RootPartition, Position

@@ -15,7 +15,7 @@ from typing import Any
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.formats import ENVELOPE_MARK, FORMAT_HEADER
 from onceflow.stages.guards import checked_key
-from onceflow.stages.lineage import Position, RootPartition, event_id, hops_of
+from onceflow.stages.lineage import Position, RootPartition, event_id, hops_of, root_offset
 from onceflow.stages.origin import plain_headers
 from onceflow.stages.outcome import ConsumedRecord, Output
 from onceflow.stages.pipeline import Republish
@@ -78,6 +78,7 @@ def republished(
     time_ms: int,
     key: str,
     written: WrittenOutputs,
+    generation: int = 0,
 ) -> tuple[list[Position], list[Output]]:
     """The outputs (and their values' positions) of ``values`` consumed in ``record``.
 
@@ -87,9 +88,11 @@ def republished(
     A value from an item of a consumed unit gets what it would have had from
     the item's record: the item's chain (its last index the item's), the
     item's event time by default, and ``j`` counted within the item.
+    A record of a root topic (no chain) is written as the chain's root at its offset in
+    the log's ``generation`` (``lineage.root_offset``).
     """
     if step.unit:
-        return _units(step, envelope, record, root, values, time_ms, key)
+        return _units(step, envelope, record, root, values, time_ms, key, generation)
     # The user's functions: what they answer is protobuf's to accept or refuse (a numpy
     # integer, say), not a hint's (``onceflow.compiled``).
     encode: Callable[[Any], Any] = step.encode
@@ -108,6 +111,7 @@ def republished(
     fan = _fan_out(values, hop) if times else None
     lead = prior[-1].index if prior else -1
     topic, in_partition, offset = record.topic, record.partition, record.offset
+    hop_offset = offset if prior else root_offset(generation, offset)
     headers: tuple[tuple[str, bytes], ...]
     for n, (pos, value) in enumerate(values):
         j = fan[n] if fan is not None else n
@@ -129,7 +133,7 @@ def republished(
             chain.extend(prior)
             if times:
                 chain[-1].index = pos[hop]
-        chain.add(topic=topic, partition=in_partition, offset=offset, index=j)
+        chain.add(topic=topic, partition=in_partition, offset=hop_offset, index=j)
         if step.format == "envelope":
             payload, headers = out.SerializeToString(), (ENVELOPE_MARK,)
         else:
@@ -152,6 +156,7 @@ def _units(
     values: list[tuple[Position, Any]],
     time_ms: int,
     key: str,
+    generation: int,
 ) -> tuple[list[Position], list[Output]]:
     """``republished`` for a unit step: one envelope per run of consecutive values with one
     key (and one source item, for a consumed unit: a unit's items share their chain), cut
@@ -166,7 +171,8 @@ def _units(
     hop = len(prior)
     times = _item_times(envelope)
     partition = step.partition_of(record.topic, record.partition)
-    topic, in_partition, offset = record.topic, record.partition, record.offset
+    topic, in_partition = record.topic, record.partition
+    offset = record.offset if prior else root_offset(generation, record.offset)
     fan = _fan_out(values, hop) if times else None
     items: list[ItemFields] = []
     run: tuple[Any, int] | None = None

@@ -97,6 +97,8 @@ class PipelineRunner:
             topic for topic, steps in self._segments.items()
             if all(kind is not REPUBLISH for kind, *_ in steps)])
         self.written = WrittenOutputs()  # what exclusive republish steps find written
+        #: Root input partitions whose log was forgotten (``lineage.root_offset``): generation.
+        self.generations: dict[TopicPartition, int] = {}
         self.side = SideOutputs(self.written)  # dead letters and late events: the same
         self.clocks = {t: WindowClock(t, idle_timeout, load_rows, hold_new, max_future)
                        for t in self.tables if t.spec.window is not None}
@@ -219,8 +221,13 @@ class PipelineRunner:
         self.advance()
         return outcome
 
-    def assigned(self, partitions: Iterable[TopicPartition]) -> None:
-        """Windowed stages read back the rows of the partitions feeding them (window_clock)."""
+    def assigned(self, partitions: Iterable[TopicPartition],
+                 generations: Mapping[TopicPartition, int] | None = None) -> None:
+        """Windowed stages read back the rows of the partitions feeding them (window_clock);
+        republish steps learn the generation of each root log (``log_marks``)."""
+        for tp in partitions:
+            self.generations.pop(tp, None)
+        self.generations.update((generations or {}).items())
         for table, clock in self.clocks.items():
             for tp in partitions:
                 if any(t is table for *_, t, _ in self._segments.get(tp[0], ())):
@@ -269,8 +276,11 @@ class PipelineRunner:
                     assert isinstance(step, Republish)
                     pairs = list(zip(positions, values, strict=True))
                     time_ms, key = defaults(envelope, record)
+                    generation = self.generations.get(
+                        (record.topic, record.partition), 0) if self.generations else 0
                     plan.order.append(Emit(*republished(step, envelope, record, root, pairs,
-                                                         time_ms, key, self.written)))
+                                                         time_ms, key, self.written,
+                                                         generation)))
                 else:
                     assert fn is not None
                     values, positions = through(kind, fn, values, positions)

@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError
 
 from onceflow.protos.envelope_pb2 import Envelope, SourceRef
 from onceflow.stages.formats import is_marked
-from onceflow.stages.lineage import Position
+from onceflow.stages.lineage import Position, split_root_offset
 from onceflow.stages.origin import CHAIN_HEADER, decode_chain, header
 from onceflow.stages.outcome import ConsumedHeader
 from onceflow.stages.state import TopicPartition
@@ -42,12 +42,18 @@ Origin = Callable[[bytes | None, Sequence[ConsumedHeader] | None],
                   tuple[TopicPartition, Position] | None]
 
 
-def written_origin(value: bytes | None, headers: Sequence[ConsumedHeader] | None
+def written_origin(value: bytes | None, headers: Sequence[ConsumedHeader] | None,
+                   generations: Mapping[TopicPartition, int] | None = None,
                    ) -> tuple[TopicPartition, Position] | None:
     """The input partition and position a onceflow output came from: the last hop of its
     chain (the ``onceflow-chain`` header of a plain output, or the envelope's chain), with
     the hop before's index (the input's own: which item of an input unit) if there is
-    one. None for a record onceflow did not write."""
+    one. None for a record onceflow did not write.
+
+    A one-hop chain's hop is its root, written at its offset in the root log's generation
+    (``lineage.root_offset``): read back in ``generations`` (0 if not there), an output of
+    an earlier generation (the log before a forget) is older than anything of this one,
+    at (-1,)."""
     text = header(headers, CHAIN_HEADER)
     chain: Sequence[SourceRef]
     if text:
@@ -66,7 +72,11 @@ def written_origin(value: bytes | None, headers: Sequence[ConsumedHeader] | None
         return None
     hop = chain[-1]
     if len(chain) == 1:
-        return (hop.topic, hop.partition), (hop.offset, hop.index)
+        tp = (hop.topic, hop.partition)
+        generation, offset = split_root_offset(hop.offset)
+        if generation != (generations or {}).get(tp, 0):
+            return tp, (-1,)
+        return tp, (offset, hop.index)
     # The input's own last index too: an input unit's items each count j from 0.
     return (hop.topic, hop.partition), (hop.offset, chain[-2].index, hop.index)
 

@@ -1,11 +1,14 @@
 """A store-less republisher refuses its input topic re-created under its name, until
-``onceflow forget --topic T``; then every new record is republished.
+``onceflow forget --topic T``; then every new record is republished, and an aggregate
+reading its output counts every one without a forget of its own.
 
 Without a store it kept no log marks: after a delete and create (the group's
 offsets go with the topic) it read the new log from 0 and republished the new
 records with the source chains of the old ones, (topic, partition, offset) alike,
 and every aggregate downstream discarded them as copies, silently. Its marks now
-live in ``<pipeline>-log-marks`` (``kafka.log_marks_topic``).
+live in ``<pipeline>-log-marks`` (``kafka.log_marks_topic``), and the forget counts the
+log's generation up there: the new records are republished with roots above the old
+ones (``lineage.root_offset``).
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import caught_up, committed, create_topic, produce
+from helpers import caught_up, committed, create_topic, produce, stored_states
 from test_recreated_topic import REFUSED, _recreate, _stopped_with_1
 
 from onceflow.devtools import harness
 from onceflow.devtools.services import ServiceInfo
+from onceflow.stores.redis_store import RedisStore
 
 PIPELINE = '''
 import os
@@ -35,6 +39,14 @@ pipeline = (
     .map("tag", lambda item: {**item, "relayed": True})
     .republish("out", os.environ["RELAY_OUTPUT"], key=lambda item: str(item["id"]),
                format="json")
+)
+
+# Downstream: how many times it counted each item of each generation (old, new), in Redis
+# (keyed by the republish key's item: each key fed from one partition, its home).
+counts = (
+    Pipeline(os.environ["COUNT_ID"], topics=(os.environ["RELAY_OUTPUT"],), format="json")
+    .aggregate("seen", key=lambda item: f"{item['gen']}/{item['id']}", init=lambda: 0,
+               fold=lambda n, _: n + 1)
 )
 '''
 PARTITIONS = 2
@@ -54,12 +66,13 @@ def items(generation: str, first: int, count: int) -> list[tuple[bytes | None, b
 
 @pytest.mark.parametrize("new_count", [80, 300], ids=["shorter", "grown_past"])
 def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
-    kafka_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
-    new_count: int,
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str], new_count: int,
 ) -> None:
     """Whether the new log ends below the marks or already holds other records at their
     offsets: exit 1 naming the topic, partition and offsets, nothing of it republished
-    or committed; after ``forget`` every new record is republished."""
+    or committed; after ``forget`` every new record is republished, and the aggregate
+    downstream (never forgotten) counts each once."""
     bootstrap = kafka_service.address
     topic, output, group = unique_name("relay_in"), unique_name("relay_out"), unique_name("g")
     pipeline_id = unique_name("relay")
@@ -74,6 +87,7 @@ def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
                 "onceflow.commit.interval": "200ms"}
     argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
     env = {**os.environ, "RELAY_ID": pipeline_id, "RELAY_TOPIC": topic, "RELAY_OUTPUT": output,
+           "COUNT_ID": unique_name("count"),
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     create_topic(bootstrap, topic, PARTITIONS)
     create_topic(bootstrap, output, PARTITIONS)
@@ -93,6 +107,35 @@ def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
 
     first = drain("old", old_ends).read_text(errors="replace")
     assert "stores: none (" in first and f"{pipeline_id}-log-marks" in first
+    redis_url, prefix = f"redis://{redis_service.address}/0", unique_name("p")
+    count_group = unique_name("gc")
+    count_argv = harness.worker_command(harness.packaged_config("demo.conf"), {
+        **settings, "onceflow.pipeline": "relay_pipeline:counts",
+        "onceflow.kafka.group-id": count_group, "onceflow.stores.redis.url": redis_url,
+        "onceflow.stores.redis.key-prefix": prefix})
+
+    def counted(name: str) -> dict[str, int]:
+        """Run the downstream aggregate over everything republished; its states."""
+        ends: dict[int, int] = {}
+        for record in asyncio.run(harness.read_all(bootstrap, output, PARTITIONS, quiet=1.0)):
+            ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+        worker = harness.WorkerProcess(count_argv, env, tmp_path, name)
+        worker.start()
+        try:
+            assert caught_up(bootstrap, count_group, output, ends, 90, worker), \
+                worker.log_tail()
+            assert worker.terminate(20) == 0, worker.log_tail()
+        finally:
+            if worker.exited() is None:
+                worker.kill()
+        store = RedisStore(redis_url, prefix, env["COUNT_ID"])
+        try:
+            return stored_states(store, "seen")
+        finally:
+            store.close()
+
+    olds = {f"old/{i}": 1 for i in range(120)}
+    assert counted("count_old") == olds
 
     asyncio.run(_recreate(bootstrap, topic, PARTITIONS))
     new_ends = produce(bootstrap, topic, items("new", 1000, new_count))
@@ -116,7 +159,7 @@ def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
     else:
         assert "differs" in found[4]
     assert f"onceflow forget --topic {topic}" in text
-    assert f"This pipeline republishes to {output}: a pipeline reading those" in text
+    assert f"This pipeline republishes to {output}: after the forget" in text
     assert committed(bootstrap, group, topic, PARTITIONS) == {0: 0, 1: 0}  # nothing committed
     assert "new" not in generations(bootstrap, output)  # nothing of the new log republished
 
@@ -128,12 +171,14 @@ def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
     assert f"forget {topic}: This pipeline republishes to {output}" in forgot.stderr
     summary = json.loads(forgot.stdout)
     assert summary["partitions"] == [0, 1], summary
-    assert summary["rows"] == {"kafka/__logs__": 2}, summary
+    assert summary["rows"] == {"kafka/__logs__": 4}, summary  # marks, generations
 
     drain("new", new_ends)
     written = generations(bootstrap, output)
     assert written["old"] == set(range(120))
     assert written["new"] == set(range(1000, 1000 + new_count))  # every new one republished
+    news = {f"new/{i}": 1 for i in range(1000, 1000 + new_count)}
+    assert counted("count_new") == {**olds, **news}  # and each counted downstream once
 
 
 def generations(bootstrap: str, topic: str) -> dict[str, set[int]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +50,11 @@ def item(partition: int, offset: int, parts: int) -> Rec:
 
 
 def scan(log: Sequence[Output], committed: dict[TopicPartition, int], chunk: int,
-         pending: Sequence[Output] = ()) -> tuple[Written, int]:
-    """What the tail reader finds in ``log`` (one output partition), and records read."""
-    tail = TailScan(committed)
+         pending: Sequence[Output] = (), generations: dict[TopicPartition, int] | None = None,
+         ) -> tuple[Written, int]:
+    """What the tail reader finds in ``log`` (one output partition), and records read
+    (``generations``: of the root logs, as the tail reader gets them)."""
+    tail = TailScan(committed, partial(written_origin, generations=generations))
     tail.feed((o.value, o.headers) for o in pending)
     read = 0
     for start, end in windows(0, len(log), chunk):

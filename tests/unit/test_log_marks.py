@@ -8,11 +8,13 @@ mark and its comparison, the ledger carrying marks into checkpoints, and
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from aiokafka import TopicPartition as KafkaPartition
 from persistence_doubles import DictStore
 
 from onceflow.actors.messages import Snapshot, StageRows
@@ -24,6 +26,7 @@ from onceflow.checkpoint.log_marks import (
     LogMark,
     LogReplaced,
     downstream_note,
+    forgotten_rows,
     judge,
     mark_of,
 )
@@ -130,6 +133,7 @@ def test_forget_drops_the_topics_watermarks_tables_and_marks_and_nothing_else() 
     assert (reset.next_offset, reset.producers, reset.duplicates) == (0, {}, 3)
     assert store.rows[(SEQUENCE_STAGE, "refunds|0")] == table.encode()
     assert store.rows[(LOGS_STAGE, "orders|2")] == NO_MARK
+    assert store.rows[(LOGS_STAGE, "orders|2|generation")] == b"1"
     assert LogMark.decode(store.rows[(LOGS_STAGE, "refunds|0")]).offset == 4
     assert done.watermarks == 5 and done.partitions == {0, 1, 2}
     # A windowed stage's partition watermark: the topic's roots go; one left with none
@@ -188,9 +192,7 @@ def test_an_offset_a_real_broker_refuses_is_judged_by_the_log_ends(
     """Real Kafka answers a fetch outside the log with OFFSET_OUT_OF_RANGE (Tansu with an
     empty fetch, tested in the integration test): below the mark's offset at the end is
     refused; gone at the start (retention) while the log goes on is accepted, warned."""
-    import asyncio
 
-    from aiokafka import TopicPartition as KafkaPartition
 
     check = LogCheck(DictStore(), {}, 5)
     tp, mark = KafkaPartition("orders", 0), LogMark(41, 1, "d")
@@ -200,13 +202,33 @@ def test_an_offset_a_real_broker_refuses_is_judged_by_the_log_ends(
     assert "cannot tell whether the topic was re-created" in caplog.text
 
 
-def test_a_republisher_names_the_outputs_whose_readers_must_forget_too() -> None:
+def test_a_republisher_says_its_readers_need_no_forget_of_their_own() -> None:
     republisher = (Pipeline("norm", topics=("raw",)).map("m", str)
                    .republish("out", "normalized").republish("copy", "audit"))
     note = downstream_note(republisher.republished_to, "raw")
     assert "republishes to audit, normalized" in note
-    assert "onceflow forget --topic raw" in note
+    assert "next generation" in note and "without a forget of their own" in note
     refused = LogReplaced(("raw", 0), LogMark(4, 1, "d"), "it now ends at offset 0", note)
     assert str(refused).endswith(note)
     assert downstream_note(Pipeline("sum", topics=("raw",)).map("m", str).republished_to,
                            "raw") == ""
+
+
+def test_a_forget_drops_the_topics_marks_and_counts_its_generations_up() -> None:
+    """Only partitions of the topic that hold a mark; a generation row counts on from its
+    value; the other topic's rows and the rows already forgotten are left."""
+    rows = {"raw|0": LogMark(9, 1, "d").encode(), "raw|0|generation": b"2",
+            "raw|1": LogMark(4, 1, "e").encode(), "raw|2": NO_MARK,
+            "rawer|0": LogMark(3, 1, "f").encode()}
+    assert forgotten_rows(rows, "raw") == {"raw|0": NO_MARK, "raw|0|generation": b"3",
+                                           "raw|1": NO_MARK, "raw|1|generation": b"1"}
+    assert forgotten_rows(rows, "other") == {}
+
+
+def test_the_check_answers_the_generations_of_forgotten_logs() -> None:
+    """No mark left (just forgotten): nothing to fetch, the generations answered."""
+    store = DictStore()
+    store.save(LOGS_STAGE, {"raw|0": NO_MARK, "raw|0|generation": b"2", "raw|1": NO_MARK})
+    found = asyncio.run(LogCheck(store, {}, 5).verify(
+        {KafkaPartition("raw", 0), KafkaPartition("raw", 1)}))
+    assert found == {("raw", 0): 2}
