@@ -12,7 +12,10 @@ the old log left behind, and nothing else:
   left with no root starts over);
 - the producer-dedup table of each partition of ``T`` (its duplicate count stays);
 - the log mark of each partition of ``T`` (for a pipeline without a store, in its
-  marks topic: ``kafka.log_marks_topic``, ``NO_MARK`` appended for each);
+  marks topic: ``kafka.log_marks_topic``, ``NO_MARK`` appended for each), and the
+  partition's generation counted up beside it (``log_marks.forgotten_rows``): the new
+  log's records are republished with roots above the old log's
+  (``lineage.root_offset``), so pipelines downstream need no forget of their own;
 - in a join's table fed by ``T``, each row (its versions are the old log's offsets: the
   row is empty until the new topic's records fill it), and ``T``'s runs in the merge
   log (a forget record appended to each of its partitions: ``kafka.merge_log_topic``),
