@@ -68,8 +68,10 @@ class PartitionRewound(RuntimeError):
             f"{tp[0]}[{tp[1]}] {served}, below offset {committed} that this consumer group "
             f"had reached: the topic was deleted and re-created (or truncated). "
             f"Its new records would sit below the watermarks of the old ones and be "
-            f"discarded as copies, so the worker stops. Give the new topic a new name, or "
-            f"start over with a new pipeline id and consumer group "
+            f"discarded as copies, so the worker stops. Give the new topic a new name; or, "
+            f"if it was re-created and its events are new, stop every worker of the "
+            f"pipeline and run `onceflow forget --topic {tp[0]} -c <app.conf>`; or start "
+            f"over with a new pipeline id and consumer group "
             f"(docs/guide/operations-and-health.md: \"A log that restarts below the "
             f"group's offset\")")
         self.tp, self.committed, self.found = tp, committed, found
