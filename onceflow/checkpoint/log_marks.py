@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 #: A row that holds no mark (``onceflow forget`` leaves it): nothing to check.
 NO_MARK = b"{}"
+#: The check's fetch max wait (ms): what a broker may take to find a mark's offset.
+PROBE_WAIT_MS = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,15 +180,6 @@ def downstream_note(republished_to: Sequence[str], topic: str) -> str:
             f"of their own")
 
 
-@dataclass(frozen=True, slots=True)
-class Verified:
-    """What ``LogCheck.verify`` found: the marks it checked, and the generations of the logs
-    forgotten before (``generation_key``)."""
-
-    marks: dict[TopicPartition, LogMark]
-    generations: dict[TopicPartition, int]
-
-
 class LogCheck:
     """On assignment: does each assigned partition still hold its mark's record?
 
@@ -199,41 +192,40 @@ class LogCheck:
     def __init__(self, store: MarkRows, options: Mapping[str, Any], timeout: float,
                  republished_to: Sequence[str] = ()):
         self._store = store
-        self._options = {**options, "auto_offset_reset": "none"}
+        # A fetch at a mark deep in a partition answers once the broker found the offset
+        # (Tansu walks the partition's batches to it, answering empty past the wait): a long
+        # wait costs nothing while the record is there.
+        self._options = {**options, "auto_offset_reset": "none",
+                         "fetch_max_wait_ms": max(int(options.get("fetch_max_wait_ms", 500)),
+                                                  PROBE_WAIT_MS)}
         self._timeout = timeout
         self._republished_to = republished_to  # what else to forget: the refusal says
 
-    async def verify(self, assigned: set[KafkaPartition]) -> Verified:
+    async def verify(self, assigned: set[KafkaPartition]) -> dict[TopicPartition, int]:
         """Raise ``LogReplaced`` for the first assigned partition whose log changed; answer
-        the marks checked and the generation of each partition whose log was forgotten."""
-        keys = {row_key((tp.topic, tp.partition)): (tp.topic, tp.partition) for tp in assigned}
-        numbered = {generation_key(tp): tp for tp in keys.values()}
+        the generation of each assigned partition whose log was forgotten."""
+        keys = {row_key((tp.topic, tp.partition)): tp for tp in assigned}
+        numbered = {generation_key((tp.topic, tp.partition)): tp for tp in assigned}
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(
             None, lambda: self._store.load(LOGS_STAGE, sorted([*keys, *numbered])))
         marks = {keys[key]: LogMark.decode(row) for key, row in rows.items()
                  if key in keys and row != NO_MARK}
-        generations = {numbered[key]: int(row) for key, row in rows.items() if key in numbered}
+        generations = {(numbered[key].topic, numbered[key].partition): int(row)
+                       for key, row in rows.items() if key in numbered}
         if generations:
             log.info("root logs forgotten before, republished in their generation: %s",
                      sorted(generations.items()))
-        if marks:
-            await self.holds(marks)
-            log.info("input logs checked: %d partitions hold the records their states were "
-                     "folded from", len(marks))
-        return Verified(marks, generations)
-
-    async def holds(self, marks: Mapping[TopicPartition, LogMark]) -> None:
-        """Raise ``LogReplaced`` for the first partition whose log does not hold its mark's
-        record any more (on assignment, and before each snapshot's write: ``LogWatch``)."""
+        if not marks:
+            return generations
         try:
-            await asyncio.wait_for(self._probe(
-                {KafkaPartition(*tp): mark for tp, mark in marks.items()}), self._timeout)
+            await asyncio.wait_for(self._probe(marks), self._timeout)
         except LogReplaced as refused:
             if not self._republished_to:
                 raise
             raise LogReplaced(refused.tp, refused.mark, refused.why, downstream_note(
                 self._republished_to, refused.tp[0])) from None
+        return generations
 
     async def _probe(self, marks: dict[KafkaPartition, LogMark]) -> None:
         consumer = AIOKafkaConsumer(**self._options)
@@ -264,6 +256,8 @@ class LogCheck:
                 consumer.pause(*(set(marks) - pending))
         finally:
             await consumer.stop()
+        log.info("input logs checked: %d partitions hold the records their states were "
+                 "folded from", len(marks))
 
     async def _out_of_range(self, consumer: AIOKafkaConsumer, tp: KafkaPartition,
                             mark: LogMark) -> None:
@@ -292,4 +286,4 @@ def judge(tp: TopicPartition, mark: LogMark, found: HasRecord) -> None:
 
 
 __all__ = ["LOGS_STAGE", "NO_MARK", "LogCheck", "LogMark", "LogReplaced", "MarkRows",
-           "Verified", "forgotten_rows", "generation_key", "judge", "mark_of", "mark_rows"]
+           "forgotten_rows", "generation_key", "judge", "mark_of", "mark_rows"]

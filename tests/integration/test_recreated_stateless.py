@@ -38,7 +38,7 @@ pipeline = (
     Pipeline(os.environ["RELAY_ID"], topics=(os.environ["RELAY_TOPIC"],), format="json")
     .map("tag", lambda item: {**item, "relayed": True})
     .republish("out", os.environ["RELAY_OUTPUT"], key=lambda item: str(item["id"]),
-               format="json")
+               format="json", exclusive=os.environ["RELAY_EXCLUSIVE"] == "1")
 )
 
 # Downstream: per item id (the republish key: each fed from one partition, its home), how
@@ -65,15 +65,18 @@ def items(generation: str, first: int, count: int) -> list[tuple[bytes | None, b
             for i in range(first, first + count)]
 
 
-@pytest.mark.parametrize("new_count", [80, 300], ids=["shorter", "grown_past"])
+@pytest.mark.parametrize(("new_count", "exclusive"), [(80, True), (300, False)],
+                         ids=["shorter_exclusive", "grown_past"])
 def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
     kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
-    unique_name: Callable[..., str], new_count: int,
+    unique_name: Callable[..., str], new_count: int, exclusive: bool,
 ) -> None:
     """Whether the new log ends below the marks or already holds other records at their
     offsets: exit 1 naming the topic, partition and offsets, nothing of it republished
     or committed; after ``forget`` every new record is republished, and the aggregate
-    downstream (never forgotten) counts each once."""
+    downstream (never forgotten) counts each once. An exclusive relay's resume reads its
+    old outputs (at the old log's offsets) as older than the new log's: it skips none
+    of the new records."""
     bootstrap = kafka_service.address
     topic, output, group = unique_name("relay_in"), unique_name("relay_out"), unique_name("g")
     pipeline_id = unique_name("relay")
@@ -88,7 +91,7 @@ def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
                 "onceflow.commit.interval": "200ms"}
     argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
     env = {**os.environ, "RELAY_ID": pipeline_id, "RELAY_TOPIC": topic, "RELAY_OUTPUT": output,
-           "COUNT_ID": unique_name("count"),
+           "COUNT_ID": unique_name("count"), "RELAY_EXCLUSIVE": "1" if exclusive else "0",
            "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     create_topic(bootstrap, topic, PARTITIONS)
     create_topic(bootstrap, output, PARTITIONS)
