@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -62,8 +63,10 @@ class JoinWatch:
         since = self._since
         return None if since is None else self._clock() - since[0]
 
-    def overdue(self) -> bool:
-        seconds = self.seconds()
+    def overdue(self, seconds: float | None = None) -> bool:
+        """Whether the current join took longer than the timeout (``seconds``: as measured
+        by the caller, so that one report says one thing)."""
+        seconds = self.seconds() if seconds is None else seconds
         return seconds is not None and seconds > self.timeout
 
     def until_due(self) -> float:
@@ -78,9 +81,10 @@ class JoinWatch:
             "joining": since is not None,
             "joining_since": None if since is None else
             time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since[1])),
-            "joining_seconds": None if seconds is None else round(seconds, 3),
+            # rounded up: an overdue join never shows the timeout itself
+            "joining_seconds": None if seconds is None else math.ceil(seconds * 1000) / 1000,
             "join_timeout": self.timeout,
-            "join_overdue": self.overdue(),
+            "join_overdue": self.overdue(seconds),
         }
 
 

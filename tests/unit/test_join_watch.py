@@ -44,6 +44,20 @@ def test_a_join_is_timed_from_its_first_start_until_assigned() -> None:
     assert watch.seconds() == 0.0
 
 
+def test_one_report_reads_the_clock_once_and_an_overdue_join_shows_more_than_the_timeout(
+) -> None:
+    """The clock moves between reads (a busy loop): the report's seconds and its verdict
+    come from one reading, rounded up, so an overdue join never shows the timeout itself
+    (an e2e test once saw ``joining_seconds`` 8.0 with ``join_overdue`` true at 8.0)."""
+    readings = iter([1000.0, 1007.9999, 1008.0001, 1008.0002])
+    watch = JoinWatch(8.0, clock=lambda: next(readings), wall=lambda: 1_767_225_600.0)
+    watch.joining()
+    report = watch.report()
+    assert (report["joining_seconds"], report["join_overdue"]) == (8.0, False)
+    report = watch.report()
+    assert report["join_overdue"] is True and report["joining_seconds"] > 8.0
+
+
 def test_enforce_fails_an_overdue_join_and_counts_it() -> None:
     watch = JoinWatch(0.2)
     before = metrics.JOIN_TIMEOUTS._value.get()
