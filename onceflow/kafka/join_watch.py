@@ -63,10 +63,11 @@ class JoinWatch:
         since = self._since
         return None if since is None else self._clock() - since[0]
 
-    def overdue(self, seconds: float | None = None) -> bool:
-        """Whether the current join took longer than the timeout (``seconds``: as measured
-        by the caller, so that one report says one thing)."""
-        seconds = self.seconds() if seconds is None else seconds
+    def overdue(self) -> bool:
+        return self._past_due(self.seconds())
+
+    def _past_due(self, seconds: float | None) -> bool:
+        """Whether a join that has taken ``seconds`` (None: none under way) is overdue."""
         return seconds is not None and seconds > self.timeout
 
     def until_due(self) -> float:
@@ -84,7 +85,7 @@ class JoinWatch:
             # rounded up: an overdue join never shows the timeout itself
             "joining_seconds": None if seconds is None else math.ceil(seconds * 1000) / 1000,
             "join_timeout": self.timeout,
-            "join_overdue": self.overdue(seconds),
+            "join_overdue": self._past_due(seconds),  # the same reading as the seconds
         }
 
 

@@ -68,6 +68,14 @@ class Forgotten:
     def add(self, store: str, stage: str, key: str, row: bytes) -> None:
         self.rows.setdefault((store, stage), {})[key] = row
 
+    def add_marks(self, store: str, rows: Mapping[str, bytes]) -> None:
+        """The log mark rows written (``log_marks.forgotten_rows``): each emptied mark names
+        a partition of the topic."""
+        for key, row in rows.items():
+            if row == NO_MARK:
+                self.partitions.add(int(key.rpartition("|")[2]))
+            self.add(store, LOGS_STAGE, key, row)
+
 
 def root_topic(route: Route) -> str:
     """The root topic of a watermark's route (``lineage.route_of``)."""
@@ -111,10 +119,7 @@ def plan(stores: Mapping[str, StateRows], pipeline: Pipeline, topic: str) -> For
                         PartitionSequences(duplicates=old.duplicates).encode())
     first = next(iter(stores), None)
     if first is not None:
-        for key, row in forgotten_rows(dict(stores[first].scan(LOGS_STAGE)), topic).items():
-            if row == NO_MARK:
-                out.partitions.add(int(key.rpartition("|")[2]))
-            out.add(first, LOGS_STAGE, key, row)
+        out.add_marks(first, forgotten_rows(dict(stores[first].scan(LOGS_STAGE)), topic))
     return out
 
 
@@ -193,10 +198,7 @@ def forget(settings: Settings, pipeline: Pipeline, topic: str) -> Forgotten:
         from onceflow.runtime.log_marks_setup import forget_log_marks
 
         done = Forgotten(topic)
-        for key, row in forget_log_marks(settings, pipeline, topic).items():
-            if row == NO_MARK:
-                done.partitions.add(int(key.rpartition("|")[2]))
-            done.add("kafka", LOGS_STAGE, key, row)
+        done.add_marks("kafka", forget_log_marks(settings, pipeline, topic))
         return done
     try:
         done = forget_topic(stores, pipeline, topic, settings.state.expire_after)
