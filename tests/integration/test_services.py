@@ -138,11 +138,14 @@ def test_a_cassandra_that_hangs_during_start_up_is_started_again(
     """
     spawned: list[ServiceInfo] = []
     spawn = services._spawn
+    patient = services._CASSANDRA_STALL
 
     def spawn_first_one_frozen(*args: object) -> ServiceInfo:
         info = spawn(*args)  # type: ignore[arg-type]
         if not spawned:
             services.freeze(info)
+        else:  # the real start-up: a loaded machine may pause its log for seconds
+            monkeypatch.setattr(services, "_CASSANDRA_STALL", patient)
         spawned.append(info)
         return info
 
