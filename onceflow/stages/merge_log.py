@@ -132,34 +132,38 @@ class LogStarts:
 
     def __init__(self) -> None:
         self._appends: dict[int, deque[Append]] = {}
-        self._epochs: dict[int, int] = {}
+        self._epochs: dict[int, int] = {}  # number -> the highest epoch before its start
         self._next: dict[int, int] = {}  # number -> the start a reader may take now
         self._dirty: dict[int, Start] = {}
 
     def read(self, number: int, start: Start | None, appends: list[Append]) -> None:
         """Co-partition ``number``'s log as read from ``start``."""
         self._appends[number] = deque(appends)
-        self._epochs[number] = max([start.epoch if start else 0, *(a.epoch for a in appends)])
+        self._epochs[number] = start.epoch if start else 0
         self._next[number] = start.offset if start else 0
 
     def appended(self, number: int, append: Append) -> None:
         self._appends[number].append(append)
-        self._epochs[number] = max(self._epochs[number], append.epoch)
 
     def committed(self, offsets: Mapping[tuple[str, int], int]) -> None:
         """``offsets`` (next offset per input partition) are committed: appends all of
-        whose runs lie below them are needed by no reader again."""
+        whose runs lie below them are needed by no reader again.
+
+        The start's epoch is the highest of the appends it passes, never of one past it:
+        a reader drops what lies past the start below that epoch, and the appends of the
+        member before this one (a lower epoch) may still hold runs to replay there."""
         for number, appends in self._appends.items():
-            start = self._next[number]
+            start, epoch = self._next[number], self._epochs[number]
             while appends and all(
                     run.last < offsets.get((run.topic, number if run.partition is None
                                             else run.partition), 0) for run in appends[0].runs):
-                start = appends.popleft().offset + 1
+                passed = appends.popleft()
+                start, epoch = passed.offset + 1, max(epoch, passed.epoch)
             if appends:
                 start = appends[0].offset
             if start != self._next[number]:  # lower only where the log was re-created
-                self._next[number] = start
-                self._dirty[number] = Start(start, self._epochs[number])
+                self._next[number], self._epochs[number] = start, epoch
+                self._dirty[number] = Start(start, epoch)
 
     def forget(self, number: int) -> None:
         """Co-partition ``number`` is read again (a new assignment)."""

@@ -34,7 +34,7 @@ def test_a_start_moves_past_the_appends_whose_runs_are_all_committed() -> None:
     starts.committed({("payments", 5): 9})  # another partition's offsets move nothing
     assert starts.take() == {}
     starts.committed({("payments", 0): 5})  # the first append only
-    assert starts.take() == {0: Start(1, 2)}
+    assert starts.take() == {0: Start(1, 1)}  # the epoch of what it passed, not of its own
     starts.committed({("payments", 0): 7})  # merchants 0..1 not committed: stays
     assert starts.take() == {}
     starts.committed({("payments", 0): 10, ("merchants", 0): 2})  # every append
@@ -62,6 +62,30 @@ def test_a_read_from_a_start_drops_a_zombies_append_as_a_whole_read_does() -> No
     # from offset 2 (the zombie's): with the epoch before it, as the whole read
     assert [run for a in decode_appends(records[2:], 2) for run in a.runs] == whole[2:]
     assert [run for a in decode_appends(records[2:], 0) for run in a.runs] != whole[2:]
+
+
+def test_a_start_written_after_its_own_appends_keeps_the_runs_of_the_member_before() -> None:
+    """A member (epoch 4) takes over a co-partition whose previous owner (epoch 3) logged
+    runs it applied but did not commit, then appends its own. The start its snapshot
+    keeps lies before the old owner's last runs: read from there with the start's epoch,
+    they must still be there (an epoch taken from its own appends dropped them, and the
+    next replay met other rows: the join under SIGKILL split payments)."""
+    records = list(enumerate([
+        encode(3, [Run("payments", 0, 4)]),
+        encode(3, [Run("merchants", 0, 1)]),
+        encode(3, [Run("payments", 5, 9)]),  # applied by the old owner, not committed
+        encode(4, [], 3),  # the new owner's mark, right after its read
+        encode(4, [Run("payments", 10, 12)]),  # the new owner's own append
+    ]))
+    starts = LogStarts()
+    starts.read(0, None, decode_appends(records[:3]))
+    starts.appended(0, Append(4, 4, [Run("payments", 10, 12)]))
+    starts.committed({("payments", 0): 5, ("merchants", 0): 2})  # the positions it began at
+    start = starts.take()[0]
+    assert start == Start(2, 3)
+    read = [run for a in decode_appends(records[start.offset:], start.epoch) for run in a.runs]
+    assert read == [Run("payments", 5, 9), Run("payments", 10, 12)]
+    assert read == decode_all(records)[2:]  # as a whole read gives them
 
 
 def test_a_start_row_round_trips_and_a_broken_one_reads_the_whole_log() -> None:
