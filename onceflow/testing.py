@@ -192,6 +192,7 @@ class TestRun:
         if mid_persist:
             self._persist_states()
         self.crashes += 1
+        self.merge_log.epoch = self.crashes  # the new owner's: higher than every one before
         self._processed = {}
         self.runner = self._new_runner()
         self.runner.assigned(self._ends)  # the worker's assignment: every partition
@@ -201,9 +202,18 @@ class TestRun:
         """Write changed states and closed windows, then the producer sequences (``dedup=``),
         as a persistence interval does."""
         self._persist_states()
+        self._write_log_starts()
         if self.runner.sequences is not None:
             for key, row in self.runner.sequences.take_dirty().items():
                 self._stored[(SEQUENCE_STAGE, key)] = row
+
+    def _write_log_starts(self) -> None:
+        """Where each co-partition's merge log is read from next, as of the committed
+        offsets: written with each snapshot, as the worker writes it."""
+        if isinstance(self.runner, JoinRunner):
+            self.runner.committed(self._committed)
+            for number, start in self.runner.take_log_starts().items():
+                self._stored[(MERGE_LOG_STAGE, str(number))] = encode_start(start)
 
     def _persist_states(self) -> None:
         clocks = list(self.runner.clocks.values())
@@ -225,11 +235,7 @@ class TestRun:
     def commit(self) -> None:
         """Persist, then commit every offset processed so far."""
         self.persist()
-        self._committed.update(self._processed)
-        if isinstance(self.runner, JoinRunner):
-            self.runner.committed(self._committed)
-            for number, start in self.runner.take_log_starts().items():
-                self._stored[(MERGE_LOG_STAGE, str(number))] = encode_start(start)
+        self._committed.update(self._processed)  # the runner hears of it at the next persist
 
     @property
     def producer_duplicates(self) -> int:

@@ -24,14 +24,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
 from onceflow.actors.loop import EventLoopThread
 from onceflow.kafka.topic_end import read_to_end as read_to_end  # reconcile reads it here
-from onceflow.stages.merge_log import Append, Run, Start
+from onceflow.stages.merge_log import Append, Logged, Run, Start, kept_appends
 
 log = logging.getLogger(__name__)
 
@@ -67,35 +67,25 @@ def decode_all(records: list[tuple[int, bytes]]) -> list[Run]:
 
 
 def decode_appends(records: list[tuple[int, bytes]], highest: int = 0) -> list[Append]:
-    """A partition's (offset, value) records as appends in order, without a zombie's late
-    appends: a record of an epoch below one before it (``highest``: the highest epoch
-    before the first record, where a read starts past the log's start), or at or past a
-    reader's mark of a higher epoch (written by the successor right after it read the
-    log, so an append that landed between its read and its mark is dropped too), and
-    without the runs of a forgotten topic logged before its forget record. A record
-    that is no append is skipped with a warning."""
-    kept: list[Append] = []
+    """A partition's (offset, value) records as appends in order, as ``kept_appends``
+    keeps them (a zombie's late appends and the runs of a forgotten topic dropped). A
+    record that is no append is skipped with a warning."""
+    return kept_appends(_parsed(records), highest)
+
+
+def _parsed(records: list[tuple[int, bytes]]) -> Iterator[Logged]:
     for offset, value in records:
         try:
             doc = json.loads(value)
             epoch = int(doc["e"])
-            found = [Run(str(t), int(a), int(b), int(p[0]) if p else None)
-                     for t, a, b, *p in doc["r"]]
-            after = doc.get("a")
+            runs = [Run(str(t), int(a), int(b), int(p[0]) if p else None)
+                    for t, a, b, *p in doc["r"]]
+            after = None if doc.get("a") is None else int(doc["a"])
             forgotten = doc.get("f")
         except (ValueError, TypeError, KeyError) as error:
             log.warning("merge log: a record that is no append skipped: %r", error)
             continue
-        if epoch < highest:
-            continue
-        highest = epoch
-        if after is not None:
-            kept = [k for k in kept if k.offset < int(after) or k.epoch >= epoch]
-        if forgotten is not None:
-            kept = [k._replace(runs=[run for run in k.runs if run.topic != forgotten])
-                    for k in kept]
-        kept.append(Append(offset, epoch, found))
-    return kept
+        yield Logged(offset, epoch, runs, after, forgotten)
 
 
 class KafkaMergeLog:

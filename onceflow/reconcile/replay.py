@@ -41,7 +41,6 @@ from onceflow.reconcile.expiry import lifetimes, newest_input
 from onceflow.reconcile.order import Order
 from onceflow.runtime.settings import Settings
 from onceflow.stages.join_runner import JoinRunner
-from onceflow.stages.merge_log import Append
 from onceflow.stages.outcome import BatchOutcome
 from onceflow.stages.pipeline import Aggregate, Pipeline
 from onceflow.stages.runner import PipelineRunner
@@ -75,8 +74,7 @@ class Replay(TestRun):
                          idle_timeout=settings.windows.idle_timeout,
                          max_future=settings.windows.max_future)
         if order is not None:  # read by the runner at its first ordered record
-            self.merge_log.appends = {p: [Append(0, 0, list(runs))]
-                                      for p, runs in order.runs.items()}
+            self.merge_log.append({p: list(runs) for p, runs in order.runs.items()})
         #: Records produced per topic (dead letters and late events included).
         self.sent: Counter[str] = Counter()
         self._stamps: dict[TopicPartition, tuple[int, array[int]]] = {}  # first offset, ms

@@ -103,25 +103,68 @@ class MergeLog(Protocol):
         ...
 
 
+class Logged(NamedTuple):
+    """A record of a merge log as it lies: an append (``runs``), a reader's mark (``after``:
+    the end it read to; nothing of a lower epoch from there on counts), or a forget
+    record (``forgotten``: the runs of that topic logged before it order nothing)."""
+
+    offset: int
+    epoch: int
+    runs: list[Run]
+    after: int | None = None
+    forgotten: str | None = None
+
+
+def kept_appends(records: Iterable[Logged], highest: int = 0) -> list[Append]:
+    """A partition's records as appends in order, without a zombie's late appends: a
+    record of an epoch below one before it (``highest``: the highest epoch before the
+    first record, where a read starts past the log's start), or at or past a reader's
+    mark of a higher epoch (written by the successor right after it read the log, so an
+    append that landed between its read and its mark is dropped too), and without the
+    runs of a forgotten topic logged before its forget record."""
+    kept: list[Append] = []
+    for offset, epoch, runs, after, forgotten in records:
+        if epoch < highest:
+            continue
+        highest = epoch
+        if after is not None:
+            kept = [k for k in kept if k.offset < after or k.epoch >= epoch]
+        if forgotten is not None:
+            kept = [k._replace(runs=[run for run in k.runs if run.topic != forgotten])
+                    for k in kept]
+        kept.append(Append(offset, epoch, runs))
+    return kept
+
+
 class MemoryMergeLog:
-    """A merge log in memory that outlives the runners (``TestRun``'s crashes)."""
+    """A merge log in memory that outlives the runners (``TestRun``'s crashes). Kept as the
+    topic keeps it: each append under the writer's ``epoch`` (``TestRun`` counts it up at
+    each crash, as a new owner takes a higher one), each read leaves its mark, and a read
+    from a start keeps what ``kept_appends`` keeps."""
 
     def __init__(self) -> None:
-        self.appends: dict[int, list[Append]] = {}
+        self.logged: dict[int, list[Logged]] = {}
+        self.epoch = 0
 
     @property
     def runs(self) -> dict[int, list[Run]]:
-        return {p: [run for a in appends for run in a.runs] for p, appends in self.appends.items()}
+        """Each partition's runs as a whole read gives them."""
+        return {p: [run for a in kept_appends(logged) for run in a.runs]
+                for p, logged in self.logged.items()}
 
     def read(self, partition: int, start: Start | None = None) -> list[Append]:
-        return list(self.appends.get(partition, ())[0 if start is None else start.offset:])
+        logged = self.logged.setdefault(partition, [])
+        found = kept_appends(logged[0 if start is None else start.offset:],
+                             0 if start is None else start.epoch)
+        logged.append(Logged(len(logged), self.epoch, [], after=len(logged)))
+        return found
 
     def append(self, runs: Mapping[int, list[Run]]) -> dict[int, Append]:
         written = {}
-        for partition, logged in runs.items():
-            appends = self.appends.setdefault(partition, [])
-            written[partition] = Append(len(appends), 0, list(logged))
-            appends.append(written[partition])
+        for partition, found in runs.items():
+            logged = self.logged.setdefault(partition, [])
+            logged.append(Logged(len(logged), self.epoch, list(found)))
+            written[partition] = Append(len(logged) - 1, self.epoch, list(found))
         return written
 
 

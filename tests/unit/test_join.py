@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from onceflow import Pipeline, faults
@@ -167,6 +167,10 @@ def histories(draw: st.DrawFn) -> list[tuple[str, Any]]:
 
 @settings(max_examples=150, deadline=None)
 @given(histories(), st.sampled_from([None, 1, 2, 3]))
+# the new owner's snapshot moved the log's start onto the old owner's uncommitted run
+# under its own epoch: the next reader dropped that run, and payment 2 met row y
+@example([("row", ("a", "x")), ("pay", ("a", 1)), ("commit", None), ("pay", ("a", 2)),
+          ("crash", "fed"), ("row", ("a", "y")), ("persist", None), ("crash", "tables")], None)
 def test_every_replay_meets_the_rows_of_the_first_run(history: list[tuple[str, Any]],
                                                       batch_size: int | None) -> None:
     """Each payment's outputs (first run and every replay) carry the category its first
