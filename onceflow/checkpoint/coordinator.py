@@ -16,6 +16,8 @@ hand it what happened in one call each:
 - a loop timer commits (``committable``, the consumer's commit,
   ``committed``), and a revoke awaits the same commit.
 
+Before each write, the input logs it advanced are checked to still hold the
+records already folded (``log_watch``: a topic re-created under the worker).
 Snapshots are written one at a time, in the order taken. A failed send or
 write fails the snapshot's answer and reports the core failed: nothing after
 it becomes durable, and the supervisor restarts from what is.
@@ -40,6 +42,7 @@ from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Snapshot, StageRows
 from onceflow.checkpoint.ledger import Ledger, LedgerError
 from onceflow.checkpoint.log_marks import LogMark
+from onceflow.checkpoint.log_watch import LogWatch
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 
@@ -81,6 +84,7 @@ class Checkpoints:
         self._io = io
         self._on_fatal = on_fatal
         self._writer = writer
+        self.logs = LogWatch()  # each write's input logs checked first (touch on the loop)
         self._persistence = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="onceflow-persistence")
         self._send: SendFn | None = None
@@ -151,6 +155,8 @@ class Checkpoints:
               marks: Mapping[TopicPartition, LogMark] | None, outputs: Sequence[Output],
               done: Callable[[], None] | None, taking: Taking | None) -> None:
         number = self.ledger.processed(next_offsets, sent=bool(outputs), marks=marks)
+        if marks:
+            self.logs.seen(marks)
         if done is not None:
             done()
         if outputs:
@@ -192,9 +198,11 @@ class Checkpoints:
                 raise LedgerError(f"checkpoint {checkpoint.number} may not be written: "
                                   f"{self.ledger.why_not_writable(checkpoint)}")
             assert self._writer is not None
+            await self.logs.verify(checkpoint.marks)  # folded from the logs it names
             loop = asyncio.get_running_loop()
             await loop.run_in_executor(self._persistence, self._writer.write, snapshot)
             self.ledger.written(checkpoint)
+            self.logs.written(checkpoint.marks)
             if snapshot.stats:
                 await loop.run_in_executor(self._persistence, self._writer.add_stats,
                                            snapshot.stats)

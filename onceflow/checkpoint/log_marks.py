@@ -180,6 +180,15 @@ def downstream_note(republished_to: Sequence[str], topic: str) -> str:
             f"of their own")
 
 
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """What ``LogCheck.verify`` found: the marks it checked, and the generations of the logs
+    forgotten before (``generation_key``)."""
+
+    marks: dict[TopicPartition, LogMark]
+    generations: dict[TopicPartition, int]
+
+
 class LogCheck:
     """On assignment: does each assigned partition still hold its mark's record?
 
@@ -201,31 +210,37 @@ class LogCheck:
         self._timeout = timeout
         self._republished_to = republished_to  # what else to forget: the refusal says
 
-    async def verify(self, assigned: set[KafkaPartition]) -> dict[TopicPartition, int]:
+    async def verify(self, assigned: set[KafkaPartition]) -> Verified:
         """Raise ``LogReplaced`` for the first assigned partition whose log changed; answer
-        the generation of each assigned partition whose log was forgotten."""
-        keys = {row_key((tp.topic, tp.partition)): tp for tp in assigned}
-        numbered = {generation_key((tp.topic, tp.partition)): tp for tp in assigned}
+        the marks checked and the generation of each partition whose log was forgotten."""
+        keys = {row_key((tp.topic, tp.partition)): (tp.topic, tp.partition) for tp in assigned}
+        numbered = {generation_key(tp): tp for tp in keys.values()}
         loop = asyncio.get_running_loop()
         rows = await loop.run_in_executor(
             None, lambda: self._store.load(LOGS_STAGE, sorted([*keys, *numbered])))
         marks = {keys[key]: LogMark.decode(row) for key, row in rows.items()
                  if key in keys and row != NO_MARK}
-        generations = {(numbered[key].topic, numbered[key].partition): int(row)
-                       for key, row in rows.items() if key in numbered}
+        generations = {numbered[key]: int(row) for key, row in rows.items() if key in numbered}
         if generations:
             log.info("root logs forgotten before, republished in their generation: %s",
                      sorted(generations.items()))
-        if not marks:
-            return generations
+        if marks:
+            await self.holds(marks)
+            log.info("input logs checked: %d partitions hold the records their states were "
+                     "folded from", len(marks))
+        return Verified(marks, generations)
+
+    async def holds(self, marks: Mapping[TopicPartition, LogMark]) -> None:
+        """Raise ``LogReplaced`` for the first partition whose log does not hold its mark's
+        record any more (on assignment, and before each snapshot's write: ``LogWatch``)."""
         try:
-            await asyncio.wait_for(self._probe(marks), self._timeout)
+            await asyncio.wait_for(self._probe(
+                {KafkaPartition(*tp): mark for tp, mark in marks.items()}), self._timeout)
         except LogReplaced as refused:
             if not self._republished_to:
                 raise
             raise LogReplaced(refused.tp, refused.mark, refused.why, downstream_note(
                 self._republished_to, refused.tp[0])) from None
-        return generations
 
     async def _probe(self, marks: dict[KafkaPartition, LogMark]) -> None:
         consumer = AIOKafkaConsumer(**self._options)
@@ -256,8 +271,6 @@ class LogCheck:
                 consumer.pause(*(set(marks) - pending))
         finally:
             await consumer.stop()
-        log.info("input logs checked: %d partitions hold the records their states were "
-                 "folded from", len(marks))
 
     async def _out_of_range(self, consumer: AIOKafkaConsumer, tp: KafkaPartition,
                             mark: LogMark) -> None:
@@ -286,4 +299,4 @@ def judge(tp: TopicPartition, mark: LogMark, found: HasRecord) -> None:
 
 
 __all__ = ["LOGS_STAGE", "NO_MARK", "LogCheck", "LogMark", "LogReplaced", "MarkRows",
-           "forgotten_rows", "generation_key", "judge", "mark_of", "mark_rows"]
+           "Verified", "forgotten_rows", "generation_key", "judge", "mark_of", "mark_rows"]

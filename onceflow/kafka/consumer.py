@@ -216,11 +216,13 @@ class ConsumerActor(LoopActor):
         if self._log_check is None:
             return True
         try:
-            self.generations = await self._log_check.verify(assigned)
+            verified = await self._log_check.verify(assigned)
         except Exception as error:
             log.error("%s", error)
             self._on_fatal("ConsumerActor.log_check", error)
             return False
+        self.generations = verified.generations
+        self._checkpoints.logs.assigned(self._log_check, map(ours, assigned), verified.marks)
         return True
 
     def check_single_worker(self, assigned: set[KafkaPartition]) -> None:

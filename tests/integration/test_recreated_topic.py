@@ -228,3 +228,49 @@ def test_a_topic_recreated_under_its_name_is_refused_until_forgotten_then_counte
 
     run.drain(tmp_path / "new.log", new_ends)
     assert run.totals() == expected_counts(old.truth, new.truth)
+
+
+def test_a_topic_recreated_under_a_running_worker_is_refused_before_any_of_it_is_written(
+    request: pytest.FixtureRequest, kafka_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    """The worker holds its partitions, caught up, when the topic is deleted and re-created
+    and its new log grows past the old offsets: no assignment happens, and the broker
+    serves the new log from the old position. It used to fold those records as if they
+    followed the old ones and never read the new log below them, silently. Now the
+    snapshot's check of the logs (``checkpoint.log_watch``) stops the worker (exit 1)
+    before anything of the new log is written or committed; after ``forget`` the new
+    log is counted exactly."""
+    run = Target(request, "redis", kafka_service, unique_name, tmp_path)
+    bootstrap, topic = run.bootstrap, run.topic
+    old = generate(400, robots=12, seed=21)
+    create_topic(bootstrap, topic, 2)
+    old_ends = produce(bootstrap, topic, old.messages)
+    log = tmp_path / "running.log"
+    worker = run.start(log)
+    try:
+        deadline = time.monotonic() + 120
+        while run.committed() != old_ends:
+            assert worker.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.3)
+        asyncio.run(_recreate(bootstrap, topic, 2))
+        new = generate(900, robots=12, seed=22)
+        new_ends = produce(bootstrap, topic, new.messages)
+        assert all(new_ends[p] > old_ends[p] for p in old_ends)  # grown past the old log
+        text = _stopped_with_1(worker, log, 60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    found = REFUSED.search(text)
+    assert found is not None, text[-3000:]
+    assert found[1] == topic and "differs" in found[4]
+    assert int(found[3]) == old_ends[int(found[2])] - 1
+    assert run.totals() == expected_counts(old.truth)  # nothing of the new log written
+    assert run.committed() == {0: 0, 1: 0}  # nor committed
+
+    forgot = subprocess.run([*run.argv("forget"), "--topic", topic], capture_output=True,
+                            text=True, env=run.env, timeout=120)
+    assert forgot.returncode == 0, forgot.stderr[-3000:]
+    run.drain(tmp_path / "new.log", new_ends)
+    assert run.totals() == expected_counts(old.truth, new.truth)
