@@ -242,9 +242,12 @@ class ProducerActor(LoopActor):
         assert self._output_fence is not None
         fence, loop = self._output_fence, asyncio.get_running_loop()
         while (waited := (started := loop.time()) - self._checked) > RECHECK_AFTER:
-            log.log(logging.INFO if waited > 3 * RECHECK_AFTER else logging.DEBUG,
-                    "epochs last checked %.1fs ago (a pause, or records that waited): checked "
-                    "again before the produce request", waited)
+            if not self._checked:  # the first produce request of this producer
+                log.debug("epochs checked before the first produce request")
+            else:
+                log.log(logging.INFO if waited > 3 * RECHECK_AFTER else logging.DEBUG,
+                        "epochs last checked %.1fs ago (a pause, or records that waited): "
+                        "checked again before the produce request", waited)
             try:
                 await asyncio.to_thread(fence.recheck, fence.fence.held())
             except Fenced as error:

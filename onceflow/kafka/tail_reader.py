@@ -34,7 +34,7 @@ from onceflow.stages.outcome import ConsumedHeader, Output
 from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.side_outputs import LateFound, SideOrigin, late_value, side_partition
 from onceflow.stages.state import TopicPartition
-from onceflow.stages.tail_scan import Origin, TailScan, Written, windows, written_origin
+from onceflow.stages.tail_scan import LogOrigin, TailScan, Written, windows, written_origin
 
 if TYPE_CHECKING:
     from onceflow.kafka.producer import ProducerActor
@@ -56,7 +56,7 @@ class ExclusiveOutput:
     topic: str
     inputs: tuple[str, ...]  # the topics its input records are consumed from
     partition_of: Callable[[str, int], int | None]
-    origin: Origin = written_origin
+    origin: LogOrigin = written_origin
     side: bool = False  # dead letters or late events: partition_of set once the count is read
 
     def spread_over(self, partitions: int) -> ExclusiveOutput:
@@ -178,10 +178,10 @@ class TailReader:
                       generations: Mapping[TopicPartition, int] | None = None,
                       ) -> dict[TopicPartition, tuple[Written, LateFound]]:
         """Per output partition of ``plan``: what its input partitions already have there,
-        and for a side output the late events past their committed offsets. A republish
-        output's roots are read in their logs' ``generations`` (``written_origin``)."""
-        origin = (partial(written_origin, generations=generations)
-                  if generations and out.origin is written_origin else out.origin)
+        and for a side output the late events past their committed offsets. Positions are
+        read in the input logs' ``generations`` (``written_origin``, ``SideOrigin``): what
+        was written from a log before its forget is older than anything of the new one."""
+        origin = partial(out.origin, generations=generations) if generations else out.origin
         consumer = AIOKafkaConsumer(**self._options)
         await consumer.start()
         try:

@@ -99,7 +99,7 @@ class PipelineRunner:
         self.written = WrittenOutputs()  # what exclusive republish steps find written
         #: Root input partitions whose log was forgotten (``lineage.root_offset``): generation.
         self.generations: dict[TopicPartition, int] = {}
-        self.side = SideOutputs(self.written)  # dead letters and late events: the same
+        self.side = SideOutputs(self.written, self.generations)  # dead letters, late events
         self.clocks = {t: WindowClock(t, idle_timeout, load_rows, hold_new, max_future)
                        for t in self.tables if t.spec.window is not None}
         self._fused: dict[str, FoldSegment | WindowSegment] = {}  # the common shapes, fused

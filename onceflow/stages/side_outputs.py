@@ -30,7 +30,7 @@ index above those already written, so the skip above lets it through.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from onceflow.stages.lineage import Position
 from onceflow.stages.origin import header
@@ -41,6 +41,9 @@ from onceflow.stages.state import TopicPartition
 PIPELINE = "onceflow.pipeline"
 SOURCE = "onceflow.source"
 INDEX = "onceflow.index"
+#: The generation of the input's log (``lineage.root_offset``), where it is not 0: a side
+#: output of the log before a forget is older than anything of the new one.
+GENERATION = "onceflow.generation"
 STAGE = "onceflow.stage"
 POSITION = "onceflow.position"
 
@@ -75,15 +78,22 @@ class SideOrigin:
     def __init__(self, pipeline_id: str):
         self._pipeline = pipeline_id.encode(errors="backslashreplace")
 
-    def __call__(self, value: bytes | None, headers: Sequence[ConsumedHeader] | None
+    def __call__(self, value: bytes | None, headers: Sequence[ConsumedHeader] | None,
+                 generations: Mapping[TopicPartition, int] | None = None,
                  ) -> tuple[TopicPartition, Position] | None:
+        """``generations``: of the input logs forgotten at least once; an output of an
+        earlier generation than its input's now is at (-1,), before anything of it."""
         if header(headers, PIPELINE) != self._pipeline:
             return None
         source = header(headers, SOURCE) or b""
         index = header(headers, INDEX) or b"0"
         try:
             topic, partition, offset = source.decode().rsplit("/", 2)
-            return (topic, int(partition)), (int(offset), int(index))
+            tp = (topic, int(partition))
+            written_in = int(header(headers, GENERATION) or b"0")
+            if generations and written_in < generations.get(tp, 0):
+                return tp, (-1,)
+            return tp, (int(offset), int(index))
         except ValueError:  # UnicodeDecodeError too
             return None
 
@@ -96,8 +106,12 @@ class SideOutputs:
     partitioner, written at least once as before.
     """
 
-    def __init__(self, written: WrittenOutputs):
+    def __init__(self, written: WrittenOutputs,
+                 generations: Mapping[TopicPartition, int] | None = None):
         self._written = written
+        #: The input logs' generations (the runner's, kept current by its ``assigned``):
+        #: written with each side output of a log forgotten at least once.
+        self.generations = {} if generations is None else generations
         self.partitions: dict[str, int] = {}  # topic -> partition count, from the scan
         self.skipped = 0  # outputs dropped as already written, since last taken
         self.late = LateMarks()  # late values a replay routes late again
@@ -106,7 +120,12 @@ class SideOutputs:
                ) -> Iterator[Output]:
         """``outputs`` of one record, in order (their index is ``first`` + their order),
         each on the partition its input partition maps to, less those already written."""
+        generation = self.generations.get((record.topic, record.partition), 0) \
+            if self.generations else 0
         for index, output in enumerate(outputs, first):
+            if generation:
+                output = output._replace(
+                    headers=(*output.headers, (GENERATION, str(generation).encode())))
             count = self.partitions.get(output.topic)
             if count is None:
                 yield output

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from google.protobuf.message import DecodeError
 
@@ -40,6 +40,15 @@ Written = dict[TopicPartition, Position]
 #: Where a record of an output came from: (value, headers) -> input partition and position.
 Origin = Callable[[bytes | None, Sequence[ConsumedHeader] | None],
                   tuple[TopicPartition, Position] | None]
+
+
+class LogOrigin(Protocol):
+    """An ``Origin`` that reads positions in the input logs' generations (those forgotten
+    at least once, ``lineage.root_offset``): ``written_origin``, ``SideOrigin``."""
+
+    def __call__(self, value: bytes | None, headers: Sequence[ConsumedHeader] | None,
+                 generations: Mapping[TopicPartition, int] | None = None,
+                 ) -> tuple[TopicPartition, Position] | None: ...
 
 
 def written_origin(value: bytes | None, headers: Sequence[ConsumedHeader] | None,

@@ -121,6 +121,7 @@ class Target:
         self.kind, self.bootstrap, self.tmp_path = kind, kafka.address, tmp_path
         self.topic, self.group = unique_name("robots"), unique_name("g")
         self.prefix = unique_name("p")
+        self.dead_letters = unique_name("dead")
         self.env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": self.topic}
         if kind == "redis":
             redis: ServiceInfo = request.getfixturevalue("redis_service")
@@ -143,7 +144,13 @@ class Target:
         argv = harness.worker_command(harness.packaged_config("demo.conf"), redis_settings(
             self.bootstrap, self.redis_url, self.group, self.prefix))
         argv[argv.index("run")] = command
-        return [*argv, *self.store_args]
+        return [*argv, *self.store_args,
+                "--set", f"onceflow.kafka.dead-letter-topic={self.dead_letters}"]
+
+    def dead_lettered(self) -> list[str]:
+        """The source (``topic/partition/offset``) of each dead letter, in topic order."""
+        records = asyncio.run(harness.read_all(self.bootstrap, self.dead_letters, 2, quiet=1.0))
+        return [dict(r.headers)["onceflow.source"].decode() for r in records]
 
     def start(self, log: Path) -> subprocess.Popen[bytes]:
         with log.open("wb") as out:
@@ -192,13 +199,16 @@ def test_a_topic_recreated_under_its_name_is_refused_until_forgotten_then_counte
     bootstrap, topic = run.bootstrap, run.topic
     old = generate(400, robots=12, seed=21)
     create_topic(bootstrap, topic, 2)
-    old_ends = produce(bootstrap, topic, old.messages)
+    create_topic(bootstrap, run.dead_letters, 2)  # exclusive: a replay skips those written
+    bad = (b"bad", b"{not json")  # first in both logs: one partition, offset 0 in each
+    old_ends = produce(bootstrap, topic, [bad, *old.messages])
     run.drain(tmp_path / "old.log", old_ends)
     assert run.totals() == expected_counts(old.truth)
+    assert len(run.dead_lettered()) == 1
 
     asyncio.run(_recreate(bootstrap, topic, 2))
     new = generate(new_messages, robots=12, seed=22)  # sequences restart at 0
-    new_ends = produce(bootstrap, topic, new.messages)
+    new_ends = produce(bootstrap, topic, [bad, *new.messages])
     if new_messages > 400:
         assert all(new_ends[p] > old_ends[p] for p in old_ends)  # grown past the old log
     else:
@@ -228,6 +238,10 @@ def test_a_topic_recreated_under_its_name_is_refused_until_forgotten_then_counte
 
     run.drain(tmp_path / "new.log", new_ends)
     assert run.totals() == expected_counts(old.truth, new.truth)
+    # the new log's bad record sits at the old one's offset: dead-lettered all the same
+    # (read in the log's generation, the old dead letter is older than all of it)
+    sources = run.dead_lettered()
+    assert len(sources) == 2 and sources[0] == sources[1], sources
 
 
 def test_a_topic_recreated_under_a_running_worker_is_refused_before_any_of_it_is_written(

@@ -45,9 +45,11 @@ def bad(topic: str, partition: int, offset: int) -> Rec:
 
 
 def scan(log: Sequence[Output], committed: dict[TopicPartition, int], pipeline_id: str = "p",
-         chunk: int = 2) -> tuple[Written, int]:
+         chunk: int = 2, generations: dict[TopicPartition, int] | None = None
+         ) -> tuple[Written, int]:
     """What the tail reader finds in ``log`` (one dead-letter partition), records read."""
-    tail = TailScan(committed, SideOrigin(pipeline_id))
+    origin = SideOrigin(pipeline_id)
+    tail = TailScan(committed, lambda value, headers: origin(value, headers, generations))
     read = 0
     for start, end in windows(0, len(log), chunk):
         if tail.done:
@@ -109,6 +111,28 @@ def test_a_replay_skips_the_dead_letters_already_written_and_writes_the_rest() -
     assert outcome.stats(3)["side_outputs_skipped"] == 1
     later = replay.process([bad("in", 1, 4)]).outputs  # past the mark: written again
     assert [o.headers[2] for o in later] == [("onceflow.source", b"in/1/4")]
+
+
+def test_a_forgotten_logs_dead_letters_are_older_than_all_of_the_new_log() -> None:
+    """``onceflow forget --topic in`` made the new log generation 1: its bad records at
+    the old log's offsets are dead-lettered too (the old letters read as older than any
+    of it), and a replay of the new log still skips the letters of the new log."""
+    old = runner(counting()).process([bad("in", 1, 0), bad("in", 1, 1)]).outputs
+    assert scan(old, {("in", 1): 0})[0] == {("in", 1): (1, 0)}  # generation 0: as before
+    first = runner(counting())
+    first.assigned([("in", 1)], {("in", 1): 1})
+    new = first.process([bad("in", 1, 0), good("in", 1, 1), bad("in", 1, 2)]).outputs
+    assert [dict(o.headers)["onceflow.generation"] for o in new] == [b"1", b"1"]
+    log = [*old, new[0]]  # the new log's second letter never reached the broker
+    written, _ = scan(log, {("in", 1): 0}, generations={("in", 1): 1})
+    assert written == {("in", 1): (0, 0)}
+    replay = runner(counting())
+    replay.assigned([("in", 1)], {("in", 1): 1})
+    replay.written.resume("dead", written, [("in", 1)])
+    again = replay.process([bad("in", 1, 0), good("in", 1, 1), bad("in", 1, 2)]).outputs
+    assert [dict(o.headers)["onceflow.source"] for o in again] == [b"in/1/2"]
+    # read without the generation (the bug): the old letters hide the new log's
+    assert scan(log, {("in", 1): 0})[0] == {("in", 1): (1, 0)}
 
 
 def test_dead_letters_after_a_state_load_wait_for_the_records_held_before_them() -> None:
