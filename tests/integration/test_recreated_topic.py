@@ -121,7 +121,8 @@ class Target:
         self.kind, self.bootstrap, self.tmp_path = kind, kafka.address, tmp_path
         self.topic, self.group = unique_name("robots"), unique_name("g")
         self.prefix = unique_name("p")
-        self.dead_letters = unique_name("dead")
+        self.dead_letters = unique_name("dead")  # exclusive: a replay skips those written
+        create_topic(self.bootstrap, self.dead_letters, 2)
         self.env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": self.topic}
         if kind == "redis":
             redis: ServiceInfo = request.getfixturevalue("redis_service")
@@ -199,7 +200,6 @@ def test_a_topic_recreated_under_its_name_is_refused_until_forgotten_then_counte
     bootstrap, topic = run.bootstrap, run.topic
     old = generate(400, robots=12, seed=21)
     create_topic(bootstrap, topic, 2)
-    create_topic(bootstrap, run.dead_letters, 2)  # exclusive: a replay skips those written
     bad = (b"bad", b"{not json")  # first in both logs: one partition, offset 0 in each
     old_ends = produce(bootstrap, topic, [bad, *old.messages])
     run.drain(tmp_path / "old.log", old_ends)

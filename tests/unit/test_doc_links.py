@@ -21,7 +21,8 @@ PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md"),
                 ROOT / "benchmarks" / "RESULTS.md", JOURNAL / "README.md"])
 
 # Record headers onceflow writes (`onceflow.reason` ...): names, not modules or keys.
-HEADERS = {"reason", "source", "stage", "pipeline", "index", "root", "position", "truncated"}
+HEADERS = {"reason", "source", "stage", "pipeline", "index", "root", "position", "truncated",
+           "generation"}
 # Names the docs cite on purpose although they do not exist.
 NOT_REAL = {"onceflow.kafka.sesion-timeout"}  # the misspelt key of an error message's example
 # Where cited paths live; anything else in backticks with a slash is prose (`<dir>/...`).
