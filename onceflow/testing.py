@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 from aiokafka.partitioner import murmur2
@@ -44,13 +44,11 @@ from onceflow.stages.declarations import MERGE_LOG_STAGE
 from onceflow.stages.join_runner import JoinRunner
 from onceflow.stages.merge_log import (
     MemoryMergeLog,
-    Start,
-    decode_start,
     encode_start,
     needs_merge_log,
 )
 from onceflow.stages.outcome import BatchOutcome
-from onceflow.stages.pipeline import Aggregate, Pipeline
+from onceflow.stages.pipeline import Pipeline
 from onceflow.stages.producer_dedup import SEQUENCE_STAGE, PartitionSequences
 from onceflow.stages.runner import PipelineRunner
 from onceflow.stages.state import (
@@ -72,6 +70,7 @@ from onceflow.testing_records import (
     Record,
     envelope,
 )
+from onceflow.testing_store import MemoryStore
 
 DEAD_LETTER_TOPIC = "onceflow-dead-letters"  # the defaults of reference.conf
 LATE_EVENTS_TOPIC = "onceflow-late-events"
@@ -115,9 +114,7 @@ class TestRun:
         self._hops = {step.topic: step.partitions or partitions for step in pipeline.repartitions}
         self._batch_size = batch_size
         self._every = (persist_every, commit_every)
-        self._stored: dict[tuple[str, str], bytes] = {}  # (stage, key) -> encoded state
-        self._history: dict[tuple[str, str, int], bytes] = {}  # (stage, key, start) -> value
-        self._homes: dict[tuple[str, str], TopicPartition] = {}
+        self.store = MemoryStore()  # what a crash keeps
         self._log: list[Consumed] = []  # every record consumed once, in order
         self._at: dict[tuple[str, int, int], Consumed] = {}
         self._ends: dict[TopicPartition, int] = {}  # next offset per partition
@@ -205,7 +202,7 @@ class TestRun:
         self._write_log_starts()
         if self.runner.sequences is not None:
             for key, row in self.runner.sequences.take_dirty().items():
-                self._stored[(SEQUENCE_STAGE, key)] = row
+                self.store.rows[(SEQUENCE_STAGE, key)] = row
 
     def _write_log_starts(self) -> None:
         """Where each co-partition's merge log is read from next, as of the committed
@@ -213,23 +210,23 @@ class TestRun:
         if isinstance(self.runner, JoinRunner):
             self.runner.committed(self._committed)
             for number, start in self.runner.take_log_starts().items():
-                self._stored[(MERGE_LOG_STAGE, str(number))] = encode_start(start)
+                self.store.rows[(MERGE_LOG_STAGE, str(number))] = encode_start(start)
 
     def _persist_states(self) -> None:
         clocks = list(self.runner.clocks.values())
         for clock in clocks:  # the open-window index before the states
             rows = clock.rows_before_states()
-            self._stored.update(((WINDOWS_STAGE, key), row) for key, row in rows.items())
+            self.store.rows.update(((WINDOWS_STAGE, key), row) for key, row in rows.items())
         for table in self.runner.tables:
             stage = table.spec.id
             for (key, start), value in table.take_closed().items():
-                self._history[(stage, key, start)] = compact_json(value)
+                self.store.history[(stage, key, start)] = compact_json(value)
             for key, data in table.take_dirty(self._snapshots).items():
-                self._stored[(stage, key)] = data
+                self.store.rows[(stage, key)] = data
             table.written(self._snapshots)  # in memory, written at once
         for clock in clocks:  # the watermarks after them
             rows = clock.rows_after_states()
-            self._stored.update(((WINDOWS_STAGE, key), row) for key, row in rows.items())
+            self.store.rows.update(((WINDOWS_STAGE, key), row) for key, row in rows.items())
         self._snapshots += 1
 
     def commit(self) -> None:
@@ -242,7 +239,7 @@ class TestRun:
         """Producer duplicates dropped, as the persisted sequence rows count them (``dedup=``):
         exact across crashes, unlike ``counters``, which also count replayed work."""
         return sum(PartitionSequences.decode(row).duplicates
-                   for (stage, _), row in self._stored.items() if stage == SEQUENCE_STAGE)
+                   for row in self.store.stage_rows(SEQUENCE_STAGE).values())
 
     @property
     def committed(self) -> dict[TopicPartition, int]:
@@ -274,7 +271,7 @@ class TestRun:
                        ) -> dict[tuple[str, int], Any]:
         """(key, window start) -> final value of every closed window: the history rows."""
         rows = {(key, start): json.loads(value)
-                for (stage, key, start), value in self._history.items() if stage == stage_id}
+                for (stage, key, start), value in self.store.history.items() if stage == stage_id}
         if not persisted:
             closed = self._table(stage_id).closed.items()
             rows.update({slot: json.loads(json.dumps(value)) for slot, value in closed})
@@ -289,7 +286,7 @@ class TestRun:
 
     def _view(self, stage_id: str, persisted: bool) -> dict[str, AggregateState]:
         table = self._table(stage_id)
-        rows = {key: value for (stage, key), value in self._stored.items() if stage == stage_id}
+        rows = self.store.stage_rows(stage_id)
         if not persisted:
             rows.update({key: encode_state(table.states[key]) for key in table.dirty})
         return {key: decode_state(value) for key, value in sorted(rows.items())}
@@ -309,35 +306,14 @@ class TestRun:
         if needs_merge_log(self.pipeline, self.single_worker, None):
             kind, joins = JoinRunner, {"merge_log": self.merge_log, "positions": self._committed,
                                        "across": self.single_worker,
-                                       "log_starts": self._load_log_starts}
+                                       "log_starts": self.store.log_starts}
         runner: PipelineRunner | JoinRunner = kind(
-            self.pipeline, self._load, self.dead_letter_topic, self.late_events_topic,
-            claim=None if self.single_worker else self._claim,
-            load_sequences=self._load_sequences, load_rows=self._load_rows,
+            self.pipeline, self.store.load, self.dead_letter_topic, self.late_events_topic,
+            claim=None if self.single_worker else self.store.claim,
+            load_sequences=self.store.load_sequences, load_rows=self.store.load_rows,
             idle_timeout=self.idle_timeout, max_future=self.max_future,
             hold_new=self.first_start_waits, **joins)
         return runner
-
-    def _load_log_starts(self, numbers: list[int]) -> dict[int, Start]:
-        found = {n: self._stored.get((MERGE_LOG_STAGE, str(n))) for n in numbers}
-        starts = {n: decode_start(row) for n, row in found.items() if row is not None}
-        return {n: start for n, start in starts.items() if start is not None}
-
-    def _load_rows(self, store: str, keys: Iterable[str]) -> dict[str, bytes]:
-        found = ((key, self._stored.get((WINDOWS_STAGE, key))) for key in keys)
-        return {key: value for key, value in found if value is not None}
-
-    def _load_sequences(self, keys: Sequence[str]) -> dict[str, bytes]:
-        found = ((key, self._stored.get((SEQUENCE_STAGE, key))) for key in keys)
-        return {key: value for key, value in found if value is not None}
-
-    def _load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
-        found = ((key, self._stored.get((spec.id, key))) for key in keys)
-        return {key: decode_state(value) for key, value in found if value is not None}
-
-    def _claim(self, spec: Aggregate, feeders: Mapping[str, TopicPartition]
-               ) -> dict[str, TopicPartition]:
-        return {key: self._homes.setdefault((spec.id, key), fed) for key, fed in feeders.items()}
 
     def _append(self, record: Consumed) -> Consumed:
         self._log.append(record)

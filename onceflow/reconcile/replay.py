@@ -93,9 +93,9 @@ class Replay(TestRun):
             ordered = {"merge_log": self.merge_log, "positions": {},
                        "across": self._order.across}
         runner: PipelineRunner | JoinRunner = kind(
-            self.pipeline, self._load, s.kafka.dead_letter_topic, s.kafka.late_events_topic,
+            self.pipeline, self.store.load, s.kafka.dead_letter_topic, s.kafka.late_events_topic,
             claim=None if s.single_worker else self._claim,
-            load_sequences=self._load_sequences, load_rows=self._load_rows,
+            load_sequences=self.store.load_sequences, load_rows=self.store.load_rows,
             idle_timeout=s.windows.idle_timeout, hold_new=True,
             max_future=s.windows.max_future,
             dead_letter_max_value=s.kafka.dead_letter_max_value,
@@ -105,11 +105,11 @@ class Replay(TestRun):
     def _claim(self, spec: Aggregate, feeders: Mapping[str, TopicPartition]
                ) -> dict[str, TopicPartition]:
         """TestRun's claim (the first feeder wins), after the homes the store holds."""
-        new = [key for key in feeders if (spec.id, key) not in self._homes]
+        new = [key for key in feeders if (spec.id, key) not in self.store.homes]
         if new and self._stored_homes is not None:
             for key, home in self._stored_homes(spec, new).items():
-                self._homes[(spec.id, key)] = home
-        return super()._claim(spec, feeders)
+                self.store.homes[(spec.id, key)] = home
+        return self.store.claim(spec, feeders)
 
     def feed(self, records: Iterable[Record]) -> list[Consumed]:
         self._floor = self._applied
@@ -165,11 +165,10 @@ class Replay(TestRun):
 
     def recomputed(self, stage_id: str) -> dict[str, AggregateState]:
         """Each key's recomputed state (after ``persist``), as the store would hold it."""
-        return {key: decode_state(data) for (stage, key), data in self._stored.items()
-                if stage == stage_id}
+        return {key: decode_state(data) for key, data in self.store.stage_rows(stage_id).items()}
 
     def history(self, stage_id: str) -> Iterator[tuple[str, int, bytes]]:
         """The recomputed closed windows: (key, window start, final value)."""
-        for (stage, key, start), value in self._history.items():
+        for (stage, key, start), value in self.store.history.items():
             if stage == stage_id:
                 yield key, start, value

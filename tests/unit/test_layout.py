@@ -175,6 +175,7 @@ USER_API = (
     "onceflow.stages.steps",
     "onceflow.testing",
     "onceflow.testing_records",
+    "onceflow.testing_store",
 )
 #: What the user's API and the engine share, below both: the types and the envelope.
 SHARED = ("onceflow.shared_types", "onceflow.protos.envelope_pb2")
@@ -196,6 +197,9 @@ ENGINE_NEEDED: dict[str, dict[str, str]] = {
         "onceflow.stages.state", "onceflow.stages.state_table", "onceflow.stages.watermark",
         "onceflow.stages.window_clock", "onceflow.stages.join_runner",
         "onceflow.stages.merge_log"), "TestRun"),
+    "onceflow.testing_store": dict.fromkeys((
+        "onceflow.stages.merge_log", "onceflow.stages.producer_dedup", "onceflow.stages.state",
+        "onceflow.stages.watermark"), "TestRun's store: the rows a worker's store holds"),
 }
 
 
