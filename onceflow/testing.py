@@ -271,7 +271,7 @@ class TestRun:
                        ) -> dict[tuple[str, int], Any]:
         """(key, window start) -> final value of every closed window: the history rows."""
         rows = {(key, start): json.loads(value)
-                for (stage, key, start), value in self.store.history.items() if stage == stage_id}
+                for key, start, value in self.store.stage_history(stage_id)}
         if not persisted:
             closed = self._table(stage_id).closed.items()
             rows.update({slot: json.loads(json.dumps(value)) for slot, value in closed})

@@ -8,7 +8,7 @@ crash keeps is what is here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from onceflow.stages.declarations import MERGE_LOG_STAGE
 from onceflow.stages.merge_log import Start, decode_start
@@ -31,6 +31,12 @@ class MemoryStore:
     def stage_rows(self, stage_id: str) -> dict[str, bytes]:
         """Every row of one stage, by key."""
         return {key: value for (stage, key), value in self.rows.items() if stage == stage_id}
+
+    def stage_history(self, stage_id: str) -> Iterator[tuple[str, int, bytes]]:
+        """One stage's closed windows: (key, window start, final value)."""
+        for (stage, key, start), value in self.history.items():
+            if stage == stage_id:
+                yield key, start, value
 
     def load(self, spec: Aggregate, keys: Sequence[str]) -> dict[str, AggregateState]:
         """The runner's state loader."""

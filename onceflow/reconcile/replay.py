@@ -169,6 +169,4 @@ class Replay(TestRun):
 
     def history(self, stage_id: str) -> Iterator[tuple[str, int, bytes]]:
         """The recomputed closed windows: (key, window start, final value)."""
-        for (stage, key, start), value in self.store.history.items():
-            if stage == stage_id:
-                yield key, start, value
+        return self.store.stage_history(stage_id)
