@@ -89,6 +89,7 @@ class Checkpoints:
             max_workers=1, thread_name_prefix="onceflow-persistence")
         self._send: SendFn | None = None
         self._sending: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._turn: asyncio.Future[None] | None = None  # the last send handed over
         self._last_write: asyncio.Future[bool] | None = None
         self._answers: set[concurrent.futures.Future[Mapping[TopicPartition, int] | None]] = set()
         self._consumer: CommitFn | None = None
@@ -160,10 +161,26 @@ class Checkpoints:
         if done is not None:
             done()
         if outputs:
-            assert self._send is not None
-            self._sending.append((number, asyncio.ensure_future(self._send(outputs))))
+            before, self._turn = self._turn, asyncio.get_running_loop().create_future()
+            self._sending.append((number, asyncio.ensure_future(self._checked_send(
+                frozenset(next_offsets), outputs, before, self._turn))))
         if taking is not None:
             self._take(taking)
+
+    async def _checked_send(self, partitions: frozenset[TopicPartition],
+                            outputs: Sequence[Output], before: asyncio.Future[None] | None,
+                            turn: asyncio.Future[None]) -> None:
+        """Send once a check begun now found the inputs' logs unchanged (``log_watch``:
+        a re-created topic's records never reach an output), and once the batch before
+        started its send (``turn``: batches start in the order handed over)."""
+        assert self._send is not None
+        try:
+            await self.logs.checked(partitions)  # a tick's outputs (none named): every log
+            if before is not None:
+                await before
+        finally:
+            turn.set_result(None)  # failed or not: the next one's check decides for it
+        await self._send(outputs)
 
     def _take(self, taking: Taking) -> None:
         checkpoint = self.ledger.take(dirty=bool(taking.rows), force=taking.force)

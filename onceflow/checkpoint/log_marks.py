@@ -190,7 +190,8 @@ class Verified:
 
 
 class LogCheck:
-    """On assignment: does each assigned partition still hold its mark's record?
+    """Does each partition still hold its mark's record? On assignment, and before sends and
+    writes (``log_watch``).
 
     Args:
         store: where the marks are (the pipeline's first store, or its marks topic).
@@ -209,6 +210,8 @@ class LogCheck:
                                                   PROBE_WAIT_MS)}
         self._timeout = timeout
         self._republished_to = republished_to  # what else to forget: the refusal says
+        self._consumer: AIOKafkaConsumer | None = None  # the probe, opened at first use
+        self._probing = asyncio.Lock()
 
     async def verify(self, assigned: set[KafkaPartition]) -> Verified:
         """Raise ``LogReplaced`` for the first assigned partition whose log changed; answer
@@ -242,14 +245,42 @@ class LogCheck:
             raise LogReplaced(refused.tp, refused.mark, refused.why, downstream_note(
                 self._republished_to, refused.tp[0])) from None
 
+    async def close(self) -> None:
+        """Stop the probe consumer (the consumer stream closing; a next check opens another)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
     async def _probe(self, marks: dict[KafkaPartition, LogMark]) -> None:
-        consumer = AIOKafkaConsumer(**self._options)
-        await consumer.start()
+        """Fetch the record at each mark with the probe consumer, kept open between checks
+        (they run as often as sends wait for them: ``log_watch``) and paused in between,
+        so it fetches nothing then. One that failed is not reused."""
+        async with self._probing:  # the assignment's check and a send's never interleave
+            if self._consumer is None:
+                consumer = AIOKafkaConsumer(**self._options)
+                try:
+                    await consumer.start()
+                except BaseException:
+                    await consumer.stop()
+                    raise
+                self._consumer = consumer
+            try:
+                await self._fetch_marks(self._consumer, marks)
+            except LogReplaced:
+                raise
+            except BaseException:
+                await self.close()
+                raise
+
+    async def _fetch_marks(self, consumer: AIOKafkaConsumer,
+                           marks: dict[KafkaPartition, LogMark]) -> None:
+        # assigned anew each time: a partition's state (its high watermark) from an earlier
+        # check must not answer for this one
+        consumer.assign(list(marks))
+        for tp, mark in marks.items():
+            consumer.seek(tp, mark.offset)
+        pending = set(marks)
         try:
-            consumer.assign(list(marks))
-            for tp, mark in marks.items():
-                consumer.seek(tp, mark.offset)
-            pending = set(marks)
             while pending:
                 try:
                     fetched = await consumer.getmany(*pending, timeout_ms=200, max_records=1)
@@ -270,7 +301,7 @@ class LogCheck:
                                           f"it now ends at offset {high}")
                 consumer.pause(*(set(marks) - pending))
         finally:
-            await consumer.stop()
+            consumer.pause(*marks)  # quiet until the next check
 
     async def _out_of_range(self, consumer: AIOKafkaConsumer, tp: KafkaPartition,
                             mark: LogMark) -> None:

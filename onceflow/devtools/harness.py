@@ -77,6 +77,14 @@ class WorkerProcess:
     def exited(self) -> int | None:
         return None if self._proc is None else self._proc.poll()
 
+    def wait(self, timeout: float) -> int | None:
+        """Its exit code once it exits by itself within ``timeout``; None if it did not."""
+        assert self._proc is not None
+        try:
+            return self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
     async def assigned(self, timeout: float = 120.0) -> None:
         """Wait until the current process has been assigned partitions."""
         deadline = time.monotonic() + timeout

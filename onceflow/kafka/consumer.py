@@ -341,7 +341,11 @@ class ConsumerActor(LoopActor):
         try:
             await self._stop_fetching()
         finally:
-            await self._leave()
+            try:
+                await self._leave()
+            finally:
+                if self._log_check is not None:
+                    await self._log_check.close()
 
     async def _leave(self) -> None:
         assert self._consumer is not None

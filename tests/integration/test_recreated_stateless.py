@@ -65,6 +65,104 @@ def items(generation: str, first: int, count: int) -> list[tuple[bytes | None, b
             for i in range(first, first + count)]
 
 
+class Relay:
+    """The relay (store-less, its marks in ``<pipeline>-log-marks``) over 120 old items,
+    and the aggregate downstream that counts what it republished."""
+
+    def __init__(self, kafka: ServiceInfo, redis: ServiceInfo, tmp_path: Path,
+                 unique_name: Callable[..., str], exclusive: bool) -> None:
+        self.bootstrap, self.tmp_path = kafka.address, tmp_path
+        self.topic, self.output = unique_name("relay_in"), unique_name("relay_out")
+        self.group, self.pipeline_id = unique_name("g"), unique_name("relay")
+        (tmp_path / "relay_pipeline.py").write_text(textwrap.dedent(PIPELINE))
+        nowhere = closed_port()
+        settings = {"onceflow.pipeline": "relay_pipeline:pipeline",
+                    "onceflow.kafka.bootstrap-servers": self.bootstrap,
+                    "onceflow.kafka.group-id": self.group,
+                    "onceflow.stores.redis.url": f"redis://127.0.0.1:{nowhere}/0",
+                    "onceflow.stores.cassandra.contact-points": "127.0.0.1",
+                    "onceflow.stores.cassandra.port": str(nowhere),
+                    "onceflow.commit.interval": "200ms"}
+        self.argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
+        self.env = {**os.environ, "RELAY_ID": self.pipeline_id, "RELAY_TOPIC": self.topic,
+                    "RELAY_OUTPUT": self.output, "COUNT_ID": unique_name("count"),
+                    "RELAY_EXCLUSIVE": "1" if exclusive else "0",
+                    "PYTHONPATH": os.pathsep.join([str(tmp_path),
+                                                   os.environ.get("PYTHONPATH", "")])}
+        self.redis_url, self.prefix = f"redis://{redis.address}/0", unique_name("p")
+        self.count_group = unique_name("gc")
+        self.count_argv = harness.worker_command(harness.packaged_config("demo.conf"), {
+            **settings, "onceflow.pipeline": "relay_pipeline:counts",
+            "onceflow.kafka.group-id": self.count_group,
+            "onceflow.stores.redis.url": self.redis_url,
+            "onceflow.stores.redis.key-prefix": self.prefix})
+        create_topic(self.bootstrap, self.topic, PARTITIONS)
+        create_topic(self.bootstrap, self.output, PARTITIONS)
+        self.old_ends = produce(self.bootstrap, self.topic, items("old", 0, 120))
+        assert set(self.old_ends) == set(range(PARTITIONS))
+
+    def worker(self, name: str) -> harness.WorkerProcess:
+        worker = harness.WorkerProcess(self.argv, self.env, self.tmp_path, name)
+        worker.start()
+        return worker
+
+    def drain(self, name: str, ends: dict[int, int]) -> Path:
+        worker = self.worker(name)
+        try:
+            assert caught_up(self.bootstrap, self.group, self.topic, ends, 90, worker), \
+                worker.log_tail()
+            assert worker.terminate(20) == 0, worker.log_tail()
+        finally:
+            if worker.exited() is None:
+                worker.kill()
+        return worker.logs[-1]
+
+    def counted(self, name: str) -> dict[str, dict[str, int]]:
+        """Run the downstream aggregate over everything republished; its states."""
+        ends: dict[int, int] = {}
+        for record in asyncio.run(harness.read_all(self.bootstrap, self.output, PARTITIONS,
+                                                   quiet=1.0)):
+            ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+        worker = harness.WorkerProcess(self.count_argv, self.env, self.tmp_path, name)
+        worker.start()
+        try:
+            assert caught_up(self.bootstrap, self.count_group, self.output, ends, 90,
+                             worker), worker.log_tail()
+            assert worker.terminate(20) == 0, worker.log_tail()
+        finally:
+            if worker.exited() is None:
+                worker.kill()
+        store = RedisStore(self.redis_url, self.prefix, self.env["COUNT_ID"])
+        try:
+            return stored_states(store, "seen")
+        finally:
+            store.close()
+
+    def forget(self) -> None:
+        argv = self.argv
+        forget = [*argv[:argv.index("run")], "forget", *argv[argv.index("run") + 1:]]
+        forgot = subprocess.run([*forget, "--topic", self.topic], capture_output=True,
+                                text=True, env=self.env, timeout=120)
+        assert forgot.returncode == 0, forgot.stderr[-3000:]
+        assert (f"forget {self.topic}: pipeline {self.pipeline_id!r}, log marks topic"
+                in forgot.stderr)
+        assert f"forget {self.topic}: This pipeline republishes to {self.output}" \
+            in forgot.stderr
+        summary = json.loads(forgot.stdout)
+        assert summary["partitions"] == [0, 1], summary
+        assert summary["rows"] == {"kafka/__logs__": 4}, summary  # marks, generations
+
+    def counted_once_each(self, new_count: int) -> None:
+        """After the forget: every new record republished once, and counted once."""
+        written = generations(self.bootstrap, self.output)
+        assert written["old"] == set(range(120))
+        assert written["new"] == set(range(new_count))  # every new one republished
+        assert self.counted("count_new") == {  # and each counted downstream once
+            str(i): {**({"old": 1} if i < 120 else {}),
+                     **({"new": 1} if i < new_count else {})}
+            for i in range(max(120, new_count))}
+
+
 @pytest.mark.parametrize(("new_count", "exclusive"), [(80, True), (300, False)],
                          ids=["shorter_exclusive", "grown_past"])
 def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
@@ -77,68 +175,11 @@ def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
     downstream (never forgotten) counts each once. An exclusive relay's resume reads its
     old outputs (at the old log's offsets) as older than the new log's: it skips none
     of the new records."""
-    bootstrap = kafka_service.address
-    topic, output, group = unique_name("relay_in"), unique_name("relay_out"), unique_name("g")
-    pipeline_id = unique_name("relay")
-    (tmp_path / "relay_pipeline.py").write_text(textwrap.dedent(PIPELINE))
-    nowhere = closed_port()
-    settings = {"onceflow.pipeline": "relay_pipeline:pipeline",
-                "onceflow.kafka.bootstrap-servers": bootstrap,
-                "onceflow.kafka.group-id": group,
-                "onceflow.stores.redis.url": f"redis://127.0.0.1:{nowhere}/0",
-                "onceflow.stores.cassandra.contact-points": "127.0.0.1",
-                "onceflow.stores.cassandra.port": str(nowhere),
-                "onceflow.commit.interval": "200ms"}
-    argv = harness.worker_command(harness.packaged_config("demo.conf"), settings)
-    env = {**os.environ, "RELAY_ID": pipeline_id, "RELAY_TOPIC": topic, "RELAY_OUTPUT": output,
-           "COUNT_ID": unique_name("count"), "RELAY_EXCLUSIVE": "1" if exclusive else "0",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    create_topic(bootstrap, topic, PARTITIONS)
-    create_topic(bootstrap, output, PARTITIONS)
-    old_ends = produce(bootstrap, topic, items("old", 0, 120))
-    assert set(old_ends) == set(range(PARTITIONS))
-
-    def drain(name: str, ends: dict[int, int]) -> Path:
-        worker = harness.WorkerProcess(argv, env, tmp_path, name)
-        worker.start()
-        try:
-            assert caught_up(bootstrap, group, topic, ends, 90, worker), worker.log_tail()
-            assert worker.terminate(20) == 0, worker.log_tail()
-        finally:
-            if worker.exited() is None:
-                worker.kill()
-        return worker.logs[-1]
-
-    first = drain("old", old_ends).read_text(errors="replace")
-    assert "stores: none (" in first and f"{pipeline_id}-log-marks" in first
-    redis_url, prefix = f"redis://{redis_service.address}/0", unique_name("p")
-    count_group = unique_name("gc")
-    count_argv = harness.worker_command(harness.packaged_config("demo.conf"), {
-        **settings, "onceflow.pipeline": "relay_pipeline:counts",
-        "onceflow.kafka.group-id": count_group, "onceflow.stores.redis.url": redis_url,
-        "onceflow.stores.redis.key-prefix": prefix})
-
-    def counted(name: str) -> dict[str, dict[str, int]]:
-        """Run the downstream aggregate over everything republished; its states."""
-        ends: dict[int, int] = {}
-        for record in asyncio.run(harness.read_all(bootstrap, output, PARTITIONS, quiet=1.0)):
-            ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
-        worker = harness.WorkerProcess(count_argv, env, tmp_path, name)
-        worker.start()
-        try:
-            assert caught_up(bootstrap, count_group, output, ends, 90, worker), \
-                worker.log_tail()
-            assert worker.terminate(20) == 0, worker.log_tail()
-        finally:
-            if worker.exited() is None:
-                worker.kill()
-        store = RedisStore(redis_url, prefix, env["COUNT_ID"])
-        try:
-            return stored_states(store, "seen")
-        finally:
-            store.close()
-
-    assert counted("count_old") == {str(i): {"old": 1} for i in range(120)}
+    relay = Relay(kafka_service, redis_service, tmp_path, unique_name, exclusive)
+    bootstrap, topic, old_ends = relay.bootstrap, relay.topic, relay.old_ends
+    first = relay.drain("old", old_ends).read_text(errors="replace")
+    assert "stores: none (" in first and f"{relay.pipeline_id}-log-marks" in first
+    assert relay.counted("count_old") == {str(i): {"old": 1} for i in range(120)}
 
     asyncio.run(_recreate(bootstrap, topic, PARTITIONS))
     new_ends = produce(bootstrap, topic, items("new", 0, new_count))
@@ -150,7 +191,8 @@ def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
 
     log = tmp_path / "refused.log"
     with log.open("wb") as out:
-        refused = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        refused = subprocess.Popen(relay.argv, env=relay.env, stdout=out,
+                                   stderr=subprocess.STDOUT)
     text = _stopped_with_1(refused, log, 60)
     found = REFUSED.search(text)
     assert found is not None, text[-3000:]
@@ -162,27 +204,50 @@ def test_a_storeless_republisher_refuses_a_recreated_topic_until_forgotten(
     else:
         assert "differs" in found[4]
     assert f"onceflow forget --topic {topic}" in text
-    assert f"This pipeline republishes to {output}: after the forget" in text
-    assert committed(bootstrap, group, topic, PARTITIONS) == {0: 0, 1: 0}  # nothing committed
-    assert "new" not in generations(bootstrap, output)  # nothing of the new log republished
+    assert f"This pipeline republishes to {relay.output}: after the forget" in text
+    assert committed(bootstrap, relay.group, topic, PARTITIONS) == {0: 0, 1: 0}
+    assert "new" not in generations(bootstrap, relay.output)  # nothing of it republished
 
-    forget = [*argv[:argv.index("run")], "forget", *argv[argv.index("run") + 1:]]
-    forgot = subprocess.run([*forget, "--topic", topic], capture_output=True, text=True,
-                            env=env, timeout=120)
-    assert forgot.returncode == 0, forgot.stderr[-3000:]
-    assert f"forget {topic}: pipeline {pipeline_id!r}, log marks topic" in forgot.stderr
-    assert f"forget {topic}: This pipeline republishes to {output}" in forgot.stderr
-    summary = json.loads(forgot.stdout)
-    assert summary["partitions"] == [0, 1], summary
-    assert summary["rows"] == {"kafka/__logs__": 4}, summary  # marks, generations
+    relay.forget()
+    relay.drain("new", new_ends)
+    relay.counted_once_each(new_count)
 
-    drain("new", new_ends)
-    written = generations(bootstrap, output)
-    assert written["old"] == set(range(120))
-    assert written["new"] == set(range(new_count))  # every new one republished
-    assert counted("count_new") == {  # and each counted downstream once
-        str(i): {**({"old": 1} if i < 120 else {}), **({"new": 1} if i < new_count else {})}
-        for i in range(max(120, new_count))}
+
+def test_a_republisher_running_when_its_topic_is_recreated_sends_nothing_of_the_new_log(
+    kafka_service: ServiceInfo, redis_service: ServiceInfo, tmp_path: Path,
+    unique_name: Callable[..., str],
+) -> None:
+    """The relay holds its partitions, caught up, when the topic is deleted and re-created
+    and its new log grows past the old offsets: no assignment happens, and the broker
+    serves the new log from the old position. Those records used to be republished
+    before the snapshot's check stopped the worker, and again after the forget, in the
+    log's next generation: the aggregate downstream counted them twice. A batch's outputs
+    now wait for a check of its logs begun after it (``checkpoint.log_watch``): the relay
+    stops (exit 1) with nothing of the new log sent, and after the forget each new record
+    is republished and counted once."""
+    relay = Relay(kafka_service, redis_service, tmp_path, unique_name, exclusive=False)
+    bootstrap, topic, old_ends = relay.bootstrap, relay.topic, relay.old_ends
+    worker = relay.worker("running")
+    try:
+        assert caught_up(bootstrap, relay.group, topic, old_ends, 90, worker), \
+            worker.log_tail()
+        asyncio.run(_recreate(bootstrap, topic, PARTITIONS))
+        new_ends = produce(bootstrap, topic, items("new", 0, 300))
+        assert all(new_ends[p] > old_ends[p] for p in range(PARTITIONS))  # grown past
+        assert worker.wait(60) == 1, worker.log_tail()
+    finally:
+        if worker.exited() is None:
+            worker.kill()
+    text = worker.logs[-1].read_text(errors="replace")
+    found = REFUSED.search(text)
+    assert found is not None, text[-3000:]
+    assert found[1] == topic and "differs" in found[4]
+    assert "new" not in generations(bootstrap, relay.output)  # nothing of it republished
+    assert committed(bootstrap, relay.group, topic, PARTITIONS) == {0: 0, 1: 0}
+
+    relay.forget()
+    relay.drain("new", new_ends)
+    relay.counted_once_each(300)
 
 
 def generations(bootstrap: str, topic: str) -> dict[str, set[int]]:

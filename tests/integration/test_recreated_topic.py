@@ -252,9 +252,10 @@ def test_a_topic_recreated_under_a_running_worker_is_refused_before_any_of_it_is
     and its new log grows past the old offsets: no assignment happens, and the broker
     serves the new log from the old position. It used to fold those records as if they
     followed the old ones and never read the new log below them, silently. Now the
-    snapshot's check of the logs (``checkpoint.log_watch``) stops the worker (exit 1)
-    before anything of the new log is written or committed; after ``forget`` the new
-    log is counted exactly."""
+    check of the logs (``checkpoint.log_watch``) stops the worker (exit 1) before
+    anything of the new log is written, committed or sent (a bad record's dead letter
+    waits for it too: sent before, it was sent again after the forget); after
+    ``forget`` the new log is counted exactly, its bad record dead-lettered once."""
     run = Target(request, "redis", kafka_service, unique_name, tmp_path)
     bootstrap, topic = run.bootstrap, run.topic
     old = generate(400, robots=12, seed=21)
@@ -270,7 +271,8 @@ def test_a_topic_recreated_under_a_running_worker_is_refused_before_any_of_it_is
             time.sleep(0.3)
         asyncio.run(_recreate(bootstrap, topic, 2))
         new = generate(900, robots=12, seed=22)
-        new_ends = produce(bootstrap, topic, new.messages)
+        bad = (b"bad", b"{not json")  # past the old log's end: read before any check
+        new_ends = produce(bootstrap, topic, [*new.messages, bad])
         assert all(new_ends[p] > old_ends[p] for p in old_ends)  # grown past the old log
         text = _stopped_with_1(worker, log, 60)
     finally:
@@ -282,9 +284,11 @@ def test_a_topic_recreated_under_a_running_worker_is_refused_before_any_of_it_is
     assert int(found[3]) == old_ends[int(found[2])] - 1
     assert run.totals() == expected_counts(old.truth)  # nothing of the new log written
     assert run.committed() == {0: 0, 1: 0}  # nor committed
+    assert run.dead_lettered() == []  # nor sent: its dead letter waited for the check
 
     forgot = subprocess.run([*run.argv("forget"), "--topic", topic], capture_output=True,
                             text=True, env=run.env, timeout=120)
     assert forgot.returncode == 0, forgot.stderr[-3000:]
     run.drain(tmp_path / "new.log", new_ends)
     assert run.totals() == expected_counts(old.truth, new.truth)
+    assert len(run.dead_lettered()) == 1  # once, after the forget

@@ -16,6 +16,7 @@ import pytest
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Snapshot, StageRows
 from onceflow.checkpoint.coordinator import Checkpoints, Taking
+from onceflow.checkpoint.log_marks import LogMark, LogReplaced
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 
@@ -46,8 +47,10 @@ class Sends:
         self.io = io
         self.pending: list[asyncio.Future[None]] = []
         self.outcome: list[BaseException | None] = []  # once settled: [the error or None]
+        self.values: list[bytes] = []  # of every output sent, in order
 
     async def send(self, outputs: Sequence[Output]) -> None:
+        self.values += [o.value for o in outputs]
         future = asyncio.get_running_loop().create_future()
         self.pending.append(future)
         if self.outcome:
@@ -139,3 +142,58 @@ def test_whoever_waits_for_a_snapshot_is_told_when_the_core_stops(
     checkpoints.stop()
     with pytest.raises(Exception, match="core stopped"):
         taking.answer.result(timeout=5)
+
+
+class Verdicts:
+    """``LogCheck.holds`` answering what the test says, check by check (from any thread)."""
+
+    def __init__(self) -> None:
+        self.verdicts: list[BaseException | None] = []
+        self.ready = threading.Semaphore(0)
+        self.asked = 0
+
+    async def holds(self, marks: Mapping[TopicPartition, LogMark]) -> None:
+        self.asked += 1
+        while not self.ready.acquire(blocking=False):
+            await asyncio.sleep(0.005)
+        if verdict := self.verdicts.pop(0):
+            raise verdict
+
+    def answer(self, verdict: BaseException | None = None) -> None:
+        self.verdicts.append(verdict)
+        self.ready.release()
+
+
+def test_outputs_leave_only_after_a_check_of_their_logs_and_in_order(
+    io: EventLoopThread,
+) -> None:
+    """A topic re-created under the worker: a batch read from the new log must not reach
+    an output before the check that would find the log replaced (``log_watch``)."""
+    reported: list[BaseException] = []
+    checkpoints, writer, sends = coordinator(io, reported)
+    check, anchor = Verdicts(), LogMark(9, 1009, "d9")
+    checkpoints.run(lambda ledger: checkpoints.logs.assigned(check, [A], {A: anchor}))
+    try:
+        for offset in (10, 11, 12):
+            out = [Output("out", b"k", str(offset).encode(), (), None)]
+            checkpoints.hand_over({A: offset}, None, out, None, None)
+        checkpoints.run(lambda ledger: None)
+        assert sends.pending == []  # every batch waits for the check
+        check.answer()
+        deadline = threading.Event()
+        while len(sends.pending) < 3 and not deadline.wait(0.01):
+            pass
+        assert sends.values == [b"10", b"11", b"12"] and reported == []
+
+        checkpoints.hand_over({A: 13}, None, OUT, None, None)
+        replaced = LogReplaced(A, anchor, "its record at offset 9 differs")
+        check.answer(replaced)
+        sends.settle()
+        taking = Taking([StageRows("s", "mem", {"k": b"1"}, {})], {}, force=False)
+        checkpoints.take(taking)
+        with pytest.raises(LogReplaced):
+            taking.answer.result(timeout=5)
+        assert sends.values == [b"10", b"11", b"12"]  # the batch after it: never sent
+        assert writer.written == [] and reported and isinstance(reported[0], LogReplaced)
+    finally:
+        checkpoints.stop()
