@@ -40,7 +40,7 @@ def mark(offset: int) -> LogMark:
 
 def watch(check: Holds, stored: Mapping[TopicPartition, LogMark]) -> LogWatch:
     logs = LogWatch()
-    logs.assigned(check, [A, B], stored)  # type: ignore[arg-type]
+    logs.assigned(check, [A, B], stored)
     return logs
 
 
@@ -59,7 +59,7 @@ def test_each_write_checks_the_last_durable_record_of_the_partitions_it_advances
 def test_a_partition_not_assigned_is_not_anchored_by_the_store() -> None:
     logs = LogWatch()
     check = Holds()
-    logs.assigned(check, [A], {A: mark(3), B: mark(4)})  # type: ignore[arg-type]
+    logs.assigned(check, [A], {A: mark(3), B: mark(4)})
     asyncio.run(logs.verify({B: mark(6)}))
     assert check.asked == []
 
