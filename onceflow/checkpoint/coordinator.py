@@ -6,7 +6,8 @@ the assignments arrive and the commits go out: no lock. The other threads
 hand it what happened in one call each:
 
 - the pipeline thread, per batch (``hand_over``): the batch's next offsets
-  (``processed``), its outputs (their send starts on the loop) and the
+  (``processed``), its outputs (sent from the loop, in order, once a check of
+  their input logs begun after the hand-over passed: ``log_watch``) and the
   consumer's batch done, plus, when one is due, the snapshot encoded right
   after that batch (``take``: it covers exactly the batches handed over
   before it, as the calls arrive in order);
@@ -16,8 +17,8 @@ hand it what happened in one call each:
 - a loop timer commits (``committable``, the consumer's commit,
   ``committed``), and a revoke awaits the same commit.
 
-Before each write, the input logs it advanced are checked to still hold the
-records already folded (``log_watch``: a topic re-created under the worker).
+Before each write too, the input logs it advanced are checked to still hold
+the records already folded (``log_watch``: a topic re-created under the worker).
 Snapshots are written one at a time, in the order taken. A failed send or
 write fails the snapshot's answer and reports the core failed: nothing after
 it becomes durable, and the supervisor restarts from what is.
