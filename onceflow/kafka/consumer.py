@@ -19,6 +19,7 @@ re-creates (``fetch_starvation``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -344,8 +345,9 @@ class ConsumerActor(LoopActor):
             try:
                 await self._leave()
             finally:
-                if self._log_check is not None:
-                    await self._log_check.close()
+                if self._log_check is not None:  # its probe: no broker round trip to close
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._log_check.close(), self._stop_timeout)
 
     async def _leave(self) -> None:
         assert self._consumer is not None

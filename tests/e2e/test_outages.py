@@ -156,12 +156,17 @@ def test_proxy_cutting_every_connection_ten_times_keeps_totals_exact(
         services.stop(kafka)
 
 
-def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exactly(
+def test_broker_frozen_while_a_republisher_produces_then_delivers_exactly(
     redis_service: ServiceInfo, tmp_path: Path, unique_name: Callable[..., str],
 ) -> None:
-    """Producer outage: the undelivered records land in the Redis outbox, the
-    restarted pipeline sends them first once the broker is back, and every
-    window downstream is exact."""
+    """The whole broker frozen while a republisher produces: the records already sent
+    when it froze land in the Redis outbox (delivered first once the broker is back);
+    the batches not sent yet wait for the check of their input logs, which a frozen
+    broker cannot answer (``checkpoint.log_watch``: nothing leaves unchecked), and are
+    replayed by the restarted pipeline. Every window downstream is exact, and the
+    outbox is empty at the end. (Which of the two holds a given record depends on
+    when the freeze falls; the outbox alone, deterministically:
+    tests/integration/test_dead_letter_unreachable.py.)"""
     kafka = services.start_tansu(tmp_path / "kafka")
     raw, normalized = unique_name("raw"), unique_name("norm")
     prefix = unique_name("p")
@@ -175,7 +180,7 @@ def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exact
     pipelines = {"republisher": "onceflow.examples.robot_chain:normalize",
                  "aggregator": "onceflow.examples.robot_chain:windows"}
     # The republisher gives up on the frozen broker after 1 s (before its
-    # connection checker restarts the pipeline) and outboxes what it holds.
+    # connection checker restarts the pipeline) and outboxes what it sent.
     port = services.free_port()
     bounded = {"onceflow.kafka.producer.delivery-timeout": "1s",
                "onceflow.kafka.producer.retries": "1",
@@ -211,7 +216,6 @@ def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exact
         while time.monotonic() < deadline:
             outboxed = max(outboxed, sum(map(len, outbox.outbox_load().values())))
             time.sleep(0.5)
-        assert outboxed > 0, "nothing reached the outbox while the broker was frozen"
         services.thaw(kafka)
         asyncio.run(drained(kafka.address, groups["republisher"], raw, raw_ends,
                              workers["republisher"]))
@@ -220,7 +224,6 @@ def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exact
                              workers["aggregator"]))
         assert outbox.outbox_load() == {}  # all delivered, and deleted once acknowledged
         logs = "".join(log.read_text() for log in workers["republisher"].logs)
-        assert "to the outbox, re-sent in order" in logs
         assert "child consumer failed" in logs  # its stream broke and was re-created alone
         for worker in workers.values():
             assert worker.terminate(10) == 0
@@ -231,7 +234,7 @@ def test_broker_frozen_while_a_republisher_produces_outboxes_then_delivers_exact
         for stage in ("per_robot_minute", "per_robot_day"):
             found, overlaps = stored_windows(store, stage)
             assert overlaps == 0 and found == truth[stage], stage
-        dups = store.read_stats()["per_robot_minute.duplicates"]
+        dups = store.read_stats().get("per_robot_minute.duplicates", 0)
         print(f"outboxed (max seen) {outboxed}, normalized {norm_ends}, duplicates {dups}")
     finally:
         services.thaw(kafka)
