@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 NO_MARK = b"{}"
 #: The check's fetch max wait (ms): what a broker may take to find a mark's offset.
 PROBE_WAIT_MS = 2000
+#: The check's fetch size, per partition and per answer (bytes): about the batch holding
+#: the mark (a producer's batch is 16 KiB by default), not the records after it.
+PROBE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,9 +208,14 @@ class LogCheck:
         # A fetch at a mark deep in a partition answers once the broker found the offset
         # (Tansu walks the partition's batches to it, answering empty past the wait): a long
         # wait costs nothing while the record is there.
+        # One record is wanted, not a megabyte of those after it (each check's cost: 20 ms
+        # against 3 for a mark deep in a Tansu partition). A batch larger than the limit
+        # still comes whole in the first partition of an answer (KIP-74); the partitions
+        # left out wait for the next fetch.
         self._options = {**options, "auto_offset_reset": "none",
                          "fetch_max_wait_ms": max(int(options.get("fetch_max_wait_ms", 500)),
-                                                  PROBE_WAIT_MS)}
+                                                  PROBE_WAIT_MS),
+                         "max_partition_fetch_bytes": PROBE_BYTES, "fetch_max_bytes": PROBE_BYTES}
         self._timeout = timeout
         self._republished_to = republished_to  # what else to forget: the refusal says
         self._consumer: AIOKafkaConsumer | None = None  # the probe, opened at first use
