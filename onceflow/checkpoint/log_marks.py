@@ -220,6 +220,7 @@ class LogCheck:
         self._republished_to = republished_to  # what else to forget: the refusal says
         self._consumer: AIOKafkaConsumer | None = None  # the probe, opened at first use
         self._probing = asyncio.Lock()
+        self._closed = False
 
     async def verify(self, assigned: set[KafkaPartition]) -> Verified:
         """Raise ``LogReplaced`` for the first assigned partition whose log changed; answer
@@ -243,7 +244,7 @@ class LogCheck:
 
     async def holds(self, marks: Mapping[TopicPartition, LogMark]) -> None:
         """Raise ``LogReplaced`` for the first partition whose log does not hold its mark's
-        record any more (on assignment, and before each snapshot's write: ``LogWatch``)."""
+        record any more (on assignment, and before each send and write: ``LogWatch``)."""
         try:
             await asyncio.wait_for(self._probe(
                 {KafkaPartition(*tp): mark for tp, mark in marks.items()}), self._timeout)
@@ -254,7 +255,12 @@ class LogCheck:
                 self._republished_to, refused.tp[0])) from None
 
     async def close(self) -> None:
-        """Stop the probe consumer (the consumer stream closing; a next check opens another)."""
+        """Stop the probe consumer (its consumer stream closing). A check still asked of this
+        one after it (a send waiting meanwhile) opens a consumer for itself alone."""
+        self._closed = True
+        await self._drop()
+
+    async def _drop(self) -> None:
         consumer, self._consumer = self._consumer, None
         if consumer is not None:
             await consumer.stop()
@@ -272,13 +278,16 @@ class LogCheck:
                     await consumer.stop()
                     raise
                 self._consumer = consumer
+            done = False
             try:
                 await self._fetch_marks(self._consumer, marks)
+                done = True
             except LogReplaced:
+                done = True
                 raise
-            except BaseException:
-                await self.close()
-                raise
+            finally:
+                if not done or self._closed:
+                    await self._drop()
 
     async def _fetch_marks(self, consumer: AIOKafkaConsumer,
                            marks: dict[KafkaPartition, LogMark]) -> None:
