@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import pytest
 
@@ -145,23 +146,25 @@ def test_whoever_waits_for_a_snapshot_is_told_when_the_core_stops(
 
 
 class Verdicts:
-    """``LogCheck.holds`` answering what the test says, check by check (from any thread)."""
+    """``LogCheck.holds``: every check waits until the test opens it, then answers the verdict
+    of that moment (however many checks the loop ran meanwhile)."""
 
     def __init__(self) -> None:
-        self.verdicts: list[BaseException | None] = []
-        self.ready = threading.Semaphore(0)
-        self.asked = 0
+        self.verdict: BaseException | None = None
+        self.open = threading.Event()
 
     async def holds(self, marks: Mapping[TopicPartition, LogMark]) -> None:
-        self.asked += 1
-        while not self.ready.acquire(blocking=False):
+        while not self.open.is_set():
             await asyncio.sleep(0.005)
-        if verdict := self.verdicts.pop(0):
-            raise verdict
+        if self.verdict is not None:
+            raise self.verdict
 
-    def answer(self, verdict: BaseException | None = None) -> None:
-        self.verdicts.append(verdict)
-        self.ready.release()
+
+def _until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
 
 
 def test_outputs_leave_only_after_a_check_of_their_logs_and_in_order(
@@ -178,16 +181,13 @@ def test_outputs_leave_only_after_a_check_of_their_logs_and_in_order(
             out = [Output("out", b"k", str(offset).encode(), (), None)]
             checkpoints.hand_over({A: offset}, None, out, None, None)
         checkpoints.run(lambda ledger: None)
-        assert sends.pending == []  # every batch waits for the check
-        check.answer()
-        deadline = threading.Event()
-        while len(sends.pending) < 3 and not deadline.wait(0.01):
-            pass
+        assert not _until(lambda: bool(sends.values), timeout=0.3)  # all wait for the check
+        check.open.set()
+        assert _until(lambda: len(sends.values) == 3), sends.values
         assert sends.values == [b"10", b"11", b"12"] and reported == []
 
+        check.verdict = LogReplaced(A, anchor, "its record at offset 9 differs")
         checkpoints.hand_over({A: 13}, None, OUT, None, None)
-        replaced = LogReplaced(A, anchor, "its record at offset 9 differs")
-        check.answer(replaced)
         sends.settle()
         taking = Taking([StageRows("s", "mem", {"k": b"1"}, {})], {}, force=False)
         checkpoints.take(taking)
