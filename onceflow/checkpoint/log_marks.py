@@ -48,6 +48,7 @@ from aiokafka import TopicPartition as KafkaPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
 from onceflow.kafka.continuity import PartitionRewound
+from onceflow.kafka.kafka_parts import started
 from onceflow.stages.declarations import LOGS_STAGE
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.fencing import Guard
@@ -271,13 +272,7 @@ class LogCheck:
         so it fetches nothing then. One that failed is not reused."""
         async with self._probing:  # the assignment's check and a send's never interleave
             if self._consumer is None:
-                consumer = AIOKafkaConsumer(**self._options)
-                try:
-                    await consumer.start()
-                except BaseException:
-                    await consumer.stop()
-                    raise
-                self._consumer = consumer
+                self._consumer = await started(AIOKafkaConsumer(**self._options))
             done = False
             try:
                 await self._fetch_marks(self._consumer, marks)

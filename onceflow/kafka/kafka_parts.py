@@ -11,12 +11,23 @@ from aiokafka import TopicPartition as KafkaPartition
 
 from onceflow.stages.state import TopicPartition
 
-__all__ = ["close_parts", "ours"]
+__all__ = ["close_parts", "ours", "started"]
 
 
 def ours(tp: KafkaPartition) -> TopicPartition:
     """aiokafka's partition as the project's (the ledger, continuity, messages)."""
     return tp.topic, tp.partition
+
+
+async def started(consumer: AIOKafkaConsumer) -> AIOKafkaConsumer:
+    """``consumer`` started; stopped again (its connections closed) when its start fails or
+    is interrupted."""
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()
+        raise
+    return consumer
 
 
 async def close_parts(consumer: AIOKafkaConsumer) -> None:

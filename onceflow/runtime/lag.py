@@ -26,6 +26,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from onceflow.kafka.kafka_parts import started
 from onceflow.kafka.tail_reader import fetch_until_answered, tail_options
 
 __all__ = ["GroupLag", "LagReader", "LagWatch", "PartitionLag", "read_lag"]
@@ -121,14 +122,9 @@ class LagReader:
 
     async def _client(self) -> AIOKafkaConsumer:
         if self._consumer is None:
-            consumer = AIOKafkaConsumer(**self._options, group_id=self._group)
             self.clients += 1
-            try:
-                await consumer.start()
-            except BaseException:
-                await consumer.stop()
-                raise
-            self._consumer = consumer
+            self._consumer = await started(
+                AIOKafkaConsumer(**self._options, group_id=self._group))
         return self._consumer
 
     async def _high_watermarks(self, starts: Mapping[TopicPartition, int | None]
