@@ -222,6 +222,7 @@ class LogCheck:
         self._consumer: AIOKafkaConsumer | None = None  # the probe, opened at first use
         self._probing = asyncio.Lock()
         self._closed = False
+        self._told: set[tuple[TopicPartition, int]] = set()  # marks it could not tell about
 
     async def verify(self, assigned: set[KafkaPartition]) -> Verified:
         """Raise ``LogReplaced`` for the first assigned partition whose log changed; answer
@@ -306,7 +307,8 @@ class LogCheck:
                 for tp in list(pending):
                     records = fetched.get(tp)
                     if records:
-                        judge((tp.topic, tp.partition), marks[tp], records[0])
+                        judge((tp.topic, tp.partition), marks[tp], records[0],
+                              self._told)
                         pending.discard(tp)
                     elif (high := consumer.highwater(tp)) is not None and high <= marks[tp].offset:
                         raise LogReplaced((tp.topic, tp.partition), marks[tp],
@@ -322,17 +324,32 @@ class LogCheck:
         if end <= mark.offset:
             raise LogReplaced((tp.topic, tp.partition), mark, f"it now ends at offset {end}")
         start = (await consumer.beginning_offsets([tp]))[tp]
-        log.warning("%s[%d]: the record at offset %d its states were folded up to is gone "
-                    "(the log now starts at %d: retention); cannot tell whether the topic "
-                    "was re-created", tp.topic, tp.partition, mark.offset, start)
+        log.log(level_once(self._told, (tp.topic, tp.partition), mark),
+                "%s[%d]: the record at offset %d its states were folded up to is gone "
+                "(the log now starts at %d: retention); cannot tell whether the topic "
+                "was re-created", tp.topic, tp.partition, mark.offset, start)
 
 
-def judge(tp: TopicPartition, mark: LogMark, found: HasRecord) -> None:
-    """Compare the first record fetched at the mark's offset with the mark."""
+def level_once(told: set[tuple[TopicPartition, int]], tp: TopicPartition,
+               mark: LogMark) -> int:
+    """WARNING the first time a check cannot tell about this mark, DEBUG after: the checks
+    repeat before every send until the next snapshot moves the mark."""
+    key = (tp, mark.offset)
+    if key in told:
+        return logging.DEBUG
+    told.add(key)
+    return logging.WARNING
+
+
+def judge(tp: TopicPartition, mark: LogMark, found: HasRecord,
+          told: set[tuple[TopicPartition, int]] | None = None) -> None:
+    """Compare the first record fetched at the mark's offset with the mark (``told``: the
+    marks already warned about)."""
     if found.offset != mark.offset:
-        log.warning("%s[%d]: no record at offset %d (the log goes on at %d: compacted?); "
-                    "cannot tell whether the topic was re-created", tp[0], tp[1],
-                    mark.offset, found.offset)
+        log.log(level_once(set() if told is None else told, tp, mark),
+                "%s[%d]: no record at offset %d (the log goes on at %d: compacted?); "
+                "cannot tell whether the topic was re-created", tp[0], tp[1],
+                mark.offset, found.offset)
         return
     now = mark_of(found)
     if now != mark:

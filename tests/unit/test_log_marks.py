@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +74,21 @@ def test_judge_refuses_another_record_at_the_mark_and_accepts_a_hole() -> None:
     assert isinstance(refused.value, PartitionRewound)  # permanent: the worker exits 1
     assert "onceflow forget --topic orders" in str(refused.value)
     assert "new name" in str(refused.value)
+
+
+def test_a_hole_at_the_mark_is_warned_about_once_per_mark(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Checks repeat before every send until the next snapshot moves the mark: one WARNING
+    per mark, not one per check."""
+    told: set[tuple[TopicPartition, int]] = set()
+    mark, later = mark_of(Record(41, 1000, b"k", b"v")), mark_of(Record(50, 1000, b"k", b"w"))
+    with caplog.at_level(logging.DEBUG, logger="onceflow.checkpoint.log_marks"):
+        for _ in range(3):
+            judge(A, mark, Record(44, 5, b"x", b"y"), told)
+        judge(A, later, Record(52, 5, b"x", b"y"), told)
+    levels = [(r.levelname, "offset 41" in r.getMessage()) for r in caplog.records]
+    assert levels == [("WARNING", True), ("DEBUG", True), ("DEBUG", True), ("WARNING", False)]
 
 
 def test_the_ledger_hands_each_partitions_last_processed_record_to_the_next_checkpoint(
