@@ -81,6 +81,7 @@ def test_an_unreachable_dead_letter_topic_holds_commits_and_loses_nothing(
         time.sleep(0.2)
     log = cut_off.logs[-1]
     assert status == 503 and body["commits_held"] and body["outbox"] == 1, (body, log)
+    assert "to the outbox, re-sent in order" in log.read_text(errors="replace"), log
     # The 200 valid records behind the stuck dead letter are folded and written to the
     # store, while nothing is committed past it (offset 200 is the hostile record).
     store = RedisStore(redis_url, prefix, "robots")
