@@ -3,7 +3,9 @@
 The robot pipeline runs as a stateless republisher (raw reports -> one event
 per fastening) and a windowed aggregator (per-robot-per-minute counts
 feeding per-robot daily counts). While events flow, each process is
-SIGKILLed at random moments and restarted. Afterwards every window of both
+SIGKILLed at random moments and restarted, and with ``pauses`` also frozen
+(SIGSTOP) for a random while, some longer than the session timeout (its group
+moves its partitions on; thawed, it is a zombie until it learns so). Afterwards every window of both
 stages (closed ones from the history rows, open ones from the current
 states) is compared with the ground truth recomputed from the input alone.
 The robots re-send a share of their reports (plain JSON, as after a lost
@@ -31,7 +33,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from onceflow.devtools import services
+from onceflow.devtools import chaos_faults, services
 from onceflow.devtools.chaos_truth import (  # the run's ground truth, kept apart
     STAGES,
     LateEvents,
@@ -86,6 +88,12 @@ class ChaosOptions:
     #: an assignment, no rebalance under way): no kill lands in a rebalance, so a
     #: partition's outage is bounded (a kill, the session timeout, one rejoin).
     settled_kills: bool = False
+    #: SIGSTOPs in all, shared out over the processes as kills are; each freezes its
+    #: process for a random while within ``pause_s`` (seconds), then SIGCONT: a process's
+    #: pauses alternate between the range's lower half and its upper half (beyond
+    #: demo.conf's 6 s session timeout: the group moves its partitions on meanwhile).
+    pauses: int = 0
+    pause_s: tuple[float, float] = (1.0, 15.0)
 
 
 @dataclass
@@ -93,6 +101,7 @@ class ChaosReport:
     messages: int = 0
     events: int = 0
     kills: dict[str, int] = field(default_factory=dict)
+    pauses: dict[str, list[float]] = field(default_factory=dict)  # seconds frozen, each
     resends: int = 0  # reports the robots sent twice
     producer_duplicates: int = 0  # re-sends the republisher dropped (its dedup tables)
     duplicates: dict[str, int] = field(default_factory=dict)
@@ -181,13 +190,24 @@ class _Chaos:
         producing = asyncio.create_task(
             produce(self.bootstrap, self.raw, messages, o.duration, raw_ends))
         rng = random.Random(o.seed)
-        # The kills are shared out over the processes (one more for some if uneven),
-        # each struck at its own random moments.
+        # The kills and the pauses are shared out over the processes (one more for some
+        # if uneven), each struck at its own random moments.
         names, n = sorted(self.workers), len(self.workers)
         rng.shuffle(names)
         shares = {name: o.kills // n + (i < o.kills % n) for i, name in enumerate(names)}
-        await asyncio.gather(*(self._kill_loop(name, shares[name], rng.random())
-                               for name in self.workers))
+        pauses = {name: o.pauses // n + (i < o.pauses % n) for i, name in enumerate(names)}
+        say = self.console.print
+        groups = {name: [w for other, w in self.workers.items() if o.settled_kills
+                         and other.startswith("republisher") == name.startswith("republisher")]
+                  for name in self.workers}
+        struck = [chaos_faults.kills(name, worker, shares[name], random.Random(rng.random()),
+                                     down=o.down, group=groups[name], say=say)
+                  for name, worker in self.workers.items()]
+        frozen = [chaos_faults.pauses(name, worker, pauses[name], random.Random(rng.random()),
+                                      within=o.pause_s, say=say)
+                  for name, worker in self.workers.items()]
+        *_, spans = await asyncio.gather(asyncio.gather(*struck), asyncio.gather(*frozen))
+        self.report.pauses = {name: s for name, s in zip(self.workers, spans, strict=True) if s}
         await producing
         self.report.timeline["input produced, kills done"] = time.time()
         self.report.caught_up = await self._drain(raw_ends)
@@ -198,22 +218,6 @@ class _Chaos:
         await self._check(stream)
         self.report.elapsed = time.monotonic() - started
         return self.report
-
-    async def _kill_loop(self, name: str, kills: int, seed: float) -> None:
-        rng, worker = random.Random(seed), self.workers[name]
-        group = [w for other, w in self.workers.items()
-                 if other.startswith("republisher") == name.startswith("republisher")]
-        for n in range(kills):
-            await worker.assigned()
-            await asyncio.sleep(rng.uniform(0.3, 3.0))
-            while self.o.settled_kills and not all(w.settled() for w in group):
-                await asyncio.sleep(rng.uniform(0.3, 3.0))
-            if worker.exited() is not None:
-                raise RuntimeError(f"{name} exited by itself; see {worker.logs[-1]}")
-            worker.kill()
-            await asyncio.sleep(self.o.down)
-            worker.start()
-            self.console.print(f"  SIGKILL {name} ({n + 1}/{kills})")
 
     async def _drain(self, raw_ends: dict[int, int]) -> bool:
         """Republishers done with the input, then aggregator done with all they produced."""
@@ -318,6 +322,8 @@ def report_table(report: ChaosReport) -> Table:
         ("re-sent reports / dropped by (serial, seq)",
          f"{report.resends:,} / {report.producer_duplicates:,}"),
         *[(f"SIGKILLs: {name}", str(n)) for name, n in report.kills.items()],
+        *[(f"SIGSTOPs: {name}", ", ".join(f"{s:.1f} s" for s in frozen))
+          for name, frozen in report.pauses.items()],
         *[(f"duplicates discarded: {s}", f"{n:,}") for s, n in report.duplicates.items()],
         *[(f"late events routed: {s}", f"{n:,}") for s, n in report.late.items()],
         ("late events twice or unmatched", str(report.late_twice)),
@@ -355,6 +361,9 @@ def cli(argv: list[str]) -> int:
     parser.add_argument("--duration", type=float, default=d.duration,
                         help="seconds over which the input is produced")
     parser.add_argument("--kills", type=int, default=d.kills)
+    parser.add_argument("--pauses", type=int, default=d.pauses,
+                        help=f"SIGSTOPs in all (each {d.pause_s[0]:g}-{d.pause_s[1]:g} s, "
+                        "every second one the longer)")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--store", choices=("redis", "cassandra"), default=d.store)
     parser.add_argument("--state-dir", type=Path, default=None)
@@ -362,6 +371,7 @@ def cli(argv: list[str]) -> int:
                         help="republish one record per event (default: one per report, a unit)")
     args = parser.parse_args(argv)
     options = ChaosOptions(messages=args.messages, duration=args.duration, kills=args.kills,
+                           pauses=args.pauses,
                            seed=args.seed, store=args.store, units=not args.per_value)
     console = Console()
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="onceflow-chaos-"))
