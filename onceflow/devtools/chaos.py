@@ -4,10 +4,11 @@ The robot pipeline runs as a stateless republisher (raw reports -> one event
 per fastening) and a windowed aggregator (per-robot-per-minute counts
 feeding per-robot daily counts). While events flow, each process is
 SIGKILLed at random moments and restarted, and with ``pauses`` also frozen
-(SIGSTOP) for a random while, some longer than the session timeout (its group
-moves its partitions on; thawed, it is a zombie until it learns so). Afterwards every window of both
-stages (closed ones from the history rows, open ones from the current
-states) is compared with the ground truth recomputed from the input alone.
+(SIGSTOP) for a random while, some longer than the session timeout (its
+group moves its partitions on; thawed, it is a zombie until it learns so).
+Afterwards every window of both stages (closed ones from the history rows,
+open ones from the current states) is compared with the ground truth
+recomputed from the input alone.
 The robots re-send a share of their reports (plain JSON, as after a lost
 acknowledgement); the republisher must drop exactly those, by ``(serial, seq)``.
 
