@@ -317,7 +317,8 @@ def run_chaos(options: ChaosOptions, *, bootstrap: str, store_settings: Mapping[
 
 
 def report_table(report: ChaosReport) -> Table:
-    return measures("onceflow chaos: republisher + windowed aggregator under SIGKILL", [
+    faults = "SIGKILL and SIGSTOP" if report.pauses else "SIGKILL"
+    return measures(f"onceflow chaos: republisher + windowed aggregator under {faults}", [
         ("reports produced (without re-sends)", f"{report.messages:,}"),
         ("fastening events", f"{report.events:,}"),
         ("re-sent reports / dropped by (serial, seq)",
