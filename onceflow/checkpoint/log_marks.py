@@ -62,6 +62,8 @@ PROBE_WAIT_MS = 2000
 #: The check's fetch size, per partition and per answer (bytes): about the batch holding
 #: the mark (a producer's batch is 16 KiB by default), not the records after it.
 PROBE_BYTES = 64 * 1024
+#: Per partition, the offset of the last mark a check could not tell about.
+Told = dict[TopicPartition, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +224,7 @@ class LogCheck:
         self._consumer: AIOKafkaConsumer | None = None  # the probe, opened at first use
         self._probing = asyncio.Lock()
         self._closed = False
-        self._told: set[tuple[TopicPartition, int]] = set()  # marks it could not tell about
+        self._told: Told = {}  # per partition, the last mark it could not tell about
 
     async def verify(self, assigned: set[KafkaPartition]) -> Verified:
         """Raise ``LogReplaced`` for the first assigned partition whose log changed; answer
@@ -330,23 +332,22 @@ class LogCheck:
                 "was re-created", tp.topic, tp.partition, mark.offset, start)
 
 
-def level_once(told: set[tuple[TopicPartition, int]], tp: TopicPartition,
-               mark: LogMark) -> int:
+def level_once(told: Told, tp: TopicPartition, mark: LogMark) -> int:
     """WARNING the first time a check cannot tell about this mark, DEBUG after: the checks
-    repeat before every send until the next snapshot moves the mark."""
-    key = (tp, mark.offset)
-    if key in told:
+    repeat before every send until the next snapshot moves the mark. One entry per
+    partition, so a long-lived worker on a compacted topic keeps no list of old marks."""
+    if told.get(tp) == mark.offset:
         return logging.DEBUG
-    told.add(key)
+    told[tp] = mark.offset
     return logging.WARNING
 
 
 def judge(tp: TopicPartition, mark: LogMark, found: HasRecord,
-          told: set[tuple[TopicPartition, int]] | None = None) -> None:
+          told: Told | None = None) -> None:
     """Compare the first record fetched at the mark's offset with the mark (``told``: the
     marks already warned about)."""
     if found.offset != mark.offset:
-        log.log(level_once(set() if told is None else told, tp, mark),
+        log.log(level_once({} if told is None else told, tp, mark),
                 "%s[%d]: no record at offset %d (the log goes on at %d: compacted?); "
                 "cannot tell whether the topic was re-created", tp[0], tp[1],
                 mark.offset, found.offset)

@@ -198,16 +198,18 @@ class _Chaos:
         shares = {name: o.kills // n + (i < o.kills % n) for i, name in enumerate(names)}
         pauses = {name: o.pauses // n + (i < o.pauses % n) for i, name in enumerate(names)}
         say = self.console.print
-        groups = {name: [w for other, w in self.workers.items() if o.settled_kills
-                         and other.startswith("republisher") == name.startswith("republisher")]
-                  for name in self.workers}
+        def group(name: str) -> list[WorkerProcess]:  # its role's processes, to strike settled
+            role = name.startswith("republisher")
+            return [w for other, w in self.workers.items()
+                    if o.settled_kills and other.startswith("republisher") == role]
+
         struck = [chaos_faults.kills(name, worker, shares[name], random.Random(rng.random()),
-                                     down=o.down, group=groups[name], say=say)
+                                     down=o.down, group=group(name), say=say)
                   for name, worker in self.workers.items()]
         frozen = [chaos_faults.pauses(name, worker, pauses[name], random.Random(rng.random()),
                                       within=o.pause_s, say=say)
                   for name, worker in self.workers.items()]
-        *_, spans = await asyncio.gather(asyncio.gather(*struck), asyncio.gather(*frozen))
+        _, spans = await asyncio.gather(asyncio.gather(*struck), asyncio.gather(*frozen))
         self.report.pauses = {name: s for name, s in zip(self.workers, spans, strict=True) if s}
         await producing
         self.report.timeline["input produced, kills done"] = time.time()

@@ -26,6 +26,7 @@ from onceflow.checkpoint.log_marks import (
     LogCheck,
     LogMark,
     LogReplaced,
+    Told,
     downstream_note,
     forgotten_rows,
     judge,
@@ -81,7 +82,7 @@ def test_a_hole_at_the_mark_is_warned_about_once_per_mark(
 ) -> None:
     """Checks repeat before every send until the next snapshot moves the mark: one WARNING
     per mark, not one per check."""
-    told: set[tuple[TopicPartition, int]] = set()
+    told: Told = {}
     mark, later = mark_of(Record(41, 1000, b"k", b"v")), mark_of(Record(50, 1000, b"k", b"w"))
     with caplog.at_level(logging.DEBUG, logger="onceflow.checkpoint.log_marks"):
         for _ in range(3):
@@ -89,6 +90,7 @@ def test_a_hole_at_the_mark_is_warned_about_once_per_mark(
         judge(A, later, Record(52, 5, b"x", b"y"), told)
     levels = [(r.levelname, "offset 41" in r.getMessage()) for r in caplog.records]
     assert levels == [("WARNING", True), ("DEBUG", True), ("DEBUG", True), ("WARNING", False)]
+    assert told == {A: 50}  # one entry per partition: no list of old marks in a long run
 
 
 def test_the_ledger_hands_each_partitions_last_processed_record_to_the_next_checkpoint(
