@@ -73,6 +73,11 @@ class MetadataTimeout(KafkaTimeoutError):  # type: ignore[misc]  # aiokafka is u
     incarnation fails (the supervisor restarts it; the input replays from the last commit)."""
 
 
+class SendAfterFailure(KafkaTimeoutError):  # type: ignore[misc]  # aiokafka is untyped
+    """A batch behind one that failed to start, not sent either: sent once the broker
+    answered again, its replay by the next incarnation would write it a second time."""
+
+
 def key_partition(key: bytes, partitions: Sequence[int]) -> int:
     """Kafka's default partitioner for a non-null key; ``partitions`` sorted."""
     return partitions[key_hash(key) % len(partitions)]
@@ -140,6 +145,7 @@ class ProducerActor(LoopActor):
         self._order: asyncio.Lock | None = None
         self._opened = asyncio.Event()  # bound to the io loop at first use
         self._sent = 0
+        self._broken: BaseException | None = None  # why a send failed to start
 
     def start(self) -> None:
         """Open the client (from the core's start; a broker that does not answer within
@@ -267,10 +273,9 @@ class ProducerActor(LoopActor):
     async def _send(self, outputs: Sequence[Output]) -> None:
         """Hand each record to its partition's lane, in order; wait until all are settled.
 
-        Finding a partition may wait for topic metadata; the lock keeps the
-        next ``Send`` from overtaking this one meanwhile (docs/architecture.md,
-        invariant 8).
-        """
+        Finding a partition may wait for topic metadata; the lock keeps the next ``Send``
+        from overtaking this one meanwhile (docs/architecture.md, invariant 8), and one
+        that failed there fails every later one (``SendAfterFailure``)."""
         if not self._opened.is_set():  # the actor is still opening the client
             await self._opened.wait()
         assert self._lanes is not None and self._order is not None
@@ -279,30 +284,41 @@ class ProducerActor(LoopActor):
         if dying:
             outputs = outputs[:cut]
         async with self._order:
-            partitions = {topic: await self._partitions_of(topic)
-                          for topic in {o.topic for o in outputs}}
-            by_lane: dict[TopicPartition, list[Output]] = {}
-            for o in outputs:  # Kafka's default partitioner (murmur2 of the key), or the step's
-                if o.partition is None and o.key is not None:
-                    partition = key_partition(o.key, partitions[o.topic])
-                elif o.partition is None:  # no key: a random partition, as Kafka does
-                    partition = int(self._partitioner(o.key, partitions[o.topic],
-                                                      partitions[o.topic]))
-                elif o.partition in partitions[o.topic]:
-                    partition = o.partition
-                else:  # not in the cache: the topic may have grown since its last metadata
-                    partitions[o.topic] = await self._refreshed(o.topic)
-                    if o.partition not in partitions[o.topic]:
-                        raise ValueError(f"partition {o.partition} of {o.topic!r} does not "
-                                         f"exist (it has {len(partitions[o.topic])})")
-                    partition = o.partition
-                by_lane.setdefault((o.topic, partition), []).append(o)
+            if self._broken is not None:  # batches start in order, or not at all
+                raise SendAfterFailure(f"not sent: an earlier batch failed ({self._broken})")
+            try:
+                by_lane = await self._lanes_of(outputs)
+            except BaseException as error:
+                self._broken = error
+                raise
             settled = [self._lanes.lane(topic, partition).add(outs)
                        for (topic, partition), outs in by_lane.items()]
             self._sent += len(outputs)
         await all_settled(settled)
         if dying:
             faults.die()
+
+    async def _lanes_of(self, outputs: Sequence[Output]) -> dict[TopicPartition, list[Output]]:
+        """The outputs by output partition, in order (metadata first, within ``max-block``)."""
+        partitions = {topic: await self._partitions_of(topic)
+                      for topic in {o.topic for o in outputs}}
+        by_lane: dict[TopicPartition, list[Output]] = {}
+        for o in outputs:  # Kafka's default partitioner (murmur2 of the key), or the step's
+            if o.partition is None and o.key is not None:
+                partition = key_partition(o.key, partitions[o.topic])
+            elif o.partition is None:  # no key: a random partition, as Kafka does
+                partition = int(self._partitioner(o.key, partitions[o.topic],
+                                                  partitions[o.topic]))
+            elif o.partition in partitions[o.topic]:
+                partition = o.partition
+            else:  # not in the cache: the topic may have grown since its last metadata
+                partitions[o.topic] = await self._refreshed(o.topic)
+                if o.partition not in partitions[o.topic]:
+                    raise ValueError(f"partition {o.partition} of {o.topic!r} does not "
+                                     f"exist (it has {len(partitions[o.topic])})")
+                partition = o.partition
+            by_lane.setdefault((o.topic, partition), []).append(o)
+        return by_lane
 
     async def _partitions_of(self, topic: str) -> list[int]:
         """The topic's partitions, sorted (cached; ``_follow`` keeps them current).

@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 from aiokafka import AIOKafkaProducer
 from hole_proxy import HoleProxy
 
@@ -43,7 +44,12 @@ from onceflow.devtools import harness, services
 from onceflow.devtools.demo import redis_settings
 from onceflow.devtools.services import ServiceInfo, free_port
 from onceflow.kafka.delivery import DeliverySettings, OutboxTally
-from onceflow.kafka.producer import ProducerActor, key_partition
+from onceflow.kafka.producer import (
+    MetadataTimeout,
+    ProducerActor,
+    SendAfterFailure,
+    key_partition,
+)
 from onceflow.stages.outcome import Output
 
 PIPELINE = '''
@@ -238,4 +244,48 @@ def test_a_send_to_a_partition_the_producer_has_not_seen_asks_the_broker_again(
         records = asyncio.run(harness.read_all(bootstrap, topic, 4))
         assert proxy.errors == []
     assert sorted((r.partition, r.value) for r in records) == [(1, b"before"), (3, b"after")]
+    assert failures == []
+
+
+def test_a_batch_behind_one_that_failed_to_start_is_never_sent(
+    tmp_path: Path, unique_name: Callable[..., str],
+) -> None:
+    """Two batches wait for an output topic's metadata; the first fails after max-block
+    and the broker answers again at once. The second must not go out then: the failed
+    incarnation's replay sends both, and it would be written twice (seen in CI: ids
+    230-236 doubled by the max-block test above)."""
+    topic = unique_name("out")
+    failures: list[BaseException] = []
+    with proxied_broker(tmp_path / "kafka", topic) as (proxy, _):
+        bootstrap = f"127.0.0.1:{proxy.port}"
+        io = EventLoopThread("test-producer")
+        actor = ProducerActor(
+            options={"bootstrap_servers": bootstrap, "acks": "all",
+                     "enable_idempotence": False},
+            delivery=DeliverySettings(delivery_timeout=30, request_timeout=10, retries=3,
+                                      retry_backoff=0.1, reconnect_backoff=0.05,
+                                      reconnect_backoff_max=1),
+            max_block=2, outbox=None, tally=OutboxTally(), io=io, start_timeout=30,
+            on_fatal=lambda name, error: failures.append(error))
+
+        async def two_batches() -> None:
+            first = asyncio.ensure_future(actor.send([Output(topic, b"k", b"first")]))
+            second = asyncio.ensure_future(actor.send([Output(topic, b"k", b"second")]))
+            with pytest.raises(MetadataTimeout):
+                await first
+            proxy.thaw()  # the broker answers again while the second waits its turn
+            with pytest.raises(SendAfterFailure):
+                await second
+
+        try:
+            actor.start()
+            proxy.freeze_metadata(topic)
+            io.run(harness.create_topic(bootstrap, topic, 2))
+            io.run(two_batches(), timeout=60)
+            actor.stop()
+        finally:
+            io.stop()
+        records = asyncio.run(harness.read_all(bootstrap, topic, 2))
+        assert proxy.held > 0 and proxy.errors == []
+    assert [r.value for r in records] == []
     assert failures == []
