@@ -88,6 +88,18 @@ async def outputs(bootstrap: str, topic: str, partitions: int) -> list[tuple[int
             for r in await harness.read_all(bootstrap, topic, partitions)]
 
 
+def producer(bootstrap: str, io: EventLoopThread, max_block: float,
+             failures: list[BaseException]) -> ProducerActor:
+    """A producer actor on ``io`` (not started), its fatal errors in ``failures``."""
+    return ProducerActor(
+        options={"bootstrap_servers": bootstrap, "acks": "all", "enable_idempotence": False},
+        delivery=DeliverySettings(delivery_timeout=30, request_timeout=10, retries=3,
+                                  retry_backoff=0.1, reconnect_backoff=0.05,
+                                  reconnect_backoff_max=1),
+        max_block=max_block, outbox=None, tally=OutboxTally(), io=io, start_timeout=30,
+        on_fatal=lambda name, error: failures.append(error))
+
+
 @contextlib.contextmanager
 def proxied_broker(state: Path, topic: str) -> Iterator[tuple[HoleProxy, ServiceInfo]]:
     """A private broker whose clients all go through a proxy (its advertised address)."""
@@ -223,14 +235,7 @@ def test_a_send_to_a_partition_the_producer_has_not_seen_asks_the_broker_again(
     with proxied_broker(tmp_path / "kafka", topic) as (proxy, _):
         bootstrap = f"127.0.0.1:{proxy.port}"
         io = EventLoopThread("test-producer")
-        actor = ProducerActor(
-            options={"bootstrap_servers": bootstrap, "acks": "all",
-                     "enable_idempotence": False},
-            delivery=DeliverySettings(delivery_timeout=30, request_timeout=10, retries=3,
-                                      retry_backoff=0.1, reconnect_backoff=0.05,
-                                      reconnect_backoff_max=1),
-            max_block=10, outbox=None, tally=OutboxTally(), io=io, start_timeout=30,
-            on_fatal=lambda name, error: failures.append(error))
+        actor = producer(bootstrap, io, 10, failures)
         try:
             io.run(harness.create_topic(bootstrap, topic, 4))
             proxy.show_partitions(topic, 2)
@@ -259,14 +264,7 @@ def test_a_batch_behind_one_that_failed_to_start_is_never_sent(
     with proxied_broker(tmp_path / "kafka", topic) as (proxy, _):
         bootstrap = f"127.0.0.1:{proxy.port}"
         io = EventLoopThread("test-producer")
-        actor = ProducerActor(
-            options={"bootstrap_servers": bootstrap, "acks": "all",
-                     "enable_idempotence": False},
-            delivery=DeliverySettings(delivery_timeout=30, request_timeout=10, retries=3,
-                                      retry_backoff=0.1, reconnect_backoff=0.05,
-                                      reconnect_backoff_max=1),
-            max_block=2, outbox=None, tally=OutboxTally(), io=io, start_timeout=30,
-            on_fatal=lambda name, error: failures.append(error))
+        actor = producer(bootstrap, io, 2, failures)
 
         async def two_batches() -> None:
             first = asyncio.ensure_future(actor.send([Output(topic, b"k", b"first")]))
