@@ -6,9 +6,8 @@ feeding per-robot daily counts). While events flow, each process is
 SIGKILLed at random moments and restarted, and with ``pauses`` also frozen
 (SIGSTOP) for a random while, some longer than the session timeout (its
 group moves its partitions on; thawed, it is a zombie until it learns so).
-Afterwards every window of both stages (closed ones from the history rows,
-open ones from the current states) is compared with the ground truth
-recomputed from the input alone.
+Afterwards every window of both stages (closed ones from history rows, open ones
+from current states) is compared with the ground truth recomputed from the input.
 The robots re-send a share of their reports (plain JSON, as after a lost
 acknowledgement); the republisher must drop exactly those, by ``(serial, seq)``.
 
@@ -39,6 +38,7 @@ from onceflow.devtools.chaos_truth import (  # the run's ground truth, kept apar
     STAGES,
     LateEvents,
     expected_windows,
+    read_hop,
     read_late,
     stored_windows,
 )
@@ -117,9 +117,11 @@ class ChaosReport:
     caught_up: bool = False
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     normalized: int = 0  # records in the normalized topic (units hold several events)
+    normalized_once: int = 0  # of them distinct (by source chain), holding events:
+    normalized_events: int = 0
     elapsed: float = 0.0  # from the start (stream generation) to the end of the check
-    # Wall-clock moments (time.time()) of the run's phases, for benchmarks:
-    # workers started, input produced (and kills done), republisher / aggregator committed.
+    # Wall-clock moments (time.time()) of the phases, for benchmarks: workers started,
+    # input produced (and kills done), republisher / aggregator committed.
     timeline: dict[str, float] = field(default_factory=dict)
     #: The run's names, for a caller that reads on (``onceflow reconcile`` in its test):
     #: topics "raw", "normalized", "late", "dead"; groups "republisher", "aggregator".
@@ -238,6 +240,8 @@ class _Chaos:
         return done
 
     async def _check(self, stream: RobotStream) -> None:
+        self.report.normalized_once, self.report.normalized_events = await read_hop(
+            self.bootstrap, self.normalized, self.o.partitions)
         late, twice = await read_late(self.bootstrap, self.late_topic, self.o.partitions)
         truth, matched = expected_windows(stream, late)
         self.report.late_events = late  # for a caller's own ground truth
@@ -323,6 +327,8 @@ def report_table(report: ChaosReport) -> Table:
     return measures(f"onceflow chaos: republisher + windowed aggregator under {faults}", [
         ("reports produced (without re-sends)", f"{report.messages:,}"),
         ("fastening events", f"{report.events:,}"),
+        ("normalized records: written / distinct / events in them",
+         f"{report.normalized:,} / {report.normalized_once:,} / {report.normalized_events:,}"),
         ("re-sent reports / dropped by (serial, seq)",
          f"{report.resends:,} / {report.producer_duplicates:,}"),
         *[(f"SIGKILLs: {name}", str(n)) for name, n in report.kills.items()],

@@ -23,7 +23,8 @@ from onceflow.stages.state import decode_state
 from onceflow.stages.units import item_at
 from onceflow.stores.base import StateStore
 
-__all__ = ["STAGES", "LateEvents", "Windows", "expected_windows", "read_late", "stored_windows"]
+__all__ = ["STAGES", "LateEvents", "Windows", "expected_windows", "read_hop", "read_late",
+           "stored_windows"]
 
 Windows = dict[tuple[str, int], Counter[str]]  # (robot, window start) -> ok/failed
 STAGES = {MINUTE_STAGE: (MINUTE_MS, LATENESS_MS), DAY_STAGE: (DAY_MS, 0)}
@@ -87,6 +88,24 @@ async def read_late(bootstrap: str, topic: str, partitions: int
         stage = headers["onceflow.stage"].decode()
         late.setdefault(stage, Counter())[(robot, ts, "ok" if ok else "failed")] += 1
     return late, twice
+
+
+async def read_hop(bootstrap: str, topic: str, partitions: int) -> tuple[int, int]:
+    """The distinct records of a republished topic (one per source chain: a replay's
+    re-writes count once) and the events they hold (a unit's items, else one each).
+
+    How many records a run's kills made the republisher write again depends on when
+    they struck; these two do not.
+    """
+    chains: set[tuple[tuple[str, int, int, int], ...]] = set()
+    events = 0
+    for record in await read_all(bootstrap, topic, partitions):
+        envelope = Envelope.FromString(record.value or b"")
+        chain = tuple((s.topic, s.partition, s.offset, s.index) for s in envelope.source_chain)
+        if chain not in chains:
+            chains.add(chain)
+            events += len(envelope.items) or 1
+    return len(chains), events
 
 
 def stored_windows(store: StateStore, stage: str) -> tuple[Windows, int]:
