@@ -49,6 +49,7 @@ from aiokafka.errors import OffsetOutOfRangeError
 
 from onceflow.kafka.continuity import PartitionRewound
 from onceflow.kafka.kafka_parts import started
+from onceflow.kafka.quiet_assign import assign_quietly
 from onceflow.stages.declarations import LOGS_STAGE
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.fencing import Guard
@@ -291,7 +292,7 @@ class LogCheck:
                            marks: dict[KafkaPartition, LogMark]) -> None:
         # assigned anew each time: a partition's state (its high watermark) from an earlier
         # check must not answer for this one
-        consumer.assign(list(marks))
+        assign_quietly(consumer, marks)  # before every check: no INFO line each time
         for tp, mark in marks.items():
             consumer.seek(tp, mark.offset)
         pending = set(marks)
