@@ -10,7 +10,7 @@ bad when it stops moving while there is lag.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
@@ -101,14 +101,26 @@ class Labelled(Collector):
     prometheus_client has no constant labels, so the samples are copied at scrape time.
     """
 
-    def __init__(self, labels: dict[str, str]):
+    def __init__(self, labels: dict[str, str], names: frozenset[str] | None = None):
         self._labels = labels
+        self._names = names
+
+    def restricted(self, names: Iterable[str]) -> Labelled:
+        """Only the samples named in ``names``: the ``name[]`` query of /metrics, as
+        prometheus_client's own handler has it (a poller that reads one counter often
+        need not have every family rendered each time)."""
+        return Labelled(self._labels, frozenset(names))
 
     def collect(self) -> Iterator[Metric]:
+        names = self._names
         for family in REGISTRY.collect():
+            samples = family.samples if names is None else [
+                sample for sample in family.samples if sample.name in names]
+            if not samples:
+                continue
             copy = Metric(family.name, family.documentation, family.type, family.unit)
             copy.samples = [sample._replace(labels={**sample.labels, **self._labels})
-                            for sample in family.samples]
+                            for sample in samples]
             yield copy
 
 

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -62,9 +63,12 @@ class HealthServer:
 def _handler(status: Status, exported: metrics.Labelled) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            if self.path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(exported))
-            elif self.path == "/health":
+            path, _, query = self.path.partition("?")
+            if path == "/metrics":
+                names = parse_qs(query).get("name[]")  # prometheus_client's restriction
+                self._send(200, CONTENT_TYPE_LATEST, generate_latest(
+                    exported if names is None else exported.restricted(names)))
+            elif path == "/health":
                 report = status()
                 code = 200 if report["healthy"] else 503
                 self._send(code, "application/json", json.dumps(report).encode())
