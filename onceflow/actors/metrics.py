@@ -116,7 +116,7 @@ class Labelled(Collector):
         for family in REGISTRY.collect():
             samples = family.samples if names is None else [
                 sample for sample in family.samples if sample.name in names]
-            if not samples:
+            if names is not None and not samples:  # unrestricted: every family, even empty
                 continue
             copy = Metric(family.name, family.documentation, family.type, family.unit)
             copy.samples = [sample._replace(labels={**sample.labels, **self._labels})
