@@ -88,16 +88,26 @@ async def outputs(bootstrap: str, topic: str, partitions: int) -> list[tuple[int
             for r in await harness.read_all(bootstrap, topic, partitions)]
 
 
-def producer(bootstrap: str, io: EventLoopThread, max_block: float,
-             failures: list[BaseException]) -> ProducerActor:
-    """A producer actor on ``io`` (not started), its fatal errors in ``failures``."""
-    return ProducerActor(
-        options={"bootstrap_servers": bootstrap, "acks": "all", "enable_idempotence": False},
-        delivery=DeliverySettings(delivery_timeout=30, request_timeout=10, retries=3,
-                                  retry_backoff=0.1, reconnect_backoff=0.05,
-                                  reconnect_backoff_max=1),
-        max_block=max_block, outbox=None, tally=OutboxTally(), io=io, start_timeout=30,
-        on_fatal=lambda name, error: failures.append(error))
+@contextlib.contextmanager
+def proxied_producer(state: Path, topic: str, max_block: float
+                     ) -> Iterator[tuple[HoleProxy, EventLoopThread, ProducerActor,
+                                         list[BaseException]]]:
+    """A producer actor (not started) on a loop of its own, its clients through a proxied
+    private broker (``proxied_broker``); its fatal errors gathered in the list yielded."""
+    failures: list[BaseException] = []
+    with proxied_broker(state, topic) as (proxy, _):
+        io = EventLoopThread("test-producer")
+        try:
+            yield proxy, io, ProducerActor(
+                options={"bootstrap_servers": f"127.0.0.1:{proxy.port}", "acks": "all",
+                         "enable_idempotence": False},
+                delivery=DeliverySettings(delivery_timeout=30, request_timeout=10, retries=3,
+                                          retry_backoff=0.1, reconnect_backoff=0.05,
+                                          reconnect_backoff_max=1),
+                max_block=max_block, outbox=None, tally=OutboxTally(), io=io,
+                start_timeout=30, on_fatal=lambda name, error: failures.append(error)), failures
+        finally:
+            io.stop()
 
 
 @contextlib.contextmanager
@@ -231,21 +241,15 @@ def test_a_send_to_a_partition_the_producer_has_not_seen_asks_the_broker_again(
     (5 minutes here): before, it failed with "partition 3 ... does not exist" until a
     restart."""
     topic = unique_name("out")
-    failures: list[BaseException] = []
-    with proxied_broker(tmp_path / "kafka", topic) as (proxy, _):
+    with proxied_producer(tmp_path / "kafka", topic, 10) as (proxy, io, actor, failures):
         bootstrap = f"127.0.0.1:{proxy.port}"
-        io = EventLoopThread("test-producer")
-        actor = producer(bootstrap, io, 10, failures)
-        try:
-            io.run(harness.create_topic(bootstrap, topic, 4))
-            proxy.show_partitions(topic, 2)
-            actor.start()
-            io.run(actor.send([Output(topic, None, b"before", partition=1)]), timeout=60)
-            proxy.show_partitions(topic, None)  # the topic grew
-            io.run(actor.send([Output(topic, None, b"after", partition=3)]), timeout=60)
-            actor.stop()
-        finally:
-            io.stop()
+        io.run(harness.create_topic(bootstrap, topic, 4))
+        proxy.show_partitions(topic, 2)
+        actor.start()
+        io.run(actor.send([Output(topic, None, b"before", partition=1)]), timeout=60)
+        proxy.show_partitions(topic, None)  # the topic grew
+        io.run(actor.send([Output(topic, None, b"after", partition=3)]), timeout=60)
+        actor.stop()
         records = asyncio.run(harness.read_all(bootstrap, topic, 4))
         assert proxy.errors == []
     assert sorted((r.partition, r.value) for r in records) == [(1, b"before"), (3, b"after")]
@@ -260,11 +264,8 @@ def test_a_batch_behind_one_that_failed_to_start_is_never_sent(
     incarnation's replay sends both, and it would be written twice (seen in CI: ids
     230-236 doubled by the max-block test above)."""
     topic = unique_name("out")
-    failures: list[BaseException] = []
-    with proxied_broker(tmp_path / "kafka", topic) as (proxy, _):
+    with proxied_producer(tmp_path / "kafka", topic, 2) as (proxy, io, actor, failures):
         bootstrap = f"127.0.0.1:{proxy.port}"
-        io = EventLoopThread("test-producer")
-        actor = producer(bootstrap, io, 2, failures)
 
         async def two_batches() -> None:
             first = asyncio.ensure_future(actor.send([Output(topic, b"k", b"first")]))
@@ -275,14 +276,11 @@ def test_a_batch_behind_one_that_failed_to_start_is_never_sent(
             with pytest.raises(SendAfterFailure):
                 await second
 
-        try:
-            actor.start()
-            proxy.freeze_metadata(topic)
-            io.run(harness.create_topic(bootstrap, topic, 2))
-            io.run(two_batches(), timeout=60)
-            actor.stop()
-        finally:
-            io.stop()
+        actor.start()
+        proxy.freeze_metadata(topic)
+        io.run(harness.create_topic(bootstrap, topic, 2))
+        io.run(two_batches(), timeout=60)
+        actor.stop()
         records = asyncio.run(harness.read_all(bootstrap, topic, 2))
         assert proxy.held > 0 and proxy.errors == []
     assert [r.value for r in records] == []
