@@ -193,8 +193,7 @@ class _Chaos:
         producing = asyncio.create_task(
             produce(self.bootstrap, self.raw, messages, o.duration, raw_ends))
         rng = random.Random(o.seed)
-        # The kills and the pauses are shared out over the processes (one more for some
-        # if uneven), each struck at its own random moments.
+        # Kills and pauses shared out over the processes (one more for some if uneven).
         names, n = sorted(self.workers), len(self.workers)
         rng.shuffle(names)
         shares = {name: o.kills // n + (i < o.kills % n) for i, name in enumerate(names)}
@@ -240,9 +239,10 @@ class _Chaos:
         return done
 
     async def _check(self, stream: RobotStream) -> None:
-        self.report.normalized_once, self.report.normalized_events = await read_hop(
-            self.bootstrap, self.normalized, self.o.partitions)
-        late, twice = await read_late(self.bootstrap, self.late_topic, self.o.partitions)
+        hop, (late, twice) = await asyncio.gather(  # each reads until quiet: side by side
+            read_hop(self.bootstrap, self.normalized, self.o.partitions),
+            read_late(self.bootstrap, self.late_topic, self.o.partitions))
+        self.report.normalized_once, self.report.normalized_events = hop
         truth, matched = expected_windows(stream, late)
         self.report.late_events = late  # for a caller's own ground truth
         self.report.late = {stage: sum(late.get(stage, Counter()).values()) for stage in STAGES}
