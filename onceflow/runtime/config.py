@@ -38,6 +38,7 @@ from pyhocon.config_tree import ConfigValues
 from pyhocon.exceptions import ConfigException
 from pyparsing import ParseBaseException  # what pyhocon raises on bad syntax
 
+from onceflow.runtime import cpu_placement
 from onceflow.runtime.config_analytics import analytics_settings
 from onceflow.runtime.config_kafka import kafka_settings
 from onceflow.runtime.config_reader import OVERRIDES, ConfigError, Reader, parse_duration, show
@@ -212,8 +213,25 @@ def _build(read: Reader, source: str) -> Settings:
         pipeline_settings=_pipeline_settings(read),
         windows=WindowSettings(read.duration("onceflow.windows.idle-timeout", 1, 7 * 86400),
                                read.duration("onceflow.windows.max-future", 1, 3650 * 86400)),
+        cpu=_cpu(read),
         warnings=tuple(read.warnings),  # last: after every read
     )
+
+
+def _cpu(read: Reader) -> str | int:
+    """``auto``, ``off`` or a CPU this process may run on (``runtime.cpu_placement``)."""
+    key = "onceflow.cpu"
+    value = read.raw(key)
+    if value in ("auto", "off"):
+        return str(value)
+    allowed = sorted(os.sched_getaffinity(0)) if cpu_placement.supported() else []
+    if isinstance(value, int) and not isinstance(value, bool) and value in allowed:
+        return value
+    if isinstance(value, str) and value.isdigit() and int(value) in allowed:
+        return int(value)  # from $ONCEFLOW_CPU
+    expected = f"auto, off or one of this process's CPUs {allowed}" if allowed else \
+        "auto or off (this platform cannot pin threads to a CPU)"
+    raise read.error(key, f"expected {expected}, got {show(value, key)}")
 
 
 def _ttl_seconds(read: Reader, key: str, zero: str) -> float:

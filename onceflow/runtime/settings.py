@@ -260,6 +260,9 @@ class Settings:
     single_worker: bool
     pipeline_settings: dict[str, Any]
     windows: WindowSettings = field(default_factory=lambda: WindowSettings())
+    #: ``onceflow.cpu``: "auto", "off" or the CPU the worker's threads stay on
+    #: (``runtime.cpu_placement``).
+    cpu: str | int = "auto"
     #: ``<file>: <key>: <problem>`` of values accepted but most likely not meant (a group
     #: id with a space); the worker logs each at start.
     warnings: tuple[str, ...] = ()

@@ -47,6 +47,7 @@ from onceflow.kafka import skipped_batches
 from onceflow.kafka.continuity import PartitionRewound
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.runtime.consumer_stream import ConsumerStream
+from onceflow.runtime.cpu_placement import CpuPlacement
 from onceflow.runtime.health import HealthServer, health_report
 from onceflow.runtime.lag import LagWatch
 from onceflow.runtime.pipeline_core import PipelineCore
@@ -101,6 +102,7 @@ class Worker:
         self._supervisor: pykka.ActorRef[Supervisor] | None = None
         self._http: HealthServer | None = None
         self._lag: LagWatch | None = None
+        self._placement = CpuPlacement(settings.cpu)
 
     def _escalate(self, who: str, error: BaseException) -> None:
         if self._failure is None:
@@ -136,6 +138,7 @@ class Worker:
                                   f"expected a port free to listen on at {m.host}, "
                                   f"{m.port} is not: {error.strerror or error}") from None
         tune_gc()
+        self._placement.start()  # before any thread starts: each inherits its CPU
         # a header name that is not UTF-8 must not stop fetches (tolerant_records), and
         # a transaction's marker is no hole to re-fetch (skipped_batches)
         skipped_batches.install()
@@ -204,7 +207,7 @@ class Worker:
         where no timeout reaches must not keep it alive (a stop signal arms its own).
         """
         while not (self._stop.wait(SIGNAL_POLL) or signalled()):
-            pass
+            self._placement.tick()
         if exit_within is not None and self._failure is not None:
             exit_within(self.settings.shutdown.timeout + self.settings.supervision.escalation_grace
                         + GRACE, f"escalation after {self._failure[0]} failed")
@@ -239,6 +242,7 @@ class Worker:
             self._lag.stop()
         if self._http is not None:
             self._http.stop()
+        self._placement.release()
         if self._failure is None:
             return EXIT_OK
         log.error("stopped: %s failed: %s", self._failure[0], self._failure[1])
