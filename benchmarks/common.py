@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 #: kept by hand from these pages (see journal/README.md).
 JOURNAL = HERE / "journal"
 T = TypeVar("T")
-ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow.kafka.\S+: partitions assigned: (.*)$", re.M)
+ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow\.\S+: partitions assigned: (.*)$", re.M)
 
 
 def worker_path(env: Mapping[str, str]) -> str:
@@ -47,6 +47,13 @@ def worker_path(env: Mapping[str, str]) -> str:
     return os.pathsep.join(p for p in (str(HERE), tree) if p)
 
 
+def worker_cwd(env: Mapping[str, str]) -> str | None:
+    """A worker's working directory: ``BENCH_WORKER_TREE`` if set. ``python -m onceflow``
+    puts its working directory first on ``sys.path``, before PYTHONPATH, so a worker started
+    from this checkout would import this checkout's onceflow, whatever the tree."""
+    return env.get("BENCH_WORKER_TREE") or None
+
+
 class Worker:
     """One ``onceflow run`` process started with demo.conf plus ``settings``."""
 
@@ -56,7 +63,8 @@ class Worker:
         argv = [*worker_command(packaged_config("demo.conf"), settings), *extra]
         with log.open("wb") as out:
             self.proc = subprocess.Popen(argv, env={**env, "PYTHONPATH": worker_path(env)},
-                                         stdout=out, stderr=subprocess.STDOUT)
+                                         cwd=worker_cwd(env), stdout=out,
+                                         stderr=subprocess.STDOUT)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

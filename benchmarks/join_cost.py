@@ -28,7 +28,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from common import CommitWatcher, append, journal_page, machine, worker_path
+from common import CommitWatcher, append, journal_page, machine, worker_cwd, worker_path
 from throughput import peak_rss_while, produce
 
 from onceflow.devtools import services
@@ -74,7 +74,8 @@ def measure(bootstrap: str, store: dict[str, str], topic: str, table: str,
     argv = fault_aware(worker_command(packaged_config("demo.conf"), settings), env)
     log = workdir / f"worker-{group}.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, env=env, cwd=worker_cwd(os.environ), stdout=out,
+                                stderr=subprocess.STDOUT)
     watcher = CommitWatcher(bootstrap, group, topic, ends)
     total = sum(ends.values())
     peak_rss_while(proc, lambda: watcher.committed() >= total)

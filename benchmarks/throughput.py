@@ -56,7 +56,14 @@ from onceflow.stages.formats import ENVELOPE_MARK
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
-from common import CommitWatcher, append, journal_page, raw_consume, worker_path  # noqa: E402
+from common import (  # noqa: E402
+    CommitWatcher,
+    append,
+    journal_page,
+    raw_consume,
+    worker_cwd,
+    worker_path,
+)
 from helpers import create_topic  # noqa: E402
 
 PARTITIONS = 4
@@ -161,7 +168,8 @@ def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: di
     env = {**os.environ, "ONCEFLOW_ROBOTS_TOPIC": topic, "ONCEFLOW_ROBOTS_STORE": store["kind"],
            "BENCH_TOPIC": topic, "PYTHONPATH": worker_path(os.environ)}
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, env=env, cwd=worker_cwd(os.environ), stdout=out,
+                                stderr=subprocess.STDOUT)
     total = sum(ends.values())
     spy = None
     if profile is not None:
@@ -181,7 +189,7 @@ def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: di
     proc.terminate()
     proc.wait(15)
     text = log.read_text()
-    match = re.search(r"^(\S+ \S+) INFO onceflow.kafka.\S+: partitions assigned", text, re.M)
+    match = re.search(r"^(\S+ \S+) INFO onceflow\.\S+: partitions assigned", text, re.M)
     if not match:
         raise RuntimeError(f"no assignment in worker log:\n{text[-2000:]}")
     assigned = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
