@@ -5,8 +5,8 @@ the machine has. Left to the OS, its threads (the Kafka loop, the pipeline, pers
 land on different cores as the GIL passes between them, and the interpreter's hot state
 (reference counts, allocator pools, the batch just fetched) crosses the caches with it:
 measured on the envelope path, the pipeline thread spent 1.5x the CPU per record on the
-same code, even on records it had copied itself, and the worker ran at 0.52-0.61 of a raw
-aiokafka loop against 0.85-0.87 with its threads on one CPU (journal 2026-11-29).
+same code, even on records it had copied itself, and the worker ran at 0.59-0.67 of a raw
+aiokafka loop against 0.85-0.89 with its threads on one CPU (journal 2026-11-29).
 
 ``auto`` (``onceflow.cpu``) keeps the threads together on one CPU and lets go where that
 costs more than it saves: every few seconds it reads how busy each CPU was
