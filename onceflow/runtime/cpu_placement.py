@@ -114,8 +114,7 @@ class CpuPlacement:
         if isinstance(self.mode, int):
             self._pin(self.mode, "as onceflow.cpu says")
             return
-        self._last = self._sample()
-        self._due = time.monotonic() + INTERVAL / 2
+        self._guarded(self._sample_first)
 
     def tick(self) -> None:
         """Check the placement when due (``auto``), and pin threads started since."""
@@ -123,9 +122,23 @@ class CpuPlacement:
             return
         self._due = time.monotonic() + INTERVAL * self._random.uniform(2 / 3, 4 / 3)
         if self.mode == "auto":
-            self._decide()
+            self._guarded(self._decide)
         if self.pinned is not None:
             self._apply({self.pinned})
+
+    def _sample_first(self) -> None:
+        self._last = self._sample()
+        self._due = time.monotonic() + INTERVAL / 2
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """A ``/proc`` this code cannot read turns ``auto`` off: placement is worth speed,
+        never a worker's life (it runs on the worker's main loop)."""
+        try:
+            step()
+        except (OSError, ValueError, IndexError, KeyError) as error:
+            log.warning("cannot read how busy the CPUs are (%r): onceflow.cpu is off", error)
+            self.release()  # back on every CPU, if it can list the threads
+            self.mode = "off"
 
     def release(self) -> None:
         """Every thread back on every CPU the process was allowed at start."""
@@ -171,8 +184,13 @@ class CpuPlacement:
 
     def _apply(self, cpus: set[int]) -> bool:
         """Every thread of the process on ``cpus``; False (and placement off) where refused."""
-        for task in (self._proc / "self" / "task").iterdir():
-            tid = int(task.name)
+        try:
+            tasks = [int(task.name) for task in (self._proc / "self" / "task").iterdir()]
+        except OSError as error:
+            log.warning("cannot list this process's threads (%r): onceflow.cpu is off", error)
+            self.mode, self.pinned = "off", None
+            return False
+        for tid in tasks:
             try:
                 if os.sched_getaffinity(tid) != cpus:
                     os.sched_setaffinity(tid, cpus)

@@ -100,3 +100,21 @@ def test_a_number_pins_every_thread_of_the_process_and_release_frees_them():
                          capture_output=True, text=True, check=True, timeout=60).stdout
     allowed = frozenset(os.sched_getaffinity(0))
     assert out.strip() == f"[frozenset({{{cpu}}})] 3 [{allowed!r}]"
+
+
+def test_a_proc_that_cannot_be_read_turns_auto_off_without_raising(tmp_path: Path):
+    (tmp_path / "stat").write_text("cpu0 not numbers\n")
+    placement = CpuPlacement("auto", proc=tmp_path)
+    placement._allowed = frozenset({0, 1})
+    placement.start()  # reads the stat file: ValueError, caught
+    assert placement.mode == "off" and not placement.active
+    placement.tick()  # and nothing more happens
+
+
+def test_a_pinned_worker_whose_proc_breaks_is_left_to_the_os_without_raising(tmp_path: Path):
+    (tmp_path / "stat").write_text("cpu0 1 2\n")  # too few fields: IndexError
+    placement = CpuPlacement("auto", proc=tmp_path)  # no self/task either
+    placement._allowed = frozenset({0, 1})
+    placement._last, placement.pinned = ({0: (0, 0), 1: (0, 0)}, 0), 0
+    placement.tick()
+    assert placement.mode == "off" and placement.pinned is None
