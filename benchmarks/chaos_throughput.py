@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from common import append, journal_page
+from common import append, assignments_in, journal_page
 from raw_chain import WIRES, measure_chain
 from throughput import PARTITIONS, measure_raw
 
@@ -83,8 +83,6 @@ COMMITTED = re.compile(rb"^onceflow_committed_offset\{[^}]*\} (\S+)$", re.MULTIL
 #: Only those two (``name[]``): the probe reads them every 0.1 s, and rendering every
 #: family each time cost each worker about 5% of its CPU (py-spy, journal 2026-11-29).
 ASKED = "/metrics?name[]=onceflow_records_total&name[]=onceflow_committed_offset"
-ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow\.kafka\.rebalance: partitions assigned",
-                      re.MULTILINE)
 
 
 class Probe(threading.Thread):
@@ -204,9 +202,9 @@ class Probe(threading.Thread):
 
 def assigned_at(log: Path) -> float:
     """Wall time of the worker's first "partitions assigned" log line."""
-    found = ASSIGNED.search(log.read_text(errors="replace"))
+    found = assignments_in(log.read_text(errors="replace"))
     assert found, f"no assignment in {log}"
-    return datetime.strptime(found[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return found[0][0]
 
 
 def timeline_rows(report: ChaosReport, probe: Probe, workdir: Path) -> list[str]:

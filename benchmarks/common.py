@@ -38,6 +38,13 @@ T = TypeVar("T")
 ASSIGNED = re.compile(r"^(\S+ \S+) INFO onceflow\.\S+: partitions assigned: (.*)$", re.M)
 
 
+def assignments_in(text: str) -> list[tuple[float, list[int]]]:
+    """A worker log's "partitions assigned" lines: wall-clock time, partition numbers (any
+    onceflow logger: the line moved from ``onceflow.actors`` to ``onceflow.kafka``)."""
+    return [(datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(),
+             [int(p) for p in re.findall(r", (\d+)\)", m[2])]) for m in ASSIGNED.finditer(text)]
+
+
 def worker_path(env: Mapping[str, str]) -> str:
     """A worker's PYTHONPATH: this directory (it imports ``bench_pipelines`` from here), then
     ``BENCH_WORKER_TREE`` if set (another checkout, e.g. a commit before a change, built as
@@ -79,9 +86,7 @@ class Worker:
 
     def assignments(self) -> list[tuple[float, list[int]]]:
         """The worker's "partitions assigned" lines: wall-clock time, partition numbers."""
-        return [(datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp(),
-                 [int(p) for p in re.findall(r", (\d+)\)", m[2])])
-                for m in ASSIGNED.finditer(self.log.read_text(errors="replace"))]
+        return assignments_in(self.log.read_text(errors="replace"))
 
     def last_line(self, prefix: str) -> str:
         """The last log line containing ``prefix`` (e.g. "state cache"), or ""."""

@@ -59,6 +59,7 @@ sys.path.insert(0, str(HERE.parent / "tests" / "integration"))
 from common import (  # noqa: E402
     CommitWatcher,
     append,
+    assignments_in,
     journal_page,
     raw_consume,
     worker_cwd,
@@ -189,11 +190,10 @@ def measure_onceflow(bootstrap: str, store: dict[str, str], topic: str, ends: di
     proc.terminate()
     proc.wait(15)
     text = log.read_text()
-    match = re.search(r"^(\S+ \S+) INFO onceflow\.\S+: partitions assigned", text, re.M)
-    if not match:
+    assigned = assignments_in(text)
+    if not assigned:
         raise RuntimeError(f"no assignment in worker log:\n{text[-2000:]}")
-    assigned = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    seconds = end_wall - assigned
+    seconds = end_wall - assigned[0][0]
     folded = re.findall(r"'\w+\.folded': (\d+)", text)  # the stats lines: the last one's
     return {"records": total, "events": events, "seconds": seconds, "peak_rss_mb": peak / 2**20,
             "folded": int(folded[-1]) if folded else 0}

@@ -29,6 +29,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,15 @@ def own_ticks(proc: Path = PROC) -> int:
     """This process's user + system clock ticks, all its threads."""
     fields = (proc / "self" / "stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
+
+
+class Sample(NamedTuple):
+    """What one check reads: each allowed CPU's (busy, total) ticks, this process's ticks,
+    and when (``time.monotonic``)."""
+
+    cpus: dict[int, tuple[int, int]]
+    own: int
+    at: float
 
 
 def next_cpu(pinned: int | None, busy: Mapping[int, float], own: float,
@@ -100,7 +110,7 @@ class CpuPlacement:
         self.pinned: int | None = None
         self._due = 0.0
         self._decided = False  # the first decision takes no coin: nobody has moved yet
-        self._last: tuple[dict[int, tuple[int, int]], int] | None = None
+        self._last: Sample | None = None
         self._ticks_per_second = os.sysconf("SC_CLK_TCK") if supported() else 100
 
     @property
@@ -146,22 +156,22 @@ class CpuPlacement:
             self.pinned = None
             self._apply(set(self._allowed))
 
-    def _sample(self) -> tuple[dict[int, tuple[int, int]], int]:
+    def _sample(self) -> Sample:
         ticks = cpu_ticks(self._proc)
-        return {cpu: t for cpu, t in ticks.items() if cpu in self._allowed}, own_ticks(self._proc)
+        return Sample({cpu: t for cpu, t in ticks.items() if cpu in self._allowed},
+                      own_ticks(self._proc), time.monotonic())
 
     def _decide(self) -> None:
         now = self._sample()
         before, self._last = self._last, now
         if before is None:
             return
-        busy = {cpu: (b - before[0][cpu][0]) / max(1, t - before[0][cpu][1])
-                for cpu, (b, t) in now[0].items() if cpu in before[0]}
-        spans = [t - before[0][cpu][1] for cpu, (_, t) in now[0].items() if cpu in before[0]]
-        seconds = (sum(spans) / len(spans) / self._ticks_per_second) if spans else 0.0
+        seconds = now.at - before.at
         if seconds <= 0:
             return
-        own = (now[1] - before[1]) / self._ticks_per_second / seconds
+        busy = {cpu: (b - before.cpus[cpu][0]) / max(1, t - before.cpus[cpu][1])
+                for cpu, (b, t) in now.cpus.items() if cpu in before.cpus}
+        own = (now.own - before.own) / self._ticks_per_second / seconds
         first, self._decided = not self._decided, True
         target = next_cpu(self.pinned, busy, own,
                           (lambda: True) if first else (lambda: self._random.random() < 0.5))

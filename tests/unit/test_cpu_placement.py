@@ -4,6 +4,7 @@ real process's threads (in a child process, so the test runner itself is never p
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -13,7 +14,7 @@ import pytest
 
 from onceflow.runtime import cpu_placement
 from onceflow.runtime.config import ConfigError, load_settings
-from onceflow.runtime.cpu_placement import CpuPlacement, cpu_ticks, next_cpu, own_ticks
+from onceflow.runtime.cpu_placement import CpuPlacement, Sample, cpu_ticks, next_cpu, own_ticks
 
 DEMO = Path(__file__).parents[2] / "onceflow" / "examples" / "demo.conf"
 ALWAYS, NEVER = (lambda: True), (lambda: False)
@@ -115,6 +116,41 @@ def test_a_pinned_worker_whose_proc_breaks_is_left_to_the_os_without_raising(tmp
     (tmp_path / "stat").write_text("cpu0 1 2\n")  # too few fields: IndexError
     placement = CpuPlacement("auto", proc=tmp_path)  # no self/task either
     placement._allowed = frozenset({0, 1})
-    placement._last, placement.pinned = ({0: (0, 0), 1: (0, 0)}, 0), 0
+    placement._last, placement.pinned = Sample({0: (0, 0), 1: (0, 0)}, 0, 0.0), 0
     placement.tick()
     assert placement.mode == "off" and placement.pinned is None
+
+
+class _Heads(random.Random):
+    """A coin that always says move."""
+
+    def random(self) -> float:
+        return 0.0
+
+
+def _write_proc(proc: Path, busy0: int, busy1: int, total: int, own: int) -> None:
+    (proc / "self" / "task" / "999999999").mkdir(parents=True, exist_ok=True)  # no such thread
+    (proc / "stat").write_text(f"cpu  0 0 0 0 0 0 0 0\n"
+                               f"cpu0 {busy0} 0 0 {total - busy0} 0 0 0 0\n"
+                               f"cpu1 {busy1} 0 0 {total - busy1} 0 0 0 0\n")
+    (proc / "self" / "stat").write_text("1 (w) S " + " ".join(["0"] * 10) + f" {own} 0 " +
+                                        " ".join(["0"] * 30))
+
+
+def test_the_checks_read_proc_pin_where_there_is_room_then_move_when_crowded(tmp_path: Path):
+    ticks = os.sysconf("SC_CLK_TCK")
+    _write_proc(tmp_path, 0, 0, 0, 0)
+    placement = CpuPlacement("auto", proc=tmp_path, chance=_Heads())
+    placement._allowed = frozenset({0, 1})
+    placement.start()
+    # 3 s: CPU 0 10% busy, CPU 1 30%, this process 7% of a CPU: the others leave room
+    placement._last = placement._last._replace(at=placement._last.at - 3.0)
+    _write_proc(tmp_path, int(0.3 * ticks), int(0.9 * ticks), 3 * ticks, int(0.2 * ticks))
+    placement._decide()
+    assert placement.pinned == 0  # the least busy, at once (the first decision)
+    # 3 s more: CPU 0 full though this process used 7% of it, CPU 1 10%: crowded, and CPU 1
+    # has room
+    placement._last = placement._last._replace(at=placement._last.at - 3.0)
+    _write_proc(tmp_path, int(3.3 * ticks), int(1.2 * ticks), 6 * ticks, int(0.4 * ticks))
+    placement._decide()
+    assert placement.pinned == 1

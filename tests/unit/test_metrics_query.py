@@ -54,7 +54,6 @@ def test_a_name_nothing_has_gives_an_empty_answer_and_health_takes_a_query(
     assert _get(server, "/health?verbose=1") == ['{"healthy": true}']
 
 
-
 def test_the_whole_page_still_declares_a_family_without_samples(server: HealthServer) -> None:
     # A labelled family no label set was used with yet: declared (HELP, TYPE) on the
     # whole page, as before, so a dashboard's query finds it; left out of a restricted one.
