@@ -42,7 +42,7 @@ full).
 
     python benchmarks/chaos_throughput.py [--messages 30000] [--kills 10] [--store redis]
         [--persistence-interval 500ms] [--commit-interval 2s] [--raw-repeat 3]
-        [--repeat 1] [--out journal/<date>.md]
+        [--repeat 1] [--cpu WORKER=CPU ...] [--out journal/<date>.md]
 """
 
 from __future__ import annotations
@@ -348,7 +348,8 @@ def measure_round(args: argparse.Namespace, kafka: services.ServiceInfo, baselin
     ports = {worker: services.free_port() for worker in workers}
     worker_settings = {name: {"onceflow.metrics.port": str(port),
                               "onceflow.persistence.interval": args.persistence_interval,
-                              "onceflow.commit.interval": args.commit_interval}
+                              "onceflow.commit.interval": args.commit_interval,
+                              **({"onceflow.cpu": args.cpu[name]} if name in args.cpu else {})}
                        for name, port in ports.items()}
     probe = Probe(ports, services_pids)
     options = ChaosOptions(messages=args.messages, duration=0, kills=args.kills,
@@ -463,7 +464,8 @@ def command(args: argparse.Namespace) -> str:
             f"--commit-interval {args.commit_interval} --raw-repeat {args.raw_repeat}"
             f"{' --per-value' * args.per_value}"
             f"{f' --aggregators {args.aggregators}' if args.aggregators > 1 else ''}"
-            f"{f' --repeat {args.repeat}' if args.repeat > 1 else ''}")
+            f"{f' --repeat {args.repeat}' if args.repeat > 1 else ''}"
+            f"{''.join(f' --cpu {name}={cpu}' for name, cpu in sorted(args.cpu.items()))}")
 
 
 def main() -> None:
@@ -489,7 +491,14 @@ def main() -> None:
                              "chain's figures are theirs together")
     parser.add_argument("--per-value", action="store_true",
                         help="republish one record per event (default: one unit per report)")
+    parser.add_argument("--cpu", action="append", default=[], metavar="WORKER=CPU",
+                        help="a worker's onceflow.cpu (e.g. republisher=0, aggregator=off); "
+                             "default: the setting's own (auto)")
     args = parser.parse_args()
+    try:
+        args.cpu = dict(pair.split("=", 1) for pair in args.cpu)
+    except ValueError:
+        parser.error("--cpu takes WORKER=CPU, e.g. republisher=0")
     if min(args.repeat, args.raw_repeat, args.aggregators) < 1:
         parser.error("--repeat, --raw-repeat and --aggregators take a positive count")
     if not args.out.parent.is_dir():
