@@ -10,7 +10,10 @@ the same story: each field read from a parsed message builds its value anew
 head's time on a topic whose steps read only payloads (issue 30). The envelope
 uses few field types (strings, bytes, int32, int64, nested messages), so this
 module writes and reads them itself, as protobuf does: fields in number order,
-proto3 defaults (0, empty) left out, negative ints as ten-byte varints.
+proto3 defaults (0, empty) left out, negative ints as ten-byte varints. An envelope is
+written as one list of parts joined once, each nested message's size filled in when its
+fields are in: concatenating each field's bytes copied the payloads over and over and
+cost two thirds more per unit (journal 2026-11-29).
 ``tests/unit/test_unit_wire.py`` pins the writer to ``SerializeToString`` byte for
 byte and the reader to ``FromString``.
 
@@ -31,6 +34,7 @@ from onceflow.shared_types import Hop
 _SMALL = [bytes((n,)) for n in range(128)]
 _TWO_64 = 1 << 64
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_PACKED_MAX = 1 << 49  # seven 7-bit groups: the packed int stays below 2**56
 
 # Tags (field number << 3 | wire type): Envelope, SourceRef, Item (envelope.proto).
 _KEY, _PAYLOAD_TYPE, _SOURCE, _ITEM = b"\x1a", b"\x2a", b"\x32", b"\x3a"
@@ -47,6 +51,13 @@ def varint(value: int) -> bytes:
     """Base-128 varint of ``value`` (0 <= value < 2**64)."""
     if value < 128:
         return _SMALL[value]
+    if value < _PACKED_MAX:  # up to seven bytes, gathered in one int first
+        packed = shift = 0
+        while value > 127:
+            packed |= ((value & 127) | 128) << shift
+            value >>= 7
+            shift += 8
+        return (packed | value << shift).to_bytes(shift // 8 + 1, "little")
     out = bytearray()
     while value > 127:
         out.append((value & 127) | 128)
@@ -60,35 +71,54 @@ def _signed(value: int) -> bytes:
     return varint(value + _TWO_64 if value < 0 else value)
 
 
-def _delimited(tag: bytes, body: bytes) -> bytes:
-    return tag + varint(len(body)) + body
+def _put(parts: list[bytes], tag: bytes, body: bytes) -> int:
+    """A length-delimited field appended to ``parts``; answers its size."""
+    size = varint(len(body))
+    parts.append(tag)
+    parts.append(size)
+    parts.append(body)
+    return 1 + len(size) + len(body)
 
 
-def _ref(ref: Ref) -> bytes:
+def _put_ref(parts: list[bytes], ref: Ref) -> None:
     topic, partition, offset, index = ref
-    body = _delimited(_REF_TOPIC, topic.encode()) if topic else b""
+    parts.append(_SOURCE)
+    at = len(parts)
+    parts.append(b"")  # the body's size, once known
+    size = _put(parts, _REF_TOPIC, topic.encode()) if topic else 0
     if partition:
-        body += _REF_PARTITION + _signed(partition)
+        size += _put_int(parts, _REF_PARTITION, partition)
     if offset:
-        body += _REF_OFFSET + _signed(offset)
+        size += _put_int(parts, _REF_OFFSET, offset)
     if index:
-        body += _REF_INDEX + _signed(index)
-    return _delimited(_SOURCE, body)
+        size += _put_int(parts, _REF_INDEX, index)
+    parts[at] = varint(size)
 
 
-def _item(fields: ItemFields) -> bytes | None:
+def _put_int(parts: list[bytes], tag: bytes, value: int) -> int:
+    encoded = _signed(value)
+    parts.append(tag)
+    parts.append(encoded)
+    return 1 + len(encoded)
+
+
+def _put_item(parts: list[bytes], fields: ItemFields) -> bool:
     index, payload, time_ms, event_id = fields
     if type(payload) is not bytes or type(time_ms) is not int or type(event_id) is not str \
             or not _INT64_MIN <= time_ms <= _INT64_MAX:
-        return None
-    body = _ITEM_INDEX + _signed(index) if index else b""
+        return False
+    parts.append(_ITEM)
+    at = len(parts)
+    parts.append(b"")  # the body's size, once known
+    size = _put_int(parts, _ITEM_INDEX, index) if index else 0
     if payload:
-        body += _delimited(_ITEM_PAYLOAD, payload)
+        size += _put(parts, _ITEM_PAYLOAD, payload)
     if time_ms:
-        body += _ITEM_TIME + _signed(time_ms)
+        size += _put_int(parts, _ITEM_TIME, time_ms)
     if event_id:
-        body += _delimited(_ITEM_ID, event_id.encode())
-    return _delimited(_ITEM, body)
+        size += _put(parts, _ITEM_ID, event_id.encode())
+    parts[at] = varint(size)
+    return True
 
 
 def unit_envelope(key: Any, payload_type: Any, chain: list[Ref], items: list[ItemFields]
@@ -97,15 +127,17 @@ def unit_envelope(key: Any, payload_type: Any, chain: list[Ref], items: list[Ite
     for a value this module does not write (see the module)."""
     if type(key) is not str or type(payload_type) is not str:
         return None
+    parts: list[bytes] = []
     try:
-        parts = [_delimited(_KEY, key.encode()) if key else b"",
-                 _delimited(_PAYLOAD_TYPE, payload_type.encode()) if payload_type else b""]
-        parts.extend([_ref(ref) for ref in chain])
+        if key:
+            _put(parts, _KEY, key.encode())
+        if payload_type:
+            _put(parts, _PAYLOAD_TYPE, payload_type.encode())
+        for ref in chain:
+            _put_ref(parts, ref)
         for fields in items:
-            item = _item(fields)
-            if item is None:
+            if not _put_item(parts, fields):
                 return None
-            parts.append(item)
     except UnicodeEncodeError:  # a lone surrogate: protobuf refuses it in its own words
         return None
     return b"".join(parts)

@@ -23,8 +23,8 @@ from onceflow.stages.unit_wire import read_envelope, unit_envelope, varint
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
 #: Edges of each varint length, and signs.
-EDGES = st.sampled_from([0, 1, 127, 128, 16_383, 16_384, 2**31 - 1, -1, -(2**31), 2**63 - 1,
-                         -(2**63)])
+EDGES = st.sampled_from([0, 1, 127, 128, 16_383, 16_384, 2**31 - 1, -1, -(2**31), 2**49 - 1,
+                         2**49, 2**56, 2**63 - 1, -(2**63)])
 REFS = st.lists(st.tuples(st.text(max_size=12), INT32, INT64 | EDGES, INT32), max_size=3)
 ITEMS = st.lists(st.tuples(INT32, st.binary(max_size=300), INT64 | EDGES, st.text(max_size=20)),
                  max_size=6)
@@ -45,6 +45,17 @@ def test_varints_read_back(value: int) -> None:
     """protobuf reads each back (as an int64 field: the upper half as negatives)."""
     read = Envelope.FromString(b"\x10" + varint(value)).event_time_ms
     assert read == (value if value < 2**63 else value - 2**64)
+
+
+@pytest.mark.parametrize("value", sorted({edge for bits in range(7, 64, 7)
+                                            for edge in (2**bits - 1, 2**bits, 2**bits + 1)
+                                            if edge < 2**63} | {2**63 - 1}))
+def test_each_varint_length_is_written_as_protobuf_writes_it(value: int) -> None:
+    """Every length's edges, across the writer's switch from one packed int to a byte
+    at a time (seven bytes to eight)."""
+    assert b"\x10" + varint(value) == Envelope(event_time_ms=value).SerializeToString()
+    assert b"\x10" + varint(2**64 - value) == Envelope(
+        event_time_ms=-value).SerializeToString()
 
 
 class Stamp(int):
