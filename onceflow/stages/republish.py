@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from onceflow.protos.envelope_pb2 import Envelope, SourceRef
+from onceflow.protos.envelope_pb2 import Envelope
 from onceflow.stages.formats import ENVELOPE_MARK, FORMAT_HEADER
 from onceflow.stages.guards import checked_key
 from onceflow.stages.lineage import Position, RootPartition, event_id, hops_of, root_offset
@@ -20,7 +20,7 @@ from onceflow.stages.origin import plain_headers
 from onceflow.stages.outcome import ConsumedRecord, Output
 from onceflow.stages.pipeline import Republish
 from onceflow.stages.state import TopicPartition
-from onceflow.stages.unit_wire import ItemFields, Ref, unit_envelope
+from onceflow.stages.unit_wire import ItemFields, Ref, unit_envelope, value_envelope
 
 
 class WrittenOutputs:
@@ -102,46 +102,46 @@ def republished(
     outputs: list[Output] = []
     partition = step.partition_of(record.topic, record.partition)
     mark = written.up_to(step.topic, record) if step.exclusive else None
-    prior: list[SourceRef] = []  # the consumed chain, read once by index (``hops_of``)
-    if envelope is not None:
-        consumed = envelope.source_chain
-        prior = [consumed[at] for at in range(len(consumed))]
+    prior: list[Ref] = [] if envelope is None else hops_of(envelope.source_chain)
     hop = len(prior)
     times = _item_times(envelope)
     fan = _fan_out(values, hop) if times else None
-    lead = prior[-1].index if prior else -1
+    lead = prior[-1][3] if prior else -1
     topic, in_partition, offset = record.topic, record.partition, record.offset
     hop_offset = offset if prior else root_offset(generation, offset)
+    wire = step.format == "envelope"
     headers: tuple[tuple[str, bytes], ...]
     for n, (pos, value) in enumerate(values):
         j = fan[n] if fan is not None else n
         if mark is not None and ((offset, pos[hop] if times else lead, j) if prior
                                  else (offset, j)) <= mark:
             continue
-        out = Envelope(
-            event_id=event_id(root, pos),
-            event_time_ms=(event_time(value) if event_time is not None
-                           else times[pos[hop]] if times else time_ms),
-            key=checked_key(key_of(value)) if key_of is not None else key,
-            payload=encode(value),
-            payload_type=step.payload_type,
-        )
-        # The source chain grows by one hop: this record, output j (built in place, cheaper
-        # than a list of SourceRef messages per output).
-        chain = out.source_chain
-        if prior:
-            chain.extend(prior)
-            if times:
-                chain[-1].index = pos[hop]
-        chain.add(topic=topic, partition=in_partition, offset=hop_offset, index=j)
-        if step.format == "envelope":
-            payload, headers = out.SerializeToString(), (ENVELOPE_MARK,)
-        else:
-            payload = out.payload
-            headers = ((FORMAT_HEADER, step.format.encode()),
-                       *plain_headers(out.source_chain, out.event_id, out.event_time_ms))
+        ident = event_id(root, pos)
+        when = (event_time(value) if event_time is not None
+                else times[pos[hop]] if times else time_ms)
+        out_key = checked_key(key_of(value)) if key_of is not None else key
+        payload = encode(value)
+        # The source chain grows by one hop: this record, output j.
+        chain = list(prior)
+        if times:
+            last_topic, last_partition, last_offset, _ = chain[-1]
+            chain[-1] = (last_topic, last_partition, last_offset, pos[hop])
+        chain.append((topic, in_partition, hop_offset, j))
+        encoded = value_envelope(ident, when, out_key, payload, step.payload_type,
+                                 chain) if wire else None
+        if encoded is None:  # the plain format, or a value unit_wire leaves to protobuf
+            out = _built_value(ident, when, out_key, payload, step.payload_type, chain)
+            out_key = out.key
+            if wire:
+                encoded = out.SerializeToString()
+            else:
+                encoded = out.payload
+                headers = ((FORMAT_HEADER, step.format.encode()),
+                           *plain_headers(out.source_chain, out.event_id, out.event_time_ms))
+        if wire:
+            headers = (ENVELOPE_MARK,)
         positions.append(pos)
-        outputs.append(Output(step.topic, out.key.encode() or None, payload, headers, partition))
+        outputs.append(Output(step.topic, out_key.encode() or None, encoded, headers, partition))
     if mark is not None and len(positions) < len(values):
         written.skipped[step.topic] = written.skipped.get(step.topic, 0) + len(values) - len(
             positions)
@@ -205,6 +205,18 @@ def _units(
         outputs.append(Output(step.topic, out_key.encode() or None, written, (ENVELOPE_MARK,),
                               partition))
     return positions, outputs
+
+
+def _built_value(ident: Any, when: Any, key: Any, payload: Any, payload_type: str,
+                 chain: list[Ref]) -> Envelope:
+    """One value's envelope built through protobuf (``unit_wire.value_envelope``'s
+    reference): it accepts or refuses the user's values in its own words."""
+    out = Envelope(event_id=ident, event_time_ms=when, key=key, payload=payload,
+                   payload_type=payload_type)
+    refs = out.source_chain
+    for ref_topic, ref_partition, ref_offset, ref_index in chain:
+        refs.add(topic=ref_topic, partition=ref_partition, offset=ref_offset, index=ref_index)
+    return out
 
 
 def _built_unit(key: Any, payload_type: str, chain: list[Ref], items: list[ItemFields]

@@ -1,10 +1,11 @@
 """Envelopes in protobuf's wire format, written and read without building messages.
 
 A republish step with ``unit=True`` writes one ``Envelope`` per run of values
-(``stages.units``). Built through protobuf's Python API, each ``items.add``
-looks its keyword names up in the message descriptor and each field set
-crosses into upb: about half of the chain's republisher's time per record
-(``benchmarks/journal/2026-11-25.md``, issue 13, eighth session). Reading is
+(``stages.units``), and without it one per value. Built through protobuf's Python
+API, each ``items.add`` looks its keyword names up in the message descriptor and
+each field set crosses into upb: about half of the chain's republisher's time per
+record (``benchmarks/journal/2026-11-25.md``, issue 13, eighth session); an envelope of
+one value took twice as long as written here (journal 2026-11-29). Reading is
 the same story: each field read from a parsed message builds its value anew
 (a source chain's hops, an empty ``items``), about two thirds of the envelope
 head's time on a topic whose steps read only payloads (issue 30). The envelope
@@ -37,7 +38,8 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _PACKED_MAX = 1 << 49  # seven 7-bit groups: the packed int stays below 2**56
 
 # Tags (field number << 3 | wire type): Envelope, SourceRef, Item (envelope.proto).
-_KEY, _PAYLOAD_TYPE, _SOURCE, _ITEM = b"\x1a", b"\x2a", b"\x32", b"\x3a"
+_ID, _TIME, _KEY, _PAYLOAD = b"\x0a", b"\x10", b"\x1a", b"\x22"
+_PAYLOAD_TYPE, _SOURCE, _ITEM = b"\x2a", b"\x32", b"\x3a"
 _REF_TOPIC, _REF_PARTITION, _REF_OFFSET, _REF_INDEX = b"\x0a", b"\x10", b"\x18", b"\x20"
 _ITEM_INDEX, _ITEM_PAYLOAD, _ITEM_TIME, _ITEM_ID = b"\x08", b"\x12", b"\x18", b"\x22"
 
@@ -138,6 +140,34 @@ def unit_envelope(key: Any, payload_type: Any, chain: list[Ref], items: list[Ite
         for fields in items:
             if not _put_item(parts, fields):
                 return None
+    except UnicodeEncodeError:  # a lone surrogate: protobuf refuses it in its own words
+        return None
+    return b"".join(parts)
+
+
+def value_envelope(event_id: Any, event_time_ms: Any, key: Any, payload: Any,
+                   payload_type: Any, chain: list[Ref]) -> bytes | None:
+    """``Envelope(event_id, event_time_ms, key, payload, payload_type, source_chain)
+    .SerializeToString()``: one value's envelope; None for a value this module does not
+    write (see the module)."""
+    if type(event_id) is not str or type(key) is not str or type(payload) is not bytes \
+            or type(payload_type) is not str or type(event_time_ms) is not int \
+            or not _INT64_MIN <= event_time_ms <= _INT64_MAX:
+        return None
+    parts: list[bytes] = []
+    try:
+        if event_id:
+            _put(parts, _ID, event_id.encode())
+        if event_time_ms:
+            _put_int(parts, _TIME, event_time_ms)
+        if key:
+            _put(parts, _KEY, key.encode())
+        if payload:
+            _put(parts, _PAYLOAD, payload)
+        if payload_type:
+            _put(parts, _PAYLOAD_TYPE, payload_type.encode())
+        for ref in chain:
+            _put_ref(parts, ref)
     except UnicodeEncodeError:  # a lone surrogate: protobuf refuses it in its own words
         return None
     return b"".join(parts)

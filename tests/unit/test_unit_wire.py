@@ -17,8 +17,8 @@ from onceflow.stages import Pipeline
 from onceflow.stages.formats import FormatError
 from onceflow.stages.heads import Heads
 from onceflow.stages.outcome import StageFailure
-from onceflow.stages.republish import _built_unit
-from onceflow.stages.unit_wire import read_envelope, unit_envelope, varint
+from onceflow.stages.republish import _built_unit, _built_value
+from onceflow.stages.unit_wire import read_envelope, unit_envelope, value_envelope, varint
 
 INT32 = st.integers(-(2**31), 2**31 - 1)
 INT64 = st.integers(-(2**63), 2**63 - 1)
@@ -38,6 +38,17 @@ def test_a_unit_is_written_as_protobuf_serializes_it(
     written = unit_envelope(key, payload_type, chain, items)
     assert written == expected
     assert Envelope.FromString(written) == Envelope.FromString(expected)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(max_size=20), INT64 | EDGES, st.text(max_size=20), st.binary(max_size=300),
+       st.text(max_size=20), REFS)
+def test_a_value_is_written_as_protobuf_serializes_it(
+        event_id: str, time_ms: int, key: str, payload: bytes, payload_type: str,
+        chain: list[Any]) -> None:
+    expected = _built_value(event_id, time_ms, key, payload, payload_type,
+                            chain).SerializeToString()
+    assert value_envelope(event_id, time_ms, key, payload, payload_type, chain) == expected
 
 
 @given(st.integers(0, 2**64 - 1))
@@ -76,6 +87,9 @@ class Stamp(int):
 def test_what_it_does_not_write_is_left_to_protobuf(key: Any, item: Any) -> None:
     assert unit_envelope(key, "t", [("raw", 0, 1, 0)], [(0, b"ok", 1, "a"), item]) is None
     assert unit_envelope("k", None, [("raw", 0, 1, 0)], [(0, b"ok", 1, "a")]) is None
+    index, payload, time_ms, event_id = item
+    assert value_envelope(event_id, time_ms, key, payload, "t", [("raw", 0, 1, 0)]) is None
+    assert value_envelope("a", 1, "k", b"ok", None, [("raw", 0, 1, 0)]) is None
 
 
 def envelopes() -> st.SearchStrategy[Envelope]:
