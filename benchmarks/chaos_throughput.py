@@ -40,6 +40,10 @@ store: a single round moves by 15-25% with the host, so a claim rests on the
 rounds' medians (the section has every round's figures and the median round in
 full).
 
+With ``BENCH_WORKER_TREE=<tree>`` (another checkout, compiled as ``make setup`` compiles
+it) the chain's workers run that tree's code beside the same baselines, as in
+``throughput.py``; ``--cpu WORKER=CPU`` sets one worker's ``onceflow.cpu``.
+
     python benchmarks/chaos_throughput.py [--messages 30000] [--kills 10] [--store redis]
         [--persistence-interval 500ms] [--commit-interval 2s] [--raw-repeat 3]
         [--repeat 1] [--cpu WORKER=CPU ...] [--out journal/<date>.md]
@@ -63,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from common import append, assignments_in, journal_page
+from common import append, assignments_in, journal_page, worker_path
 from raw_chain import WIRES, measure_chain
 from throughput import PARTITIONS, measure_raw
 
@@ -503,6 +507,11 @@ def main() -> None:
         parser.error("--repeat, --raw-repeat and --aggregators take a positive count")
     if not args.out.parent.is_dir():
         parser.error(f"--out {args.out}: no such directory (results are appended to a page there)")
+    tree = os.environ.get("BENCH_WORKER_TREE")
+    if tree:  # the workers run the tree's code: ``python -m onceflow`` imports from its cwd
+        args.out = args.out.resolve()
+        os.environ["PYTHONPATH"] = worker_path(os.environ)
+        os.chdir(tree)
     state = Path(tempfile.mkdtemp(prefix="onceflow-chaos-bench-"))
     kafka = services.start_tansu(state / "kafka")
     rounds: list[Round] = []
