@@ -87,7 +87,7 @@ class Stamp(int):
 def test_what_it_does_not_write_is_left_to_protobuf(key: Any, item: Any) -> None:
     assert unit_envelope(key, "t", [("raw", 0, 1, 0)], [(0, b"ok", 1, "a"), item]) is None
     assert unit_envelope("k", None, [("raw", 0, 1, 0)], [(0, b"ok", 1, "a")]) is None
-    index, payload, time_ms, event_id = item
+    _, payload, time_ms, event_id = item
     assert value_envelope(event_id, time_ms, key, payload, "t", [("raw", 0, 1, 0)]) is None
     assert value_envelope("a", 1, "k", b"ok", None, [("raw", 0, 1, 0)]) is None
 
