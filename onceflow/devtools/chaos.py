@@ -86,8 +86,9 @@ class ChaosOptions:
     #: in the store); False: a stateless republisher that needs no store (``resend`` 0).
     republisher_dedup: bool = True
     #: Strike a process only while every process of its consumer group is settled (holds
-    #: an assignment, no rebalance under way): no kill lands in a rebalance, so a
-    #: partition's outage is bounded (a kill, the session timeout, one rejoin).
+    #: an assignment, no rebalance under way, for ``chaos_faults.SETTLED_S``): no kill
+    #: lands in a rebalance or right after one, so a partition's outage is bounded (a
+    #: kill, the session timeout, one rejoin), never two outages chained.
     settled_kills: bool = False
     #: SIGSTOPs in all, shared out over the processes as kills are; each freezes its
     #: process for a random while within ``pause_s`` (seconds), then SIGCONT: a process's

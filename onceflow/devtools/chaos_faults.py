@@ -16,17 +16,23 @@ from collections.abc import Callable, Sequence
 
 from onceflow.devtools.harness import WorkerProcess
 
+#: With a ``group``, how long every member must have held its assignment before a strike:
+#: partitions a strike moved are worked on this long before the next may stall them again.
+SETTLED_S = 5.0
+
 
 async def kills(name: str, worker: WorkerProcess, times: int, rng: random.Random, *,
                 down: float, group: Sequence[WorkerProcess] = (),
                 say: Callable[[str], None] = print) -> None:
     """SIGKILL ``worker`` ``times`` times, each 0.3-3 s after its current process was
-    assigned partitions (with a ``group``, only once every member of it is settled),
+    assigned partitions (with a ``group``, only once every member of it has been settled
+    for ``SETTLED_S``: one partition's outage is then one kill's, never two chained),
     restarting it ``down`` seconds later."""
     for n in range(times):
         await worker.assigned()
         await asyncio.sleep(rng.uniform(0.3, 3.0))
-        while group and not all(member.settled() for member in group):
+        while group and not all((held := member.settled_for()) is not None
+                                and held >= SETTLED_S for member in group):
             await asyncio.sleep(rng.uniform(0.3, 3.0))
         if worker.exited() is not None:
             raise RuntimeError(f"{name} exited by itself; see {worker.logs[-1]}")

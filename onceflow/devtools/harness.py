@@ -45,6 +45,8 @@ class WorkerProcess:
         self.logs: list[Path] = []
         self.kills = 0
         self._proc: subprocess.Popen[bytes] | None = None
+        #: The assignment last seen settled (which log, where in it) and when first seen.
+        self._settled_seen: tuple[tuple[int, int], float] | None = None
 
     def start(self) -> None:
         log = self._log_dir / f"{self._name}-{len(self.logs)}.log"
@@ -101,9 +103,20 @@ class WorkerProcess:
     def settled(self) -> bool:
         """True if the current process holds an assignment and no rebalance is under way
         for it (its last rebalance line is an assignment, not a revoke)."""
+        return self.settled_for() is not None
+
+    def settled_for(self) -> float | None:
+        """Seconds since this harness first saw the current process settled on its latest
+        assignment (None while it is not settled): a strike right after a rebalance would
+        chain the outage of the partitions it just took over onto their last one."""
         text = self.logs[-1].read_text(errors="replace")
         starts = [match.start() for match in ASSIGNED.finditer(text)]
-        return bool(starts) and text.rfind(REVOKING) < starts[-1]
+        if not starts or text.rfind(REVOKING) >= starts[-1]:
+            return None
+        seen = (len(self.logs), starts[-1])
+        if self._settled_seen is None or self._settled_seen[0] != seen:
+            self._settled_seen = (seen, time.monotonic())
+        return time.monotonic() - self._settled_seen[1]
 
     def log_tail(self, lines: int = 40) -> str:
         """The current log's last lines, for a failure message: pytest's temporary
