@@ -52,8 +52,9 @@ log = logging.getLogger(__name__)
 #: A consumer stream's commit: commits the offsets of the partitions still assigned,
 #: answers what it committed (``ConsumerActor.commit_assigned``, on the loop).
 CommitFn = Callable[[dict[TopicPartition, int]], Awaitable[dict[TopicPartition, int]]]
-#: Starts a batch's outputs on their lanes (on the loop); resolves once all are settled.
-SendFn = Callable[[Sequence[Output]], Awaitable[None]]
+#: Starts a batch's outputs on their lanes (on the loop), with the batch's input partitions
+#: (its outputs may be produced only while they are held); resolves once all are settled.
+SendFn = Callable[[Sequence[Output], frozenset[TopicPartition]], Awaitable[None]]
 
 
 class Writer(Protocol):
@@ -181,7 +182,7 @@ class Checkpoints:
                 await before
         finally:
             turn.set_result(None)  # failed or not: the next one's check decides for it
-        await self._send(outputs)
+        await self._send(outputs, partitions)
 
     def _take(self, taking: Taking) -> None:
         checkpoint = self.ledger.take(dirty=bool(taking.rows), force=taking.force)

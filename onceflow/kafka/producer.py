@@ -17,7 +17,9 @@ letters, late events) is checked first (``OutputFence``: the epochs of its
 input partitions, one store read). A produce request is checked again at
 the last moment, right before aiokafka writes it, when the last check is
 over ``RECHECK_AFTER`` old (the records waited, or
-the process was paused in between). A worker found fenced drops what it
+the process was paused in between), and always (no store read) every input
+partition of a send not settled yet must still be held: a revoke whose flush
+failed drops them while their records wait here. A worker found fenced drops what it
 holds (the lanes are stopped unsent) and fails its incarnation: the
 supervisor restarts it from the store and the outputs' tails.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -135,6 +138,8 @@ class ProducerActor(LoopActor):
         self._outbox_guard = outbox_guard
         self._output_fence = output_fence
         self._checked = 0.0  # loop time of the last passed check of exclusive outputs
+        # the input partitions of the sends not settled yet (one count per send)
+        self._unsettled: Counter[TopicPartition] = Counter()
         self._tally = tally
         self._start_timeout = start_timeout
         self._io = io
@@ -185,10 +190,20 @@ class ProducerActor(LoopActor):
         checked against the store (fenced: nothing is sent, and it raises)."""
         self._check(message)
 
-    async def send(self, outputs: Sequence[Output]) -> None:
+    async def send(self, outputs: Sequence[Output],
+                   depends: frozenset[TopicPartition] = frozenset()) -> None:
         """(on the loop, from the checkpoint coordinator) Start a batch's outputs on their
-        lanes; resolves once every one is settled."""
-        await self._send(outputs)
+        lanes; resolves once every one is settled. ``depends``: the batch's input
+        partitions; no produce request goes out while one of them is no longer held
+        (``_gate``)."""
+        self._unsettled.update(depends)
+        try:
+            await self._send(outputs)
+        finally:
+            self._unsettled.subtract(depends)
+            for tp in depends:
+                if self._unsettled[tp] <= 0:
+                    del self._unsettled[tp]
 
     async def adopt(self) -> int:
         """(on the loop) Queue the outbox rows the lanes do not hold yet; how many."""
@@ -230,6 +245,7 @@ class ProducerActor(LoopActor):
             if getattr(request, "API_KEY", None) != PRODUCE_API_KEY:
                 return await send(node_id, request, **kwargs)
             await self._fresh(client, node_id)  # at most one check a second
+            self._still_held()  # nothing yields from here to the write
             loop = asyncio.get_running_loop()
             checked = self._checked
             answer = await send(node_id, request, **kwargs)
@@ -263,9 +279,24 @@ class ProducerActor(LoopActor):
             self._checked = max(self._checked, started)  # as old as its start (see _check)
             await client.ready(node_id)
 
+    def _still_held(self) -> None:
+        """Every input partition of an unsettled send is still held here (no store read).
+
+        A revoke drops its partitions from the fence once flushed; a flush that failed (the
+        pipeline actor down, a zombie thawed) leaves their sends in the lanes, and a check
+        of the epochs held *now* would pass without them (none held: nothing to check). A
+        partition taken again after another member held it is kept back until forgotten."""
+        assert self._output_fence is not None
+        try:
+            self._output_fence.fence.expect(self._unsettled)
+        except Fenced as error:
+            self._fenced(error, None)
+            self._on_fatal(type(self).__name__, error)
+            raise FencedProduce(str(error)) from error
+
     def _fenced(self, error: Fenced, dropped: int | None) -> None:
         metrics.FENCED.inc()
-        log.error("%s; exclusive outputs not produced (%s): the pipeline restarts from "
+        log.error("%s; outputs not produced (%s): the pipeline restarts from "
                   "what is durable and the outputs' tails", error,
                   "a produce request and the records in its lanes dropped" if dropped is None else
                   f"a batch of {dropped} records and those waiting in the lanes dropped")

@@ -65,7 +65,7 @@ SPREAD = 12.0  # seconds over which payments and updates are produced
 FROZEN_AT = 800  # A is frozen once it has processed at least this many records
 HERE = str(Path(__file__).parent)
 FENCED = "write fenced"
-PRODUCE_FENCED = "exclusive outputs not produced"
+PRODUCE_FENCED = "outputs not produced"
 
 
 @dataclass

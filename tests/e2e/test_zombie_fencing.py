@@ -232,7 +232,7 @@ LATE_FROM, LATE_EVERY = 6_000, 10  # from this item on, every 10th is 5 minutes 
 BASE_MS = 1_700_000_000_000
 OUTPUT_ROUNDS = 2
 FROZEN_AT = 2_000  # A is frozen once it has processed at least this many items
-PRODUCED_FENCED = "exclusive outputs not produced"
+PRODUCED_FENCED = "outputs not produced"
 RECHECKED = "checked again before the produce request"
 ACKED_LATE = "the fence's residual window"
 

@@ -50,7 +50,8 @@ class Sends:
         self.outcome: list[BaseException | None] = []  # once settled: [the error or None]
         self.values: list[bytes] = []  # of every output sent, in order
 
-    async def send(self, outputs: Sequence[Output]) -> None:
+    async def send(self, outputs: Sequence[Output],
+                   depends: frozenset[TopicPartition] = frozenset()) -> None:
         self.values += [o.value for o in outputs]
         future = asyncio.get_running_loop().create_future()
         self.pending.append(future)
