@@ -1,9 +1,8 @@
 """ConsumerActor: the aiokafka consumer, fetching batches into the pipeline actor.
 
 Threads: none of its own (a ``LoopActor``): its lifecycle (start, stop fetching,
-stop) is called from the supervisor's thread and runs on the loop;
-the aiokafka consumer lives on the shared ``EventLoopThread`` loop, where the
-fetch task and the rebalance callbacks run. Start-up does not wait for the
+stop) is called from the supervisor's thread and runs on the loop, where the aiokafka
+consumer, the fetch task and the rebalance callbacks live. Start-up does not wait for the
 group join (seconds; a stuck broker may hold it for minutes): the join runs on
 the loop while the actor can still be told to stop, and ``JoinWatch`` bounds
 it. Backpressure: at most ``max_in_flight`` batches are with the pipeline
@@ -21,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pykka
@@ -185,6 +184,20 @@ class ConsumerActor(LoopActor):
                     return
                 if faults.FETCH_FAILS_AFTER and faults.fetch_fails():
                     raise faults.InjectedFailure("injected fetch failure")
+
+    def fetch_state(self) -> dict[str, Any]:
+        """(any thread: racy reads, for reports) What holds the fetch loop back: batches
+        with the pipeline (at the bound it pauses everything), partitions paused."""
+        def names(tps: Iterable[KafkaPartition]) -> list[str]:
+            return sorted(f"{tp.topic}[{tp.partition}]" for tp in tps)
+
+        try:
+            paused = [] if self._consumer is None else names(self._consumer.paused())
+            held, settling = names(self._gaps.held), names(set(self._settling))
+        except RuntimeError:  # a set changed on the loop while read: no report this time
+            return {}
+        return {"in_flight": self._in_flight, "max_in_flight": self._max_in_flight,
+                "paused": paused, "refetching": held, "settling": settling}
 
     def _may_resume(self, tp: KafkaPartition) -> bool:
         """Whether a partition whose re-fetch pause ends may be fetched again."""

@@ -14,6 +14,7 @@ status`` reads it: not the worker's own counters, which stop with it.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +26,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler
 from onceflow.stores.fencing import Fenced
+
+log = logging.getLogger(__name__)
 
 Status = Callable[[], dict[str, Any]]
 
@@ -159,3 +162,31 @@ def _fenced(error: BaseException | None) -> Fenced | None:
             error.__cause__ or error.__context__)
         seen += 1
     return None
+
+
+class HealthLog:
+    """/health's verdict in the worker's log too: a WARNING once it has been unhealthy for
+    ``grace`` seconds (a start's join is not news), with its reasons and what holds the
+    fetch loop back, again every ``repeat`` seconds while it stays so, and an INFO once
+    healthy again. A stall nobody scrapes is then on record."""
+
+    def __init__(self, grace: float = 10.0, repeat: float = 60.0) -> None:
+        self._grace, self._repeat = grace, repeat
+        self._since: float | None = None  # when it turned unhealthy (None: healthy)
+        self._told: float | None = None  # when it was last logged
+
+    def observe(self, report: dict[str, Any], now: float) -> None:
+        if report["healthy"]:
+            if self._told is not None and self._since is not None:
+                log.info("healthy again after %.0fs", now - self._since)
+            self._since = self._told = None
+            return
+        if self._since is None:
+            self._since = now
+        if now - self._since < self._grace or (
+                self._told is not None and now - self._told < self._repeat):
+            return
+        self._told = now
+        fetch = (report.get("consumer") or {}).get("fetch")
+        log.warning("unhealthy for %.0fs (/health answers 503): %s%s", now - self._since,
+                    "; ".join(report["reasons"]), f"; fetch loop: {fetch}" if fetch else "")

@@ -48,7 +48,7 @@ from onceflow.kafka.continuity import PartitionRewound
 from onceflow.runtime.config import ConfigError, Settings
 from onceflow.runtime.consumer_stream import ConsumerStream
 from onceflow.runtime.cpu_placement import CpuPlacement
-from onceflow.runtime.health import HealthServer, health_report
+from onceflow.runtime.health import HealthLog, HealthServer, health_report
 from onceflow.runtime.lag import LagWatch
 from onceflow.runtime.pipeline_core import PipelineCore
 from onceflow.runtime.wiring import (
@@ -67,6 +67,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_CONFIG = 2  # a store refused the worker's credentials: as cli.EXIT_CONFIG
 SIGNAL_POLL = 0.2  # s; a signal handler must not set an Event (see stop.StopSignals)
+HEALTH_LOG_EVERY = 5.0  # s; /health's verdict read for the log (``HealthLog``)
 GRACE = 3.0  # s past the shutdown timeout (and escalation grace) before the exit is forced
 
 
@@ -187,7 +188,8 @@ class Worker:
                 states = {"core": "starting", "consumer": "starting"}
             except Exception:  # the supervisor is gone: the worker is stopping
                 states = {"core": "stopped", "consumer": "stopped"}
-        consumer = None if self._stream is None else self._stream.join.report()
+        consumer = None if self._stream is None else \
+            {**self._stream.join.report(), "fetch": self._stream.actor.fetch_state()}
         escalated = None if self._failure is None else \
             f"{self._failure[0]}: {type(self._failure[1]).__name__}: {self._failure[1]}"
         lag = None
@@ -206,8 +208,12 @@ class Worker:
         on the process once an escalation stops the worker: a shutdown blocked
         where no timeout reaches must not keep it alive (a stop signal arms its own).
         """
+        health, due = HealthLog(), time.monotonic() + HEALTH_LOG_EVERY
         while not (self._stop.wait(SIGNAL_POLL) or signalled()):
             self._placement.tick()
+            if self._http is not None and time.monotonic() >= due:  # a server: /health
+                due = time.monotonic() + HEALTH_LOG_EVERY
+                health.observe(self.status(), time.monotonic())
         if exit_within is not None and self._failure is not None:
             exit_within(self.settings.shutdown.timeout + self.settings.supervision.escalation_grace
                         + GRACE, f"escalation after {self._failure[0]} failed")

@@ -2,7 +2,8 @@
 
 The worker's sends to the dead-letter topic fail (fault injection, as an
 unreachable leader or a refusing broker would): the dead letter goes to the
-outbox, commits stop behind it, and /health says so (503, ``commits_held``),
+outbox, commits stop behind it, and /health says so (503, ``commits_held``; the log
+too, once it has lasted 10 s),
 while the valid records behind it are still folded and written (the test waits
 until the stored states are exact with nothing committed past the dead letter).
 A worker started without the fault delivers the dead letter and commits
@@ -94,6 +95,15 @@ def test_an_unreachable_dead_letter_topic_holds_commits_and_loses_nothing(
     assert committed <= 200, (committed, log)
     status, body = health(port)
     assert status == 503 and body["commits_held"] and body["outbox"] == 1, (body, log)
+    assert body["consumer"]["fetch"]["max_in_flight"] > 0, body  # what holds fetching back
+    # The log says it too, once the spell outlasts its grace (``HealthLog``: 10 s).
+    deadline, told = time.monotonic() + 30, ""
+    while time.monotonic() < deadline and "unhealthy for" not in told:
+        time.sleep(0.5)
+        told = log.read_text(errors="replace")
+    line = next((x for x in told.splitlines() if "unhealthy for" in x), "")
+    assert "commits held: 1 records wait in the outbox" in line, told[-3000:]
+    assert "fetch loop: {'in_flight'" in line, line
     assert cut_off.terminate(15) == 0, log.read_text()[-3000:]
     assert asyncio.run(_committed(kafka_service.address, group, topic)) <= 200, log
 

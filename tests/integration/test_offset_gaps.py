@@ -268,7 +268,10 @@ def test_a_worker_far_behind_widens_a_fetch_that_brings_nothing_and_counts_every
     log = tmp_path / "worker.log"
     worker = start_worker(bootstrap, redis_url, group, prefix, topic, log,
                           ["--set", f"onceflow.metrics.port={port}",
-                           "--set", f"onceflow.kafka.fetch-max-wait={FAR_FETCH_MAX_WAIT}"])
+                           "--set", f"onceflow.kafka.fetch-max-wait={FAR_FETCH_MAX_WAIT}",
+                           # a stall (once in CI: 5 records short, silent) is logged with
+                           # the fetch loop's state 10 s + HealthLog's grace into it
+                           "--set", "onceflow.metrics.stall-timeout=10s"])
     try:
         wait_for_log(worker, log, "partitions assigned", timeout=60)
         # Each doubling of the max wait follows 2 s of fetches bringing nothing.

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+import pytest
 
 from onceflow.actors import metrics
 from onceflow.actors.supervisor import RestartLoop
-from onceflow.runtime.health import health_report
+from onceflow.runtime.health import HealthLog, health_report
 from onceflow.stores.fencing import Fenced
 
 RUNNING = {"core": "running", "consumer": "running"}
@@ -60,3 +63,26 @@ def test_restarting_and_overdue_joins_are_503() -> None:
             "join_overdue": True}
     report = health_report("p", RUNNING, join, None, 60, lag(0))
     assert report["reasons"][0].startswith("not assigned: the group join has taken 130.0s")
+
+
+def test_the_log_tells_an_unhealthy_spell_past_its_grace_then_each_repeat_and_the_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sick = {"healthy": False, "reasons": ["behind and not committing: lag 5"],
+            "consumer": {"joining": False, "fetch": {"in_flight": 4, "paused": ["t[0]"]}}}
+    well = {"healthy": True, "reasons": []}
+    told = HealthLog(grace=10, repeat=60)
+    caplog.set_level(logging.INFO, logger="onceflow.runtime.health")
+    for now, report in [(0, well), (5, sick), (10, sick)]:  # within the grace: a start's join
+        told.observe(report, now)
+    told.observe(well, 12)
+    assert caplog.messages == []  # a spell shorter than the grace is not news
+    for now in (20, 31, 40, 90, 91):  # told at 31 (11 s in), then at 91 (60 s later)
+        told.observe(sick, now)
+    told.observe(well, 95)
+    assert caplog.messages == [
+        "unhealthy for 11s (/health answers 503): behind and not committing: lag 5; "
+        "fetch loop: {'in_flight': 4, 'paused': ['t[0]']}",
+        "unhealthy for 71s (/health answers 503): behind and not committing: lag 5; "
+        "fetch loop: {'in_flight': 4, 'paused': ['t[0]']}",
+        "healthy again after 75s"]
