@@ -12,14 +12,9 @@ that left other workers. A delivery that fails without an outbox to keep it
 fails its future, so nothing behind it is persisted or committed. The actor
 has no thread (``base.LoopActor``): the core opens and closes it.
 
-Fencing: a send holding exclusive outputs (exclusive republish, dead
-letters, late events) is checked first (``OutputFence``: the epochs of its
-input partitions, one store read). A produce request is checked again at
-the last moment, right before aiokafka writes it, when the last check is
-over ``RECHECK_AFTER`` old (the records waited, or
-the process was paused in between), and always (no store read) every input
-partition of a send not settled yet must still be held: a revoke whose flush
-failed drops them while their records wait here. A worker found fenced drops what it
+Fencing (``kafka.produce_gate``): exclusive outputs are checked in the store
+before they are handed over, every produce request right before aiokafka writes
+it, and an outbox row before it is written. A worker found fenced drops what it
 holds (the lanes are stopped unsent) and fails its incarnation: the
 supervisor restarts it from the store and the outputs' tails.
 """
@@ -29,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -38,27 +32,23 @@ from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from onceflow import faults
-from onceflow.actors import metrics
 from onceflow.actors.base import FatalHandler, LoopActor
 from onceflow.actors.loop import EventLoopThread
 from onceflow.actors.messages import Send
 from onceflow.kafka.delivery import (
     DeliverySettings,
-    FencedProduce,
     Lanes,
     OutboxTally,
     OutboxWriter,
 )
+from onceflow.kafka.produce_gate import ProduceGate
 from onceflow.stages.outcome import Output
 from onceflow.stages.state import TopicPartition
 from onceflow.stores.base import StateStore
 from onceflow.stores.fencing import Fenced, Guard
-from onceflow.stores.fencing.held_epochs import RECHECK_AFTER, OutputFence
+from onceflow.stores.fencing.held_epochs import OutputFence
 
 log = logging.getLogger(__name__)
-
-#: Kafka's API key of a produce request (aiokafka's request classes carry it in every version).
-PRODUCE_API_KEY = 0
 
 
 @functools.lru_cache(maxsize=16_384)
@@ -136,10 +126,8 @@ class ProducerActor(LoopActor):
         self._max_block = max_block
         self._outbox_store = outbox
         self._outbox_guard = outbox_guard
-        self._output_fence = output_fence
-        self._checked = 0.0  # loop time of the last passed check of exclusive outputs
-        # the input partitions of the sends not settled yet (one count per send)
-        self._unsettled: Counter[TopicPartition] = Counter()
+        self._gate = None if output_fence is None or faults.NO_FENCING else \
+            ProduceGate(output_fence, on_fatal, type(self).__name__)
         self._tally = tally
         self._start_timeout = start_timeout
         self._io = io
@@ -160,11 +148,14 @@ class ProducerActor(LoopActor):
     async def open(self) -> None:
         self._producer = AIOKafkaProducer(**self._options)
         self._order = asyncio.Lock()
+        guard = self._outbox_guard
+        if guard is not None and self._gate is not None:
+            guard = self._gate.outbox_guard(guard)
         outbox = None if self._outbox_store is None else \
-            OutboxWriter(self._outbox_store, self._tally, self._outbox_guard)
+            OutboxWriter(self._outbox_store, self._tally, guard)
         self._lanes = Lanes(self._send_batch, self._delivery, outbox)
-        if self._output_fence is not None and not faults.NO_FENCING:
-            self._gate(self._producer.client)
+        if self._gate is not None:
+            self._gate.install(self._producer.client)
         self._producer.client.cluster.add_listener(self._follow)
         await self._producer.start()
         self._opened.set()
@@ -187,23 +178,25 @@ class ProducerActor(LoopActor):
 
     def check(self, message: Send) -> None:
         """(the pipeline thread, before it hands the batch over) Exclusive outputs are
-        checked against the store (fenced: nothing is sent, and it raises)."""
-        self._check(message)
+        checked against the store (fenced: nothing in hand is ever sent, and it raises)."""
+        if self._gate is None:
+            return
+        try:
+            self._gate.check(message, self._io.loop.time())
+        except Fenced:
+            self._io.run(self._close(), timeout=self._start_timeout)
+            raise
 
     async def send(self, outputs: Sequence[Output],
                    depends: frozenset[TopicPartition] = frozenset()) -> None:
         """(on the loop, from the checkpoint coordinator) Start a batch's outputs on their
         lanes; resolves once every one is settled. ``depends``: the batch's input
-        partitions; no produce request goes out while one of them is no longer held
-        (``_gate``)."""
-        self._unsettled.update(depends)
-        try:
+        partitions; no produce request goes out while one of them is no longer held."""
+        if self._gate is None:
             await self._send(outputs)
-        finally:
-            self._unsettled.subtract(depends)
-            for tp in depends:
-                if self._unsettled[tp] <= 0:
-                    del self._unsettled[tp]
+            return
+        with self._gate.sending(depends):
+            await self._send(outputs)
 
     async def adopt(self) -> int:
         """(on the loop) Queue the outbox rows the lanes do not hold yet; how many."""
@@ -216,90 +209,6 @@ class ProducerActor(LoopActor):
         """(on the loop) The records of these output partitions not acknowledged yet."""
         assert self._lanes is not None
         return self._lanes.pending(partitions)
-
-    def _check(self, message: Send) -> None:
-        """Check the epochs of a batch with exclusive outputs in the store; fenced, drop
-        everything in hand and fail."""
-        fence = self._output_fence
-        if fence is None or not fence.wanted(message.outputs):
-            return
-        # A check is as old as its start: a pause while the store's answer was on its way
-        # must not make it look fresh.
-        started = self._io.loop.time()
-        try:
-            fence.check(message.depends)
-        except Fenced as error:
-            self._fenced(error, len(message.outputs))
-            self._io.run(self._close(), timeout=self._start_timeout)  # in-hand: never sent
-            raise
-        self._checked = max(self._checked, started)
-
-    def _gate(self, client: Any) -> None:
-        """Check again, right before aiokafka writes a produce request, when the last
-        check is over ``RECHECK_AFTER`` old (aiokafka's own ``send``: nothing yields
-        between this and the write once the node is ready). Every produce request: which
-        topics one holds is private to aiokafka, and it costs at most a read a second."""
-        send = client.send
-
-        async def gated(node_id: int, request: Any, **kwargs: Any) -> Any:
-            if getattr(request, "API_KEY", None) != PRODUCE_API_KEY:
-                return await send(node_id, request, **kwargs)
-            await self._fresh(client, node_id)  # at most one check a second
-            self._still_held()  # nothing yields from here to the write
-            loop = asyncio.get_running_loop()
-            checked = self._checked
-            answer = await send(node_id, request, **kwargs)
-            if (late := loop.time() - checked) > RECHECK_AFTER:  # an upper bound of the window
-                log.info("a produce request was acknowledged %.1fs after its epochs' last "
-                         "check: if a pause fell before it left the process (the fence's "
-                         "residual window), a successor may have written its records too",
-                         late)
-            return answer
-
-        client.send = gated
-
-    async def _fresh(self, client: Any, node_id: int) -> None:
-        """Until the last check is younger than ``RECHECK_AFTER``: check every held epoch
-        again (the node made ready first, so no wait is left before the write)."""
-        assert self._output_fence is not None
-        fence, loop = self._output_fence, asyncio.get_running_loop()
-        while (waited := (started := loop.time()) - self._checked) > RECHECK_AFTER:
-            if not self._checked:  # the first produce request of this producer
-                log.debug("epochs checked before the first produce request")
-            else:
-                log.log(logging.INFO if waited > 3 * RECHECK_AFTER else logging.DEBUG,
-                        "epochs last checked %.1fs ago (a pause, or records that waited): "
-                        "checked again before the produce request", waited)
-            try:
-                await asyncio.to_thread(fence.recheck, fence.fence.held())
-            except Fenced as error:
-                self._fenced(error, None)
-                self._on_fatal(type(self).__name__, error)
-                raise FencedProduce(str(error)) from error
-            self._checked = max(self._checked, started)  # as old as its start (see _check)
-            await client.ready(node_id)
-
-    def _still_held(self) -> None:
-        """Every input partition of an unsettled send is still held here (no store read).
-
-        A revoke drops its partitions from the fence once flushed; a flush that failed (the
-        pipeline actor down, a zombie thawed) leaves their sends in the lanes, and a check
-        of the epochs held *now* would pass without them (none held: nothing to check). A
-        partition taken again after another member held it is kept back until forgotten."""
-        assert self._output_fence is not None
-        try:
-            self._output_fence.fence.expect(self._unsettled)
-        except Fenced as error:
-            self._fenced(error, None)
-            self._on_fatal(type(self).__name__, error)
-            raise FencedProduce(str(error)) from error
-
-    def _fenced(self, error: Fenced, dropped: int | None) -> None:
-        metrics.FENCED.inc()
-        log.error("%s; outputs not produced (%s): the pipeline restarts from "
-                  "what is durable and the outputs' tails", error,
-                  "a produce request and the records in its lanes dropped" if dropped is None else
-                  f"a batch of {dropped} records and those waiting in the lanes dropped")
 
     async def _send(self, outputs: Sequence[Output]) -> None:
         """Hand each record to its partition's lane, in order; wait until all are settled.

@@ -19,6 +19,11 @@ restarts from what is durable and rejoins, and is then replaced by a worker like
   runs of what A had not logged; the thawed A's next append is refused by its epoch
   check, or its outputs by the producer's re-check after the pause; an append of A's
   that passed its check before the freeze may land after B's mark (a late append).
+  The thawed A's revoke drops its partitions from its fence (its flush fails: the
+  pipeline actor is down), so its outputs' own partitions are checked before each
+  produce request (``ProduceGate``): checking only the epochs still held passed with
+  none left, and a late append's payments went out under a second category (CI once;
+  3 of 58 runs by hand before the fix).
 
 Checked: every emission of a payment in the enriched topic carries one category (a run
 A applied but nobody else replayed in its order, or a late append of A's replayed by
