@@ -175,13 +175,14 @@ class Worker:
                         "timeout could still add rows there, sent again later as duplicates "
                         "(docs/guide/security.md, Fencing)", ", ".join(unfenced))
 
-    def status(self) -> dict[str, Any]:
-        """What /health reports: per-child state, escalation, restart loop, progress, lag."""
+    def status(self, wait: float = 2.0) -> dict[str, Any]:
+        """What /health reports: per-child state, escalation, restart loop, progress, lag
+        (``wait``: for the supervisor's answer, else its children count as starting)."""
         states: dict[str, Any] = {}
         looping, last = None, None
         if self._supervisor is not None:
             try:
-                supervised: dict[str, Any] = self._supervisor.proxy().health().get(timeout=2)
+                supervised: dict[str, Any] = self._supervisor.proxy().health().get(timeout=wait)
                 states, looping = supervised["states"], supervised["looping"]
                 last = supervised["last_failure"]
             except pykka.Timeout:  # busy starting a child (e.g. waiting for the broker)
@@ -213,7 +214,7 @@ class Worker:
             self._placement.tick()
             if self._http is not None and time.monotonic() >= due:  # a server: /health
                 due = time.monotonic() + HEALTH_LOG_EVERY
-                health.observe(self.status(), time.monotonic())
+                health.observe(self.status(SIGNAL_POLL), time.monotonic())  # signals first
         if exit_within is not None and self._failure is not None:
             exit_within(self.settings.shutdown.timeout + self.settings.supervision.escalation_grace
                         + GRACE, f"escalation after {self._failure[0]} failed")
