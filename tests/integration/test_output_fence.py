@@ -1,4 +1,4 @@
-"""The check before outputs are produced (``OutputFence``, ``ProducerActor._gate``) against
+"""The check before outputs are produced (``OutputFence``, ``kafka.produce_gate``) against
 a real Redis and broker: it passes while this worker holds the epochs, and refuses once
 another worker took one over, or once a send's input partition was revoked."""
 
