@@ -40,7 +40,9 @@ def test_frozen_and_killed_members_leave_every_window_exact(
     assert report.lost == 0 and report.double == 0, context
     assert report.mismatched == {"per_robot_minute": 0, "per_robot_day": 0}, context
     assert report.late_twice == 0, context
-    assert report.windows["per_robot_minute"] > 5_000, context
+    # enough windows checked for the run to mean something (unkeyed reports: a share of
+    # events is late, more under load): 5,580-6,134 in six runs by hand, 4,901 once in CI
+    assert report.windows["per_robot_minute"] > 4_000, context
     assert report.resends > 100, context
     assert report.producer_duplicates == report.resends, context  # none got through
     assert set(report.exit_codes.values()) == {0}, context
