@@ -100,15 +100,12 @@ class WorkerProcess:
         raise RuntimeError(f"{self._name} got no partitions in {timeout:.0f}s; see "
                            f"{self.logs[-1]}{self.log_tail()}")
 
-    def settled(self) -> bool:
-        """True if the current process holds an assignment and no rebalance is under way
-        for it (its last rebalance line is an assignment, not a revoke)."""
-        return self.settled_for() is not None
-
     def settled_for(self) -> float | None:
         """Seconds since this harness first saw the current process settled on its latest
-        assignment (None while it is not settled): a strike right after a rebalance would
-        chain the outage of the partitions it just took over onto their last one."""
+        assignment (it holds one and no rebalance is under way: its last rebalance line is
+        an assignment, not a revoke); None while it is not settled. A strike right after a
+        rebalance would chain the outage of the partitions it just took over onto their
+        last one."""
         text = self.logs[-1].read_text(errors="replace")
         starts = [match.start() for match in ASSIGNED.finditer(text)]
         if not starts or text.rfind(REVOKING) >= starts[-1]:

@@ -25,6 +25,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
@@ -192,10 +193,7 @@ class ProducerActor(LoopActor):
         """(on the loop, from the checkpoint coordinator) Start a batch's outputs on their
         lanes; resolves once every one is settled. ``depends``: the batch's input
         partitions; no produce request goes out while one of them is no longer held."""
-        if self._gate is None:
-            await self._send(outputs)
-            return
-        with self._gate.sending(depends):
+        with nullcontext() if self._gate is None else self._gate.sending(depends):
             await self._send(outputs)
 
     async def adopt(self) -> int:
